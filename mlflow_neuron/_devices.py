@@ -1,0 +1,242 @@
+"""Everything that differs between Neuron, CUDA and CPU lives here.
+
+The rest of the package asks this module which device a profiler recorded, how to read device
+time from a torch event, how to synchronize, and what the Neuron profiler writes to disk. No other
+module compares device names.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import importlib.metadata
+import inspect
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity
+
+NEURON = "neuron"
+CUDA = "cuda"
+CPU = "cpu"
+
+# Device rows of key_averages(); compared as enum members because a PrivateUse1 rename changes
+# their printed names ("NEURON") but not their identity.
+DEVICE_ROW_TYPES = frozenset(
+    getattr(DeviceType, name)
+    for name in ("CUDA", "PrivateUse1", "MTIA", "HPU", "XPU")
+    if hasattr(DeviceType, name)
+)
+
+# Documented NeuronConfig fields (Neuron 2.31-2.33); anything else is read only if present.
+NEURON_CONFIG_FIELDS = (
+    "modes",
+    "max_events_per_nc",
+    "capture_enabled_for_nc",
+    "profile_output_dir",
+    "neff_cache_dir",
+    "precache_node_info",
+)
+
+# How NeuronProfiler.export_trace names the framework trace in a session folder.
+NEURON_FRAMEWORK_TRACE_PATTERNS = ("trace.json", "neuron_framework_trace_rank_*.json")
+
+# `<instance-id>_pid_<pid>` is the per-process folder of the Neuron output layout.
+_PROCESS_FOLDER = re.compile(r"_pid_(\d+)$")
+
+MISSING_DEVICE_TIME_HINT = (
+    "device activity was profiled but no op carried device time. Usual causes: the step does not "
+    "wait for the device before prof.step() (call torch.{device}.synchronize()), or the backend "
+    "reports only runtime/driver events (early TorchNeuron builds). Per-op metrics fall back to "
+    "self CPU time."
+)
+
+
+def backend_name_of_privateuse1() -> str:
+    return torch._C._get_privateuse1_backend_name()
+
+
+def profiled_device(prof: Any) -> str:
+    """The device whose activity `prof` records: "neuron", "cuda", another backend, or "cpu"."""
+    use_device = getattr(prof, "use_device", None)
+    if use_device:
+        return str(use_device)
+    activities = set(getattr(prof, "activities", ()) or ())
+    if ProfilerActivity.CUDA in activities:
+        return CUDA
+    if ProfilerActivity.PrivateUse1 in activities:
+        return backend_name_of_privateuse1()
+    return CPU
+
+
+def activity_names(prof: Any) -> list[str]:
+    """Activity names as the user thinks of them ("cpu", "neuron"), sorted."""
+    names = []
+    for activity in getattr(prof, "activities", ()) or ():
+        if activity == ProfilerActivity.PrivateUse1:
+            names.append(backend_name_of_privateuse1())
+        else:
+            names.append(activity.name.lower())
+    return sorted(names)
+
+
+def is_device_row(event: Any) -> bool:
+    return event.device_type in DEVICE_ROW_TYPES
+
+
+def self_device_time_us(event: Any) -> float:
+    """Self device time of a torch event; very old torch only had the CUDA-named attribute."""
+    value = getattr(event, "self_device_time_total", None)
+    if value is None:
+        value = getattr(event, "self_cuda_time_total", 0)
+    return float(value or 0)
+
+
+def device_time_us(event: Any) -> float:
+    value = getattr(event, "device_time_total", None)
+    if value is None:
+        value = getattr(event, "cuda_time_total", 0)
+    return float(value or 0)
+
+
+def profiler_activities(device: str) -> list[ProfilerActivity]:
+    """Activities that record `device` together with the host."""
+    if device == CPU:
+        return [ProfilerActivity.CPU]
+    if device == CUDA:
+        return [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    return [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued device work, so its time lands in this step's profile."""
+    if device == CPU:
+        return
+    module = getattr(torch, device, None)
+    if module is not None and hasattr(module, "synchronize"):
+        module.synchronize()
+
+
+def neuron_available() -> bool:
+    # TorchNeuron autoloads with torch; the import covers setups that disable autoloading.
+    try:
+        importlib.import_module("torch_neuronx")
+    except ImportError:
+        return False
+    module = getattr(torch, NEURON, None)
+    return module is not None and bool(getattr(module, "is_available", lambda: False)())
+
+
+def pick_device(requested: str | None = None) -> str:
+    """The device to run on: `requested`, else Neuron, then CUDA, then CPU."""
+    if requested:
+        return requested
+    if neuron_available():
+        return NEURON
+    if torch.cuda.is_available():
+        return CUDA
+    return CPU
+
+
+def neuron_settings(experimental_config: Any) -> dict[str, str]:
+    """Neuron profiling settings carried by a profiler's `experimental_config`.
+
+    Reads a NeuronConfig's documented attributes, or the `key:value;...` string that earlier
+    TorchNeuron builds passed as `_ExperimentalConfig(custom_profiler_config=...)`.
+    """
+    if experimental_config is None:
+        return {}
+    settings = {}
+    for field in NEURON_CONFIG_FIELDS:
+        value = getattr(experimental_config, field, None)
+        if value is not None:
+            settings[field] = _setting_text(value)
+    custom = getattr(experimental_config, "custom_profiler_config", "") or ""
+    if isinstance(custom, str):
+        for item in custom.split(";"):
+            key, sep, value = item.partition(":")
+            if sep and key.strip() and key.strip() not in settings:
+                settings[key.strip()] = value.strip()
+    return settings
+
+
+def _setting_text(value: Any) -> str:
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return ",".join(sorted(_setting_text(item) for item in value))
+    return str(getattr(value, "name", value))
+
+
+def process_of(relative_path: str) -> int | None:
+    """The pid a Neuron output file belongs to, from its `<instance>_pid_<pid>` folder."""
+    first = relative_path.replace("\\", "/").split("/", 1)[0]
+    match = _PROCESS_FOLDER.search(first)
+    return int(match.group(1)) if match else None
+
+
+def is_framework_trace(relative_path: str) -> bool:
+    name = relative_path.replace("\\", "/").rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatchcase(name, p) for p in NEURON_FRAMEWORK_TRACE_PATTERNS)
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the stack a profile was taken with; absent packages are left out."""
+    versions = {"torch": torch.__version__}
+    for package in ("torch-neuronx", "neuronx-cc", "mlflow", "mlflow-neuron"):
+        try:
+            versions[package.replace("-", "_")] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def compile_backend(device: str) -> str:
+    """The torch.compile backend for `device` (TorchNeuron registers "neuron")."""
+    return NEURON if device == NEURON else "inductor"
+
+
+@dataclass(frozen=True)
+class ProfilingSetup:
+    """The torch.profiler arguments that record `device`, and the handlers it needs."""
+
+    device: str
+    activities: list
+    experimental_config: Any = None
+    handlers: tuple = ()
+    output_dir: str | None = None
+
+    def profiler_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"activities": self.activities}
+        if self.experimental_config is not None:
+            kwargs["experimental_config"] = self.experimental_config
+        return kwargs
+
+
+def profiling_setup(device: str, output_dir: str | os.PathLike | None = None) -> ProfilingSetup:
+    """Activities, Neuron config and exporter for `device`.
+
+    On Neuron this builds `NeuronConfig(modes=[DEVICE, RUNTIME])` and its `NeuronProfiler`
+    exporter; the undocumented `correlate_device_time=True` is passed only where accepted.
+    """
+    activities = profiler_activities(device)
+    if device != NEURON:
+        return ProfilingSetup(device, activities)
+    from torch_neuronx.profiling import NeuronConfig, NeuronProfiler, ProfileMode
+
+    out = os.fspath(output_dir or Path.cwd() / "neuron_profile")
+    kwargs: dict[str, Any] = {"modes": [ProfileMode.DEVICE, ProfileMode.RUNTIME], "profile_output_dir": out}
+    if "correlate_device_time" in _parameters(NeuronConfig):
+        kwargs["correlate_device_time"] = True
+    config = NeuronConfig(**kwargs)
+    return ProfilingSetup(device, activities, config, (NeuronProfiler(config).export_trace,), out)
+
+
+def _parameters(cls: type) -> set[str]:
+    try:
+        return set(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):
+        return set()

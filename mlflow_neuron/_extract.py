@@ -1,0 +1,143 @@
+"""Pure extraction: torch profiler events in, a per-op table and totals out.
+
+No MLflow, no files. Device time is attributed to the CPU op that launched it (the op's kernels,
+as torch links them); totals count every kernel once, from the device rows, the way torch's own
+table does. Reading both sides into one sum would double every kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import pandas as pd
+
+from . import _devices
+
+PRESENT, MISSING, NOT_PROFILED = "present", "missing", "not_profiled"
+OP, KERNEL, DEVICE_ANNOTATION = "op", "kernel", "device_annotation"
+
+_STEP_PREFIX = "ProfilerStep#"
+_STEP_NAME = "ProfilerStep*"  # the name torch's own table gives every step
+_ATEN_PREFIX = "aten::"
+
+
+@dataclass(frozen=True)
+class OpStats:
+    """One row of a cycle's op table. Times in microseconds, summed over the cycle."""
+
+    name: str
+    kind: str  # OP: host-side op or annotation; KERNEL: device activity; DEVICE_ANNOTATION
+    calls: int
+    self_device_time_us: float
+    device_time_us: float
+    self_cpu_time_us: float
+    cpu_time_us: float
+
+
+@dataclass(frozen=True)
+class CycleProfile:
+    """What one profiler cycle measured."""
+
+    device: str
+    device_time: str  # PRESENT | MISSING | NOT_PROFILED
+    ops: tuple[OpStats, ...]  # ranked: self device time, else self CPU time, then name
+    total_self_device_time_us: float
+    total_self_cpu_time_us: float
+    attributed_device_time_us: float  # the part of the total that op rows carry
+    aten_calls: int
+    active_steps: int
+    event_count: int
+
+    @property
+    def ranking_metric(self) -> str:
+        return "self_device_time_us" if self.device_time == PRESENT else "self_cpu_time_us"
+
+    def top_ops(self, k: int) -> list[OpStats]:
+        """The `k` host-side ops that cost the most: device time when there is some."""
+        return [op for op in self.ops if op.kind == OP][: max(k, 0)]
+
+    def to_frame(self) -> pd.DataFrame:
+        columns = [f.name for f in fields(OpStats)]
+        return pd.DataFrame([[getattr(op, c) for c in columns] for op in self.ops], columns=columns)
+
+
+def extract_cycle(events: Sequence[Any], *, device: str, device_profiled: bool) -> CycleProfile:
+    """Aggregate a cycle's `FunctionEvent`s (as `prof.events()` returns them, tree built)."""
+    rows: dict[tuple[str, str], list[float]] = {}
+    total_device = total_cpu = attributed = 0.0
+    steps = 0
+    for event in events:
+        if getattr(event, "is_async", False):
+            continue
+        name = event.name
+        if name.startswith(_STEP_PREFIX):
+            steps += 1
+            name = _STEP_NAME
+        kind = _kind(event)
+        self_device = _devices.self_device_time_us(event)
+        self_cpu = float(event.self_cpu_time_total)
+        row = rows.setdefault((name, kind), [0, 0.0, 0.0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += self_device
+        row[2] += _devices.device_time_us(event)
+        row[3] += self_cpu
+        row[4] += float(event.cpu_time_total)
+        total_cpu += self_cpu
+        if kind == KERNEL or (kind == OP and getattr(event, "is_legacy", False)):
+            total_device += self_device  # legacy rows carry their kernel on the CPU event
+        if kind == OP:
+            attributed += self_device
+
+    device_time = _device_time_state(device_profiled, total_device)
+    rank_by_device = device_time == PRESENT
+    ops = sorted(
+        (OpStats(name, kind, int(r[0]), r[1], r[2], r[3], r[4]) for (name, kind), r in rows.items()),
+        key=lambda op: (
+            -(op.self_device_time_us if rank_by_device else op.self_cpu_time_us),
+            -op.self_cpu_time_us,
+            op.name,
+            op.kind,
+        ),
+    )
+    return CycleProfile(
+        device=device,
+        device_time=device_time,
+        ops=tuple(ops),
+        total_self_device_time_us=total_device,
+        total_self_cpu_time_us=total_cpu,
+        attributed_device_time_us=attributed,
+        aten_calls=count_top_level_aten_calls(events),
+        active_steps=steps if steps or not rows else 1,
+        event_count=len(events),
+    )
+
+
+def count_top_level_aten_calls(events: Iterable[Any]) -> int:
+    """ATen ops the user's code dispatched: `aten::` ops with no `aten::` op above them.
+
+    Nested ops (`aten::mul` inside `aten::rms_norm`) are implementation detail: counting them
+    makes a fused op look busier than the naive ops it replaces.
+    """
+    count = 0
+    for event in events:
+        if _devices.is_device_row(event) or not event.name.startswith(_ATEN_PREFIX):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith(_ATEN_PREFIX):
+            parent = parent.cpu_parent
+        count += parent is None
+    return count
+
+
+def _kind(event: Any) -> str:
+    if not _devices.is_device_row(event):
+        return OP
+    return DEVICE_ANNOTATION if getattr(event, "is_user_annotation", False) else KERNEL
+
+
+def _device_time_state(device_profiled: bool, total_device_us: float) -> str:
+    if not device_profiled:
+        return NOT_PROFILED
+    return PRESENT if total_device_us > 0 else MISSING

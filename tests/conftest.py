@@ -1,0 +1,73 @@
+"""Shared fixtures: a real MLflow store per test, and helpers to read back what was logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.tracking import MlflowClient
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+DOUBLES = TESTS / "doubles"
+
+
+@pytest.fixture
+def tracking_uri(tmp_path, monkeypatch) -> str:
+    """A fresh sqlite store (MLflow's default kind) with artifacts under tmp_path."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)  # default artifact root ./mlruns lands in tmp_path
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    while mlflow.active_run():
+        mlflow.end_run()
+    mlflow.set_tracking_uri(None)
+
+
+@pytest.fixture
+def strict(monkeypatch):
+    monkeypatch.setenv("MLFLOW_NEURON_STRICT", "1")
+
+
+@pytest.fixture
+def neuron_double(monkeypatch):
+    """The test double of `torch_neuronx.profiling`, importable as the real one would be."""
+    monkeypatch.syspath_prepend(str(DOUBLES))
+    for name in [m for m in sys.modules if m.startswith("torch_neuronx")]:
+        monkeypatch.delitem(sys.modules, name)
+    import torch_neuronx.profiling as profiling
+
+    return profiling
+
+
+def artifact_files(client: MlflowClient, run_id: str, path: str | None = None) -> dict[str, int]:
+    """Every artifact file of a run, as {path: size}."""
+    files = {}
+    for item in client.list_artifacts(run_id, path):
+        if item.is_dir:
+            files.update(artifact_files(client, run_id, item.path))
+        else:
+            files[item.path] = item.file_size
+    return files
+
+
+def read_artifact(client: MlflowClient, run_id: str, path: str, dst: Path) -> bytes:
+    return Path(client.download_artifacts(run_id, path, str(dst))).read_bytes()
+
+
+def read_json_artifact(client: MlflowClient, run_id: str, path: str, dst: Path):
+    return json.loads(read_artifact(client, run_id, path, dst))
+
+
+def run_python(code: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter (process-wide torch state stays out of this one)."""
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS), str(DOUBLES)]), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
+    )
