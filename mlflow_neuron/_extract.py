@@ -18,8 +18,8 @@ from . import _devices
 PRESENT, MISSING, NOT_PROFILED = "present", "missing", "not_profiled"
 OP, KERNEL, DEVICE_ANNOTATION = "op", "kernel", "device_annotation"
 
-_STEP_PREFIX = "ProfilerStep#"
-_STEP_NAME = "ProfilerStep*"  # the name torch's own table gives every step
+_STEP_PREFIX = "ProfilerStep#"  # as recorded; torch's parser renames it to _STEP_NAME
+_STEP_NAME = "ProfilerStep*"
 _ATEN_PREFIX = "aten::"
 
 
@@ -72,7 +72,7 @@ def extract_cycle(events: Sequence[Any], *, device: str, device_profiled: bool) 
         if getattr(event, "is_async", False):
             continue
         name = event.name
-        if name.startswith(_STEP_PREFIX):
+        if name == _STEP_NAME or name.startswith(_STEP_PREFIX):
             steps += 1
             name = _STEP_NAME
         kind = _kind(event)

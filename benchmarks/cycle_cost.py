@@ -1,0 +1,86 @@
+"""Training-thread cost of one profiler cycle with MLflowProfilerCallback, side by side with the
+profiler's own `export_chrome_trace` of the same kind of cycle, measured in one run.
+
+    python benchmarks/cycle_cost.py [--cycles 5] [--layers 8]
+
+Prints medians over the cycles of each workload. The store is a fresh local sqlite database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import mlflow
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from mlflow_neuron import MLflowProfilerCallback
+
+
+class Timed:
+    def __init__(self, handler):
+        self.handler, self.seconds, self.events = handler, [], []
+
+    def __call__(self, prof):
+        self.events.append(len(prof.events()))  # parse outside the timing: both sides need it
+        start = time.perf_counter()
+        self.handler(prof)
+        self.seconds.append(time.perf_counter() - start)
+
+
+def rmsnorm_step():
+    x, w = torch.randn(4, 512), torch.ones(512)
+    return lambda: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def mlp_step(layers):
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(layers)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = torch.randn(32, 256)
+
+    def step():
+        loss = model(data).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def measure(step, handler, cycles):
+    timed = Timed(handler)
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=2, repeat=cycles),
+        on_trace_ready=timed,
+    ) as prof:
+        for _ in range(4 * cycles):
+            step()
+            prof.step()
+    return statistics.median(timed.seconds) * 1000, statistics.median(timed.events)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--layers", type=int, default=8)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="mlflow-neuron-bench-"))
+    mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
+    mlflow.set_experiment("bench")
+    print(f"{'workload':<22}{'events/cycle':>14}{'callback ms':>14}{'export ms':>12}{'ratio':>8}")
+    for name, make in (("rmsnorm (naive)", rmsnorm_step), (f"mlp {args.layers} layers + sgd", lambda: mlp_step(args.layers))):
+        with mlflow.start_run(run_name=name) as run:
+            callback_ms, events = measure(make(), MLflowProfilerCallback(run_id=run.info.run_id, strict=True), args.cycles)
+        counter = iter(range(10**6))
+        export_ms, _ = measure(make(), lambda prof: prof.export_chrome_trace(str(work / f"t{next(counter)}.json")), args.cycles)
+        print(f"{name:<22}{events:>14.0f}{callback_ms:>14.1f}{export_ms:>12.1f}{callback_ms / export_ms:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()
