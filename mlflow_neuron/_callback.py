@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
-import gzip
+import atexit
 import os
-import shutil
 import tempfile
 import time
+import uuid
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import _devices, _files, _record, _settings
+from . import _devices, _files, _outbox, _record, _settings
+from ._distributed import broadcast_from_primary, current_rank
 from ._extract import MISSING, PRESENT, CycleProfile, extract_cycle
 from ._keys import OpKeys
-from ._mlflow_io import RunLogger
+from ._mlflow_io import RunLogger, current_run_ref
+from ._record import RunRef
 from ._report import Reporter
+from ._sender import Sender
 
 DEFAULT_MAX_FILE_BYTES = 512 * 1024**2  # NTFFs reach gigabytes: those are listed, not uploaded
 _TABLE_NAME_WIDTH = 120
@@ -29,11 +33,11 @@ class MLflowProfilerCallback:
         from torch.profiler import ProfilerActivity, profile, schedule
         from mlflow_neuron import MLflowProfilerCallback
 
-        with mlflow.start_run(), MLflowProfilerCallback() as callback:
+        with mlflow.start_run():
             with profile(
                 activities=[ProfilerActivity.CPU],
                 schedule=schedule(wait=2, warmup=1, active=1),
-                on_trace_ready=callback,
+                on_trace_ready=MLflowProfilerCallback(),
             ) as prof:
                 for _ in range(4):
                     train_step()
@@ -41,11 +45,15 @@ class MLflowProfilerCallback:
 
     On Trainium, pass the Neuron exporter first: ``MLflowProfilerCallback(exporter.export_trace)``.
 
+    The training thread only reads the cycle; writing files and talking to MLflow happen in a
+    background thread. Cycles the server does not take are kept in a local outbox for
+    ``mlflow-neuron sync``. Pending work is flushed when the profiler stops and at exit.
+
     Args:
         *handlers: other ``on_trace_ready`` handlers (``NeuronProfiler.export_trace``,
             ``tensorboard_trace_handler(...)``), called first, in order, each guarded.
-        run_id: the run to log into. Default: the run active now, else a new run that
-            ``close()`` ends.
+        run_id: the run to log into. Default: the run active now, else ``MLFLOW_RUN_ID``, else
+            rank 0's run (under torch.distributed), else a new run that ``close()`` ends.
         tracking_uri: default: MLflow's own default (``MLFLOW_TRACKING_URI`` or ``./mlflow.db``).
         profile_output_dir: where Neuron session files appear. Default: the
             ``profile_output_dir`` of the profiler's ``experimental_config``, if any.
@@ -53,6 +61,12 @@ class MLflowProfilerCallback:
         experiment_id, run_name: for a run this callback creates.
         max_file_bytes: larger profile files are listed in ``manifest.json``, not uploaded.
         export_trace: export the framework trace when no handler or Neuron session provides one.
+        all_ranks: also log every rank's metrics as ``profiler/rank_<r>/...`` (default: rank 0's).
+        background: send from a background thread (False: on the training thread, for debugging).
+        outbox: where unsent cycles are kept (default ``./mlflow-neuron-outbox``).
+        max_pending: cycles that may wait in memory before the next goes to the outbox.
+        retries, retry_wait_s: attempts after the first, and the first backoff (doubling).
+        flush_timeout_s: how long profiler stop and interpreter exit wait for pending cycles.
         strict: re-raise errors instead of warning (default: env ``MLFLOW_NEURON_STRICT``).
     """
 
@@ -67,52 +81,92 @@ class MLflowProfilerCallback:
         run_name: str | None = None,
         max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
         export_trace: bool = True,
+        all_ranks: bool = False,
+        background: bool = True,
+        outbox: str | os.PathLike = _outbox.DEFAULT_OUTBOX,
+        max_pending: int = 8,
+        retries: int = 3,
+        retry_wait_s: float = 0.5,
+        flush_timeout_s: float = 10.0,
         strict: bool | None = None,
     ) -> None:
-        _validate(handlers, top_k, max_file_bytes, profile_output_dir)
+        _validate(handlers, top_k=top_k, max_file_bytes=max_file_bytes, max_pending=max_pending, retries=retries)
+        if profile_output_dir is not None and not isinstance(profile_output_dir, (str, os.PathLike)):
+            raise TypeError(f"profile_output_dir must be a path or None; got {profile_output_dir!r}")
         self.handlers = handlers
         self.top_k = top_k
         self.max_file_bytes = max_file_bytes
         self.export_trace = export_trace
+        self.all_ranks = all_ranks
+        self.flush_timeout_s = flush_timeout_s
         self.profile_output_dir = os.fspath(profile_output_dir) if profile_output_dir else None
         self.reporter = Reporter(strict)
+        self.rank = current_rank()
         self.last_profile: CycleProfile | None = None
-        self.cycles_logged = 0
-        self._logger = RunLogger(
-            run_id=run_id, tracking_uri=tracking_uri, experiment_id=experiment_id, run_name=run_name
+        self.cycles_read = 0
+        run = current_run_ref(
+            run_id, tracking_uri, experiment_id=experiment_id, run_name=run_name, run_key=uuid.uuid4().hex
         )
+        logger = RunLogger(run)
+        self._owns_run = run.run_id is None
+        if self._owns_run and self.rank.world_size > 1:
+            logger.run = self._join_primary_run(logger)
+        self._sender = Sender(
+            logger, self.reporter, background=background, max_pending=max_pending,
+            retries=retries, retry_wait_s=retry_wait_s, outbox=outbox,
+        )  # fmt: skip
         self._keys = OpKeys()
         self._created_ns = time.time_ns()
         self._watcher: _files.OutputFolderWatcher | None = None
-        self._params_logged = False
+        self._params_read = False
         self._device_time_seen = False
         self._events_seen = 0  # for acc_events profiles, whose event list keeps earlier cycles
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
     def run_id(self) -> str | None:
-        return self._logger.run_id
+        """The run's id; None until a run this callback creates exists."""
+        return self._sender.logger.run.run_id
 
     @property
     def tracking_uri(self) -> str:
-        return self._logger.tracking_uri
+        return self._sender.logger.run.tracking_uri
+
+    @property
+    def cycles_logged(self) -> int:
+        return self._sender.delivered
+
+    @property
+    def outbox_records(self) -> list[Path]:
+        return list(self._sender.stored)
 
     def __call__(self, prof: Any) -> None:
-        exported = self._run_handlers(prof)
-        staged = Path(tempfile.mkdtemp(prefix="mlflow-neuron-"))
         try:
-            record, params = self._read_cycle(prof, exported, staged)
-            self._log(record, params)
+            self._hook_profiler_stop(prof)
+            exported = self._run_handlers(prof)
+            record = self._read_cycle(prof, exported)
+            self._sender.submit(record)
         except Exception as error:  # noqa: BLE001 - nothing may escape into prof.step()
             self.reporter.problem("cycle", f"could not log profiler step {getattr(prof, 'step_num', '?')}", error)
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)
 
-    def close(self) -> None:
-        """End the run if this callback created it."""
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits for pending cycles; False if `timeout` ran out first (they keep going)."""
         try:
-            self._logger.end_run()
+            return self._sender.flush(timeout)
         except Exception as error:  # noqa: BLE001
-            self.reporter.problem("close", f"could not end run {self.run_id}", error)
+            self.reporter.problem("flush", "a pending cycle failed", error)
+            return False
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flushes, stores what is left in the outbox, and ends the run if this callback created it."""
+        timeout = self.flush_timeout_s if timeout is None else timeout
+        try:
+            self._sender.close(timeout)
+            if self._owns_run and self.rank.is_primary and self.run_id is not None:
+                self._owns_run = False
+                self._sender.logger.end_run()
+        except Exception as error:  # noqa: BLE001
+            self.reporter.problem("close", f"could not close run {self.run_id} cleanly", error)
 
     def __enter__(self) -> MLflowProfilerCallback:
         return self
@@ -120,7 +174,36 @@ class MLflowProfilerCallback:
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    # -- training-thread side: handlers and reading the cycle ------------------------------------
+    # -- training-thread side ----------------------------------------------------------------
+
+    def _join_primary_run(self, logger: RunLogger) -> RunRef:
+        """Under torch.distributed, every rank takes rank 0's run (created now, collectively)."""
+        shared = broadcast_from_primary(logger.ensure_run)
+        if shared is not None:
+            self._owns_run = self.rank.is_primary
+            return logger.run if self.rank.is_primary else RunRef(logger.run.tracking_uri, shared)
+        if not self.rank.is_primary:
+            self.reporter.problem(
+                "no_shared_run",
+                f"rank {self.rank.rank} has no run id (pass run_id=, set MLFLOW_RUN_ID, or initialize "
+                "torch.distributed before creating the callback); it logs into a run of its own",
+            )
+        return logger.run
+
+    def _hook_profiler_stop(self, prof: Any) -> None:
+        """Flushes when the profiler stops (its `__exit__` calls `stop()` on the instance)."""
+        if getattr(prof, "_mlflow_neuron_flush", None) is self:
+            return
+        original = prof.stop
+
+        def stop_then_flush(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.flush(self.flush_timeout_s)
+
+        prof.stop = stop_then_flush
+        prof._mlflow_neuron_flush = self
 
     def _run_handlers(self, prof: Any) -> list[str]:
         """Calls the user's handlers; returns the chrome traces they exported, in order."""
@@ -144,47 +227,70 @@ class MLflowProfilerCallback:
             del prof.export_chrome_trace
         return exported
 
-    def _read_cycle(self, prof: Any, exported: list[str], staged: Path) -> tuple[_record.CycleRecord, dict]:
+    def _read_cycle(self, prof: Any, exported: list[str]) -> _record.CycleRecord:
+        self.cycles_read += 1
+        step = int(getattr(prof, "step_num", 0))
         device = _devices.profiled_device(prof)
         output_dir = self.profile_output_dir or _devices.neuron_settings(
             getattr(prof, "experimental_config", None)
         ).get("profile_output_dir")
-        profile, table = self._profile(prof, device)
-        found = self._new_output_files(output_dir)
-        trace_source = self._stage_trace(prof, found, exported, staged)
-        (staged / "key_averages.txt").write_text(table, encoding="utf-8")
-        manifest = _record.manifest(
-            found, output_dir=output_dir, trace_source=trace_source, max_file_bytes=self.max_file_bytes
+        primary, logs_metrics = self.rank.is_primary, self.rank.is_primary or self.all_ranks
+        step_dir = f"profiler/step_{step}"
+        neuron_dir = f"{step_dir}/neuron"  # every rank's files: the Neuron layout separates them by pid
+        record = _record.CycleRecord(
+            step=step,
+            timestamp_ms=int(time.time() * 1000),
+            artifact_dir=step_dir if primary else f"{step_dir}/rank_{self.rank.rank}",
+            staged_dir=Path(tempfile.mkdtemp(prefix="mlflow-neuron-")),
+            register_table=primary,
         )
-        (staged / "manifest.json").write_text(manifest, encoding="utf-8")
-
-        # The table first: it keys every op, so no key depends on which ops made the top k.
-        _record.write_ops_table(_record.ops_table(profile, self._keys), staged / _record.OPS_TABLE)
-        metrics = _record.cycle_metrics(profile, self._keys, self.top_k)
-        self._device_time_seen |= profile.device_time == PRESENT
-        tags = {
-            _record.DEVICE_TAG: device,
-            _record.DEVICE_TIME_TAG: PRESENT if self._device_time_seen else profile.device_time,
-        }
-        uploads = tuple(
-            (f.path, posix_dirname(f"neuron/{f.relative_path}"))
+        found = self._new_output_files(output_dir)
+        record.uploads = tuple(
+            (str(f.path), _parent(f"{neuron_dir}/{f.relative_path}"))
             for f in found
             if f.decision == _files.UPLOAD
         )
-        record = _record.CycleRecord(
-            step=int(getattr(prof, "step_num", 0)),
-            timestamp_ms=int(time.time() * 1000),
-            artifact_dir=f"profiler/step_{int(getattr(prof, 'step_num', 0))}",
-            metrics=metrics,
-            tags=tags,
-            staged_dir=staged,
-            uploads=uploads,
-        )
-        params = {} if self._params_logged else _settings.profiling_params(prof, device=device, output_dir=output_dir)
-        return record, params
+        trace_source = None
+        if logs_metrics:
+            profile, record.key_averages = self._profile(prof, device)
+            record.metrics = self._metrics(profile)
+            record.ops_table = _record.ops_table(profile, self._keys)
+            trace_source, record.raw_trace = self._stage_trace(prof, found, exported, record.staged_dir, neuron_dir)
+        if primary:
+            self._device_time_seen |= self.last_profile.device_time == PRESENT
+            record.tags = {
+                _record.DEVICE_TAG: device,
+                _record.DEVICE_TIME_TAG: PRESENT if self._device_time_seen else self.last_profile.device_time,
+            }
+            if not self._params_read:
+                record.params = _settings.profiling_params(prof, device=device, output_dir=output_dir)
+                self._params_read = True
+        record.manifest = _record.manifest(
+            found, neuron_dir=neuron_dir, output_dir=output_dir, trace_source=trace_source,
+            max_file_bytes=self.max_file_bytes, rank=self.rank.rank,
+        )  # fmt: skip
+        return record
+
+    def _metrics(self, profile: CycleProfile) -> dict[str, float]:
+        metrics = {}
+        if self.rank.is_primary:
+            metrics.update(_record.cycle_metrics(profile, self._keys, self.top_k))
+        if self.all_ranks:
+            metrics.update(_record.cycle_metrics(profile, self._keys, self.top_k, f"rank_{self.rank.rank}/"))
+        finite, dropped = _record.split_non_finite(metrics)
+        if dropped:
+            self.reporter.problem(
+                "non_finite", f"{len(dropped)} metric(s) were NaN or infinite and not logged (first: {dropped[0]}); "
+                "ops.json keeps the raw values",
+            )  # fmt: skip
+        return finite
 
     def _profile(self, prof: Any, device: str) -> tuple[CycleProfile, str]:
-        events = prof.events()
+        try:
+            events = prof.events()
+        except Exception as error:  # noqa: BLE001 - e.g. trace_only configs have no events
+            self.reporter.problem("events", "the profiler gave no events (per-op metrics are empty)", error)
+            events = _event_list([], None)
         if getattr(prof, "acc_events", False):
             # torch puts a cycle's new events first and appends the earlier cycles' after them.
             total = len(events)
@@ -219,55 +325,44 @@ class MLflowProfilerCallback:
             )
             return []
 
-    def _stage_trace(self, prof: Any, found: list, exported: list[str], staged: Path) -> str | None:
-        """Puts the cycle's framework trace in `staged` unless a Neuron session folder has one."""
+    def _stage_trace(
+        self, prof: Any, found: list[_files.FoundFile], exported: list[str], staged: Path, neuron_dir: str
+    ) -> tuple[str | None, Path | None]:
+        """The framework trace's source, and its raw copy in `staged` unless a Neuron session has one.
+
+        Gzip happens later, off the training thread; here the trace is only exported or linked.
+        """
         neuron_trace = next((f for f in found if f.is_framework_trace), None)
         if neuron_trace is not None:
-            return f"neuron/{neuron_trace.relative_path}"
-        target = staged / "trace.json.gz"
+            return f"{neuron_dir}/{neuron_trace.relative_path}", None
         for path in reversed(exported):
             if os.path.isfile(path):
-                _gzip_copy(Path(path), target)
-                return path
+                raw = staged / ("raw_trace.json.gz" if path.endswith(".gz") else "raw_trace.json")
+                _files.link_or_copy(path, raw)
+                return path, raw
         if not self.export_trace:
-            return None
+            return None, None
+        raw = staged / "raw_trace.json"
         try:
             try:
-                prof.export_chrome_trace(str(target))
+                prof.export_chrome_trace(str(raw))
             except RuntimeError:
                 # Kineto saves a cycle's trace once; a handler may have used that save already.
-                plain = staged / "trace.json"
-                prof.export_chrome_trace(str(plain), use_python_export=True)
-                _gzip_copy(plain, target)
-                plain.unlink()
+                prof.export_chrome_trace(str(raw), use_python_export=True)
         except Exception as error:  # noqa: BLE001
             self.reporter.problem("trace_export", "could not export the framework trace", error)
-            return None
-        return "export_chrome_trace"
-
-    # -- MLflow side ----------------------------------------------------------------------------
-
-    def _log(self, record: _record.CycleRecord, params: dict[str, str]) -> None:
-        if params:
-            clashes = self._logger.log_params_once(params)
-            self._params_logged = True
-            if clashes:
-                listed = ", ".join(f"{k}: kept {old!r}, not {new!r}" for k, (old, new) in clashes.items())
-                self.reporter.problem("params_clash", f"run {self.run_id} already has other profiler params ({listed})")
-        self._logger.log_cycle(record)
-        self.cycles_logged += 1
+            return None, None
+        return "export_chrome_trace", raw
 
 
-def posix_dirname(path: str) -> str:
-    return path.rsplit("/", 1)[0] if "/" in path else ""
+def _close_at_exit(ref: weakref.ref) -> None:
+    callback = ref()
+    if callback is not None:
+        callback.close()
 
 
-def _gzip_copy(source: Path, target: Path) -> None:
-    if source.suffix == ".gz":
-        shutil.copyfile(source, target)
-        return
-    with open(source, "rb") as fin, gzip.open(target, "wb", compresslevel=6) as fout:
-        shutil.copyfileobj(fin, fout, 1024 * 1024)
+def _parent(path: str) -> str:
+    return path.rsplit("/", 1)[0]
 
 
 def _event_list(events: list, like: Any) -> Any:
@@ -279,16 +374,13 @@ def _event_list(events: list, like: Any) -> Any:
     return subset
 
 
-def _validate(handlers: tuple, top_k: Any, max_file_bytes: Any, output_dir: Any) -> None:
+def _validate(handlers: tuple, **counts: Any) -> None:
     for handler in handlers:
         if not callable(handler):
             raise TypeError(
                 f"handlers must be callables taking the profiler (such as NeuronProfiler(nc).export_trace "
                 f"or torch.profiler.tensorboard_trace_handler(dir)); got {handler!r}"
             )
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k must be an int >= 0 (0 logs totals only); got {top_k!r}")
-    if isinstance(max_file_bytes, bool) or not isinstance(max_file_bytes, int) or max_file_bytes < 0:
-        raise ValueError(f"max_file_bytes must be an int >= 0; got {max_file_bytes!r}")
-    if output_dir is not None and not isinstance(output_dir, (str, os.PathLike)):
-        raise TypeError(f"profile_output_dir must be a path or None; got {output_dir!r}")
+    for name, value in counts.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0; got {value!r}")

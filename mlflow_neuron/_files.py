@@ -8,6 +8,7 @@ Files of other processes (`<instance>_pid_<pid>` folders) are left to those proc
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,14 @@ class OutputFolderWatcher:
         else:
             decision = UPLOAD
         return FoundFile(path, relative, stat.st_size, decision)
+
+
+def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """A hard link where the filesystem allows (no copy, no extra disk), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def _is_link(folder: str, name: str) -> bool:

@@ -2,11 +2,15 @@
 
 Every call goes through one `MlflowClient` and an explicit run id: a profiler callback may run on
 any thread, and MLflow's fluent API is thread-local (it would silently open a second run).
+Sending a delivery twice leaves its data once: metric points are keyed by (key, step, timestamp,
+value), artifacts overwrite, params and tags are re-set to the same values.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import replace
 
 import mlflow
 from mlflow.entities import Metric, Param, RunStatus, RunTag
@@ -14,73 +18,87 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
-from ._record import OPS_TABLE, CycleRecord
+from ._record import Delivery, RunRef
+
+RUN_KEY_TAG = "mlflow_neuron.run_key"
+
+
+def current_run_ref(run_id: str | None, tracking_uri: str | None, **new_run: str | None) -> RunRef:
+    """The run to log into: `run_id`, else the active run, else `MLFLOW_RUN_ID`, else a new one."""
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    if run_id is None:
+        active = mlflow.active_run()
+        run_id = active.info.run_id if active else os.environ.get("MLFLOW_RUN_ID") or None
+    if run_id is None and new_run.get("experiment_id") is None:
+        new_run["experiment_id"] = mlflow.tracking.fluent._get_experiment_id() or "0"
+    return RunRef(uri, run_id, **new_run)
 
 
 class RunLogger:
-    """Logs cycle records into one run: the given one, the active one, or one it creates."""
+    """Delivers cycles into one run, creating it on first use when it does not exist yet."""
 
-    def __init__(
-        self,
-        *,
-        run_id: str | None = None,
-        tracking_uri: str | None = None,
-        experiment_id: str | None = None,
-        run_name: str | None = None,
-    ) -> None:
-        self.tracking_uri = tracking_uri or mlflow.get_tracking_uri()
-        self.client = MlflowClient(self.tracking_uri)
-        active = mlflow.active_run() if run_id is None else None
-        self.run_id = run_id or (active.info.run_id if active else None)
-        self._experiment_id = experiment_id
-        self._run_name = run_name
-        self.owns_run = False
-        self._logged_params: dict[str, str] | None = None
+    def __init__(self, run: RunRef) -> None:
+        self.run = run
+        self.client = MlflowClient(run.tracking_uri)
+        self._params: dict[str, str] | None = None
         self._tables: list[dict] | None = None  # the run's `mlflow.loggedArtifacts` entries
 
     def ensure_run(self) -> str:
-        """The run id, creating the run on first use (so constructing costs no request)."""
-        if self.run_id is None:
-            experiment_id = self._experiment_id or mlflow.tracking.fluent._get_experiment_id() or "0"
-            run = self.client.create_run(experiment_id, run_name=self._run_name)
-            self.run_id = run.info.run_id
-            self.owns_run = True
-        return self.run_id
+        if self.run.run_id is None:
+            found = self.client.search_runs(
+                [self.run.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{self.run.run_key}'"
+            )
+            if found:
+                run_id = found[0].info.run_id
+            else:
+                created = self.client.create_run(
+                    self.run.experiment_id, run_name=self.run.run_name, tags={RUN_KEY_TAG: self.run.run_key}
+                )
+                run_id = created.info.run_id
+            self.run = replace(self.run, run_id=run_id)
+        return self.run.run_id
 
-    def log_params_once(self, params: dict[str, str]) -> dict[str, tuple[str, str]]:
-        """Logs params the run lacks; returns {name: (kept, rejected)} for values that differ.
+    def deliver(self, delivery: Delivery) -> tuple[dict[str, tuple[str, str]], list[str]]:
+        """Sends one cycle. Returns param clashes {name: (kept, rejected)} and files that vanished.
 
         MLflow params are immutable, so a second profiler on the same run with other settings
         keeps the first values; the caller reports the clash.
         """
         run_id = self.ensure_run()
         self._load_run_state(run_id)
-        new = {k: v for k, v in params.items() if k not in self._logged_params}
-        clashes = {
-            k: (self._logged_params[k], v)
-            for k, v in params.items()
-            if k in self._logged_params and self._logged_params[k] != v
-        }
+        clashes = self._log_params(run_id, delivery.params)
+        metrics = [Metric(k, v, delivery.timestamp_ms, delivery.step) for k, v in delivery.metrics.items()]
+        tags = [RunTag(k, v) for k, v in delivery.tags.items()]
+        if delivery.table:
+            tags.append(RunTag(MLFLOW_LOGGED_ARTIFACTS, self._register_table(delivery.table)))
+        if metrics or tags:
+            self.client.log_batch(run_id, metrics=metrics, tags=tags, synchronous=True)
+        vanished = []
+        for local_path, artifact_folder in delivery.uploads:
+            if not os.path.isfile(local_path):
+                vanished.append(local_path)
+                continue
+            self.client.log_artifact(run_id, local_path, artifact_folder)
+        if delivery.files_dir:
+            self.client.log_artifacts(run_id, delivery.files_dir, delivery.artifact_dir)
+        return clashes, vanished
+
+    def end_run(self) -> None:
+        if self.run.run_id is not None:
+            self.client.set_terminated(self.run.run_id, RunStatus.to_string(RunStatus.FINISHED))
+
+    def _log_params(self, run_id: str, params: dict[str, str]) -> dict[str, tuple[str, str]]:
+        new = {k: v for k, v in params.items() if k not in self._params}
+        clashes = {k: (self._params[k], v) for k, v in params.items() if k in self._params and self._params[k] != v}
         if new:
             self.client.log_batch(run_id, params=[Param(k, v) for k, v in new.items()], synchronous=True)
-            self._logged_params.update(new)
+            self._params.update(new)
         return clashes
 
-    def log_cycle(self, record: CycleRecord) -> None:
-        run_id = self.ensure_run()
-        self._load_run_state(run_id)
-        metrics = [Metric(k, v, record.timestamp_ms, record.step) for k, v in record.metrics.items()]
-        tags = [RunTag(k, v) for k, v in record.tags.items()]
-        tags.append(RunTag(MLFLOW_LOGGED_ARTIFACTS, self._register_table(f"{record.artifact_dir}/{OPS_TABLE}")))
-        self.client.log_batch(run_id, metrics=metrics, tags=tags, synchronous=True)
-        for local_path, subfolder in record.uploads:
-            self.client.log_artifact(run_id, str(local_path), f"{record.artifact_dir}/{subfolder}")
-        self.client.log_artifacts(run_id, str(record.staged_dir), record.artifact_dir)
-
     def _load_run_state(self, run_id: str) -> None:
-        if self._logged_params is None or self._tables is None:
+        if self._params is None or self._tables is None:
             data = self.client.get_run(run_id).data
-            self._logged_params = dict(data.params)
+            self._params = dict(data.params)
             self._tables = json.loads(data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
 
     def _register_table(self, path: str) -> str:
@@ -94,13 +112,8 @@ class RunLogger:
         if entry not in self._tables:
             self._tables.append(entry)
         while len(json.dumps(self._tables)) > MAX_TAG_VAL_LENGTH:
-            ours = [t for t in self._tables if t["path"].startswith("profiler/") and t is not entry]
+            ours = [t for t in self._tables if t["path"].startswith("profiler/") and t != entry]
             if not ours:
                 break
             self._tables.remove(ours[0])
         return json.dumps(self._tables)
-
-    def end_run(self) -> None:
-        if self.owns_run and self.run_id is not None:
-            self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FINISHED))
-            self.owns_run = False

@@ -1,12 +1,18 @@
 """What one cycle sends to MLflow, decided without talking to MLflow.
 
-A `CycleRecord` is plain data: metrics, tags, the op table and the files to upload. Keeping it
-separate from the I/O lets the same record be logged now, retried, or replayed later.
+The training thread produces a `CycleRecord`: numbers, tables and paths, nothing written yet.
+`materialize` (run by the background sender) writes the generated files and gzips the trace,
+giving a `Delivery`: plain data whose files all lie on disk. A delivery can be sent now, retried,
+or stored in the outbox and replayed later; sending it twice leaves the same data once.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
+import shutil
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,19 +26,101 @@ DEVICE_TAG = "mlflow_neuron.device"
 DEVICE_TIME_TAG = "mlflow_neuron.device_time"
 
 OPS_TABLE = "ops.json"
+KEY_AVERAGES = "key_averages.txt"
+MANIFEST = "manifest.json"
+TRACE = "trace.json.gz"
 
 PER_OP_METRICS = ("self_device_time_us", "self_cpu_time_us", "calls")
 
 
 @dataclass(frozen=True)
-class CycleRecord:
+class RunRef:
+    """Which run a delivery belongs to. A run the callback creates itself is known, until it
+    exists, by `run_key` (a tag), so that replaying from the outbox creates it only once."""
+
+    tracking_uri: str
+    run_id: str | None = None
+    experiment_id: str | None = None
+    run_name: str | None = None
+    run_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A cycle ready to send: its files lie on disk, the rest is in these fields."""
+
     step: int
     timestamp_ms: int
-    artifact_dir: str  # "profiler/step_<N>"
-    metrics: dict[str, float]
-    tags: dict[str, str]
-    staged_dir: Path  # generated files (ops.json among them), uploaded as they lie under artifact_dir
-    uploads: tuple[tuple[Path, str], ...] = field(default=())  # (local file, artifact subfolder)
+    artifact_dir: str  # "profiler/step_<N>" (rank 0) or "profiler/step_<N>/rank_<r>"
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+    files_dir: str | None = None  # generated files, uploaded as they lie under artifact_dir
+    uploads: tuple[tuple[str, str], ...] = ()  # (local file, artifact folder relative to the run)
+    table: str | None = None  # artifact path of an ops table to register for the UI
+
+
+@dataclass
+class CycleRecord:
+    """What the training thread read from one cycle; files are written later, off that thread."""
+
+    step: int
+    timestamp_ms: int
+    artifact_dir: str
+    staged_dir: Path
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+    ops_table: pd.DataFrame | None = None
+    key_averages: str | None = None
+    manifest: dict = field(default_factory=dict)
+    raw_trace: Path | None = None  # uncompressed framework trace to gzip into the staged folder
+    uploads: tuple[tuple[str, str], ...] = ()
+    register_table: bool = False
+    _delivery: Delivery | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def materialize(self) -> Delivery:
+        """Writes the generated files (once, whichever thread asks first)."""
+        with self._lock:
+            if self._delivery is None:
+                self._delivery = self._write()
+            return self._delivery
+
+    def _write(self) -> Delivery:
+        staged = self.staged_dir
+        staged.mkdir(parents=True, exist_ok=True)
+        table = None
+        if self.ops_table is not None:
+            # The layout `MlflowClient.log_table` writes, so the UI shows it as a table.
+            self.ops_table.to_json(staged / OPS_TABLE, orient="split", index=False, date_format="iso")
+            table = f"{self.artifact_dir}/{OPS_TABLE}" if self.register_table else None
+        if self.key_averages is not None:
+            (staged / KEY_AVERAGES).write_text(self.key_averages, encoding="utf-8")
+        if self.raw_trace is not None and self.raw_trace.exists():
+            gzip_file(self.raw_trace, staged / TRACE)
+            self.raw_trace.unlink()
+        (staged / MANIFEST).write_text(json.dumps(self.manifest, indent=2), encoding="utf-8")
+        return Delivery(
+            step=self.step,
+            timestamp_ms=self.timestamp_ms,
+            artifact_dir=self.artifact_dir,
+            metrics=self.metrics,
+            tags=self.tags,
+            params=self.params,
+            files_dir=str(staged),
+            uploads=self.uploads,
+            table=table,
+        )
+
+
+def gzip_file(source: Path, target: Path) -> None:
+    """Streams `source` into gzip `target` (constant memory); copies a file already gzipped."""
+    if source.suffix == ".gz":
+        shutil.copyfile(source, target)
+        return
+    with open(source, "rb") as fin, gzip.open(target, "wb", compresslevel=6) as fout:
+        shutil.copyfileobj(fin, fout, 1024 * 1024)
 
 
 def cycle_metrics(profile: CycleProfile, keys: OpKeys, top_k: int, rank_prefix: str = "") -> dict[str, float]:
@@ -57,6 +145,12 @@ def cycle_metrics(profile: CycleProfile, keys: OpKeys, top_k: int, rank_prefix: 
     return metrics
 
 
+def split_non_finite(metrics: dict[str, float]) -> tuple[dict[str, float], list[str]]:
+    """Finite metrics, and the keys left out: MLflow stores NaN but turns inf into 1.8e308."""
+    finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
+    return finite, sorted(set(metrics) - set(finite))
+
+
 def ops_table(profile: CycleProfile, keys: OpKeys) -> pd.DataFrame:
     """Every op of the cycle with the metric key it has (or would have) under `profiler/...`."""
     frame = profile.to_frame()
@@ -70,34 +164,28 @@ def ops_table(profile: CycleProfile, keys: OpKeys) -> pd.DataFrame:
     return frame
 
 
-def write_ops_table(frame: pd.DataFrame, path: Path) -> None:
-    """Writes the table in the layout `MlflowClient.log_table` uses, so the UI shows it as one."""
-    frame.to_json(path, orient="split", index=False, date_format="iso")
-
-
 def manifest(
     found: list[_files.FoundFile],
     *,
+    neuron_dir: str,
     output_dir: str | None,
     trace_source: str | None,
     max_file_bytes: int,
-) -> str:
-    entries = [
-        {
-            "artifact_path": f"neuron/{f.relative_path}",
-            "source": str(f.path),
-            "size_bytes": f.size_bytes,
-            "uploaded": f.decision == _files.UPLOAD,
-            "reason": None if f.decision == _files.UPLOAD else f.decision,
-        }
-        for f in found
-    ]
-    return json.dumps(
-        {
-            "profile_output_dir": output_dir,
-            "max_file_bytes": max_file_bytes,
-            "framework_trace": trace_source,
-            "files": entries,
-        },
-        indent=2,
-    )
+    rank: int,
+) -> dict:
+    return {
+        "rank": rank,
+        "profile_output_dir": output_dir,
+        "max_file_bytes": max_file_bytes,
+        "framework_trace": trace_source,
+        "files": [
+            {
+                "artifact_path": f"{neuron_dir}/{f.relative_path}",
+                "source": str(f.path),
+                "size_bytes": f.size_bytes,
+                "uploaded": f.decision == _files.UPLOAD,
+                "reason": None if f.decision == _files.UPLOAD else f.decision,
+            }
+            for f in found
+        ],
+    }

@@ -112,11 +112,13 @@ def test_a_failing_handler_is_reported_once_and_the_cycle_still_logs(tracking_ur
     assert [step for step, _ in history] == [4, 8]
 
 
-def test_an_mlflow_failure_never_reaches_the_training_loop(tracking_uri):
-    callback = MLflowProfilerCallback(run_id="0123456789abcdef0123456789abcdef")  # no such run
-    with pytest.warns(MLflowNeuronWarning, match="could not log profiler step 4"):
+def test_an_mlflow_failure_never_reaches_the_training_loop(tracking_uri, tmp_path):
+    callback = MLflowProfilerCallback(run_id="0123456789abcdef0123456789abcdef", retry_wait_s=0.01)  # no such run
+    with pytest.warns(MLflowNeuronWarning, match="profiler step 4 was not sent") as caught:
         assert profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2) == 8
-    assert callback.cycles_logged == 0 and callback.reporter.counts == {"cycle": 2}
+    assert sum(issubclass(w.category, MLflowNeuronWarning) for w in caught) == 1
+    assert callback.cycles_logged == 0 and callback.reporter.counts == {"stored_in_outbox": 2}
+    assert [p.parent for p in callback.outbox_records] == [tmp_path / "mlflow-neuron-outbox"] * 2
 
 
 def test_strict_mode_raises_out_of_the_step(tmp_path):

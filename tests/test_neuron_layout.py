@@ -41,7 +41,7 @@ def test_each_cycle_uploads_its_own_session_folder_found_through_the_config(
     # The framework trace came with the session, so no separate trace.json.gz.
     assert "profiler/step_4/trace.json.gz" not in files
     manifest = read_json_artifact(client, run.info.run_id, "profiler/step_4/manifest.json", tmp_path / "dl")
-    assert manifest["framework_trace"] == f"neuron/{first}/trace.json"
+    assert manifest["framework_trace"] == f"profiler/step_4/neuron/{first}/trace.json"
     assert manifest["profile_output_dir"] == str(out)
     params = client.get_run(run.info.run_id).data.params
     assert params["neuron.modes"] == "DEVICE,RUNTIME"
@@ -101,7 +101,8 @@ def test_symlinks_are_listed_never_followed_and_other_processes_are_left_alone(
     assert not any("pid_999999" in p or "looks_like" in p or "secret" in p for p in uploaded)
     manifest = read_json_artifact(client, run.info.run_id, "profiler/step_4/manifest.json", tmp_path / "dl")
     reasons = {f["artifact_path"]: f["reason"] for f in manifest["files"] if not f["uploaded"]}
-    assert reasons == {"neuron/looks_like.ntff": "symlink_not_followed", "neuron/linked_dir": "symlink_not_followed"}
+    assert reasons == {"profiler/step_4/neuron/looks_like.ntff": "symlink_not_followed",
+                       "profiler/step_4/neuron/linked_dir": "symlink_not_followed"}
     assert not any("pid_999999" in f["artifact_path"] for f in manifest["files"])
 
 

@@ -1,0 +1,202 @@
+"""Sending cycles off the training thread, with retries, and the outbox for what cannot be sent.
+
+The training thread only hands over a `CycleRecord`; a daemon worker writes its files, sends it,
+retries with backoff, and stores it in the outbox when the server stays away. Pending work is
+bounded: when `max_pending` cycles wait, the next one goes straight to the outbox. At close, what
+is still queued or in flight is stored in the outbox rather than dropped (sending it again later
+is harmless: a delivery sent twice leaves its data once).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from . import _outbox
+from ._mlflow_io import RunLogger
+from ._record import CycleRecord
+from ._report import Reporter
+
+
+class Sender:
+    def __init__(
+        self,
+        logger: RunLogger,
+        reporter: Reporter,
+        *,
+        background: bool = True,
+        max_pending: int = 8,
+        retries: int = 3,
+        retry_wait_s: float = 0.5,
+        outbox: str | Path = _outbox.DEFAULT_OUTBOX,
+        copy_max_bytes: int = _outbox.DEFAULT_COPY_MAX_BYTES,
+    ) -> None:
+        self.logger = logger
+        self.reporter = reporter
+        self.background = background
+        self.max_pending = max_pending
+        self.retries = retries
+        self.retry_wait_s = retry_wait_s
+        self.outbox = Path(outbox).absolute()  # the working directory may change later
+        self.copy_max_bytes = copy_max_bytes
+        self.delivered = 0
+        self.stored: list[Path] = []  # outbox records written by this sender
+        self._queue: deque[CycleRecord] = deque()
+        self._inflight: CycleRecord | None = None
+        self._settled: dict[int, str] = {}  # id(record) -> "done" | "abandoned", while in flight
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._worker_errors: list[BaseException] = []  # strict mode: raised on the caller's thread
+
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue) + (self._inflight is not None)
+
+    def submit(self, record: CycleRecord) -> None:
+        self.raise_worker_errors()
+        if not self.background:
+            self._send(record)
+            return
+        with self._cond:
+            full = len(self._queue) + (self._inflight is not None) >= self.max_pending
+            if not full:
+                self._queue.append(record)
+                self._cond.notify_all()
+                self._start_worker()
+        if full:
+            self._store(record, f"{self.max_pending} cycles were already waiting to be sent")
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits until every submitted cycle is sent or stored; False if `timeout` ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._inflight is not None:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        self.raise_worker_errors()
+        return True
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flushes, then stores whatever is still queued or in flight in the outbox."""
+        self.flush(timeout)
+        self._stop.set()
+        with self._cond:
+            left = list(self._queue)
+            self._queue.clear()
+            inflight = self._inflight
+            if inflight is not None and id(inflight) not in self._settled:
+                self._settled[id(inflight)] = "abandoned"
+                left.insert(0, inflight)
+            self._cond.notify_all()
+        for record in left:
+            self._store(record, "it was still being sent when the callback closed")
+        self.raise_worker_errors()
+
+    def raise_worker_errors(self) -> None:
+        if self._worker_errors:
+            raise self._worker_errors.pop(0)
+
+    # -- worker ---------------------------------------------------------------------------------
+
+    def _start_worker(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, name="mlflow-neuron-sender", daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop.is_set():
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                record = self._inflight = self._queue.popleft()
+            try:
+                self._send(record)
+            except BaseException as error:  # noqa: BLE001 - only strict mode gets here
+                self._worker_errors.append(error)
+            finally:
+                with self._cond:
+                    self._inflight = None
+                    self._settled.pop(id(record), None)
+                    self._cond.notify_all()
+
+    def _send(self, record: CycleRecord) -> None:
+        error: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt and self._stop.wait(self.retry_wait_s * 2 ** (attempt - 1)):
+                break  # closing: the record goes to the outbox now
+            try:
+                delivery = record.materialize()
+                clashes, vanished = self.logger.deliver(delivery)
+            except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, bad data
+                error = caught
+                continue
+            if self._claim(record):
+                self.delivered += 1
+                _cleanup(record)
+            self._report_delivery(record, clashes, vanished)
+            return
+        if self._claim(record):
+            self._store(record, f"sending failed {self.retries + 1} times", error)
+
+    def _claim(self, record: CycleRecord) -> bool:
+        """True if this thread settles the record; False if close() took it over meanwhile."""
+        with self._cond:
+            if self._settled.get(id(record)) == "abandoned":
+                return False
+            self._settled[id(record)] = "done"
+            return True
+
+    def _report_delivery(self, record: CycleRecord, clashes: dict, vanished: list[str]) -> None:
+        if clashes:
+            listed = ", ".join(f"{k}: kept {old!r}, not {new!r}" for k, (old, new) in clashes.items())
+            self.reporter.problem("params_clash", f"run {self.logger.run.run_id} already has other profiler params ({listed})")
+        if vanished:
+            self.reporter.problem(
+                "file_vanished",
+                f"{len(vanished)} profile file(s) of step {record.step} disappeared before upload "
+                f"(first: {vanished[0]}); the rest of the cycle was logged",
+            )
+
+    # -- outbox -----------------------------------------------------------------------------------
+
+    def _store(self, record: CycleRecord, why: str, error: Exception | None = None) -> None:
+        try:
+            path = self._put(record)
+        except Exception as lost:  # noqa: BLE001
+            self.reporter.problem(
+                "lost", f"profiler step {record.step} could be neither sent nor stored; its data is lost", lost
+            )
+            return
+        finally:
+            _cleanup(record)
+        self.stored.append(path)
+        self.reporter.problem(
+            "stored_in_outbox",
+            f"profiler step {record.step} was not sent to {self.logger.run.tracking_uri} ({why}); it is kept in "
+            f"{path.parent}: run `mlflow-neuron sync --outbox {path.parent}` once the server is back",
+            error,
+        )
+
+    def _put(self, record: CycleRecord) -> Path:
+        delivery = record.materialize()
+        try:
+            return _outbox.put(self.outbox, delivery, self.logger.run, copy_max_bytes=self.copy_max_bytes)
+        except OSError as unwritable:
+            fallback = _outbox.fallback_folder()
+            self.reporter.problem(
+                "outbox_unwritable", f"outbox {self.outbox} is not writable ({unwritable}); using {fallback} instead"
+            )
+            return _outbox.put(fallback, delivery, self.logger.run, copy_max_bytes=self.copy_max_bytes)
+
+
+def _cleanup(record: CycleRecord) -> None:
+    shutil.rmtree(record.staged_dir, ignore_errors=True)
