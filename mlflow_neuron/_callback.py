@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -142,12 +143,16 @@ class MLflowProfilerCallback:
 
     def __call__(self, prof: Any) -> None:
         try:
+            stopping = _called_from_stop(prof)
             self._hook_profiler_stop(prof)
             exported = self._run_handlers(prof)
             record = self._read_cycle(prof, exported)
             self._sender.submit(record)
         except Exception as error:  # noqa: BLE001 - nothing may escape into prof.step()
             self.reporter.problem("cycle", f"could not log profiler step {getattr(prof, 'step_num', '?')}", error)
+            return
+        if stopping:
+            self.flush(self.flush_timeout_s)  # the hook may have come too late for this stop()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits for pending cycles; False if `timeout` ran out first (they keep going)."""
@@ -353,6 +358,18 @@ class MLflowProfilerCallback:
             self.reporter.problem("trace_export", "could not export the framework trace", error)
             return None, None
         return "export_chrome_trace", raw
+
+
+def _called_from_stop(prof: Any) -> bool:
+    """True when torch calls the handler from `prof.stop()` (the cycle that ends the profile)."""
+    frame = sys._getframe(2)
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "stop" and frame.f_locals.get("self") is prof:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.error
+import urllib.request
 from dataclasses import replace
 
 import mlflow
@@ -21,6 +23,24 @@ from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 from ._record import Delivery, RunRef
 
 RUN_KEY_TAG = "mlflow_neuron.run_key"
+PROBE_TIMEOUT_S = 3.0
+
+
+def check_reachable(tracking_uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Raises ConnectionError fast when an HTTP tracking server does not answer at all.
+
+    MLflow's client retries a dead server for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES and
+    backoff, process-wide settings this library leaves alone); one short probe first lets the
+    sender go on to retry or the outbox instead. Any HTTP answer, even an error, counts as alive.
+    """
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    try:
+        urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return
+    except (OSError, ValueError) as error:
+        raise ConnectionError(f"tracking server {tracking_uri} is not reachable: {error}") from error
 
 
 def current_run_ref(run_id: str | None, tracking_uri: str | None, **new_run: str | None) -> RunRef:
@@ -64,6 +84,7 @@ class RunLogger:
         MLflow params are immutable, so a second profiler on the same run with other settings
         keeps the first values; the caller reports the clash.
         """
+        check_reachable(self.run.tracking_uri)
         run_id = self.ensure_run()
         self._load_run_state(run_id)
         clashes = self._log_params(run_id, delivery.params)

@@ -1,0 +1,141 @@
+"""Nothing lost: cycles the tracking server does not take go to the outbox; sync delivers them once."""
+
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import artifact_files
+from mlflow.tracking import MlflowClient
+from workloads import profile_rmsnorm
+
+from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
+from mlflow_neuron._outbox import pending
+from mlflow_neuron.cli import main as cli_main
+
+
+@pytest.fixture
+def dead_server():
+    """An http URI on a loopback port where nothing listens."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def profile_offline(dead_server, outbox, cycles=3, **kwargs):
+    callback = MLflowProfilerCallback(
+        tracking_uri=dead_server, experiment_id="0", run_name="offline", outbox=outbox, retry_wait_s=0.01, **kwargs
+    )
+    with pytest.warns(MLflowNeuronWarning, match="not sent"):
+        steps = profile_rmsnorm(callback, steps=4 * cycles, wait=1, warmup=1, active=2)
+        callback.close()
+    assert steps == 4 * cycles  # the training loop always completes
+    return callback
+
+
+def assert_each_cycle_once(client, run_id, steps):
+    for key in ("profiler/total/active_steps", "profiler/calls/aten.mul"):
+        assert [m.step for m in client.get_metric_history(run_id, key)] == steps
+    files = artifact_files(client, run_id)
+    for step in steps:
+        assert {f"profiler/step_{step}/{name}" for name in ("ops.json", "manifest.json", "trace.json.gz")} <= set(files)
+
+
+def test_an_unreachable_server_loses_nothing_and_sync_delivers_each_cycle_once(dead_server, tmp_path):
+    outbox = tmp_path / "outbox"
+    callback = profile_offline(dead_server, outbox)
+    assert callback.run_id is None  # the run could not even be created
+    assert len(pending(outbox)) == 3
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
+    assert pending(outbox) == []
+    client = MlflowClient(store)
+    [run] = client.search_runs(["0"])  # created once, from the records' run key
+    assert run.info.run_name == "offline"
+    assert_each_cycle_once(client, run.info.run_id, [4, 8, 12])
+    assert run.data.params["profiler.schedule.active"] == "2"
+
+
+def test_sync_is_idempotent_twice_and_after_a_partial_replay(dead_server, tmp_path):
+    outbox = tmp_path / "outbox"
+    profile_offline(dead_server, outbox)
+    backup = tmp_path / "backup"
+    shutil.copytree(outbox, backup)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # A partial replay: only the first record goes through, then everything is replayed again.
+    first = pending(outbox)[0]
+    rest = tmp_path / "rest"
+    shutil.move(str(outbox), str(rest))
+    outbox.mkdir()
+    shutil.move(str(rest / first.name), str(outbox / first.name))
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
+    shutil.rmtree(outbox)
+    shutil.copytree(backup, outbox)
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
+    shutil.rmtree(outbox)
+    shutil.copytree(backup, outbox)
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
+    client = MlflowClient(store)
+    [run] = client.search_runs(["0"])
+    assert_each_cycle_once(client, run.info.run_id, [4, 8, 12])
+
+
+def test_an_unwritable_outbox_falls_back_and_says_where(dead_server, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")  # a path under a regular file cannot be created, even by root
+    with pytest.warns(MLflowNeuronWarning) as caught:
+        callback = profile_offline(dead_server, blocker / "outbox", cycles=2)
+    messages = " ".join(str(w.message) for w in caught)
+    fallback = tmp_path / "tmp" / next(p.name for p in (tmp_path / "tmp").iterdir())
+    assert "is not writable" in messages and str(fallback) in messages
+    assert [p.parent for p in callback.outbox_records] == [fallback, fallback]
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert cli_main(["sync", "--outbox", str(fallback), "--tracking-uri", store]) == 0
+    client = MlflowClient(store)
+    assert_each_cycle_once(client, client.search_runs(["0"])[0].info.run_id, [4, 8])
+
+
+def test_memory_for_pending_cycles_is_bounded(dead_server, tmp_path):
+    outbox = tmp_path / "outbox"
+    callback = MLflowProfilerCallback(
+        tracking_uri=dead_server, experiment_id="0", outbox=outbox, retries=50, retry_wait_s=0.2, max_pending=1
+    )
+    seen = []
+    with pytest.warns(MLflowNeuronWarning):
+        profile_rmsnorm(lambda prof: (callback(prof), seen.append(callback._sender.pending)),
+                        steps=20, wait=1, warmup=1, active=2)
+        callback.close(timeout=0)
+    assert max(seen) <= 1
+    assert len(pending(outbox)) == 5  # every cycle kept: spilled, or handed over at close
+
+
+def test_sync_keeps_a_corrupt_record_and_delivers_the_rest(dead_server, tmp_path):
+    outbox = tmp_path / "outbox"
+    profile_offline(dead_server, outbox, cycles=2)
+    broken = outbox / "00000000000000000000-1-000000"
+    broken.mkdir()
+    (broken / "record.json").write_text('{"format": 1, "run": {')  # truncated
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = subprocess.run(
+        [sys.executable, "-m", "mlflow_neuron.cli", "sync", "--outbox", str(outbox), "--tracking-uri", store],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 1
+    assert "unreadable outbox record" in result.stdout
+    assert "synced 2 of 3 record(s)" in result.stdout
+    assert pending(outbox) == [broken]
+
+
+def test_the_console_script_is_installed():
+    script = str(Path(sys.executable).with_name("mlflow-neuron"))  # the environment's bin folder
+    result = subprocess.run([script, "sync", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "example: mlflow-neuron sync" in result.stdout
+    result = subprocess.run([script, "nonsense"], capture_output=True, text=True)
+    assert result.returncode == 2
