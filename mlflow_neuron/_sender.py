@@ -1,10 +1,11 @@
 """Sending cycles off the training thread, with retries, and the outbox for what cannot be sent.
 
 The training thread only hands over a `CycleRecord`; a daemon worker writes its files, sends it,
-retries with backoff, and stores it in the outbox when the server stays away. Pending work is
-bounded: when `max_pending` cycles wait, the next one goes straight to the outbox. At close, what
-is still queued or in flight is stored in the outbox rather than dropped (sending it again later
-is harmless: a delivery sent twice leaves its data once).
+retries with backoff, and stores it in the outbox when the server stays away. Pending memory is
+bounded: when `max_pending` cycles wait, the next one goes straight to the outbox. When the queue
+is empty the worker replays what it stored, so a server that was only slow or briefly gone needs
+no manual sync. At close, what is still queued or in flight is stored rather than dropped
+(sending it again later is harmless: a delivery sent twice leaves its data once).
 """
 
 from __future__ import annotations
@@ -43,7 +44,10 @@ class Sender:
         self.outbox = Path(outbox).absolute()  # the working directory may change later
         self.copy_max_bytes = copy_max_bytes
         self.delivered = 0
-        self.stored: list[Path] = []  # outbox records written by this sender
+        self.stored: list[Path] = []  # outbox records written by this sender and not replayed yet
+        self._replay_at = 0.0  # monotonic time of the next replay attempt
+        self._replay_wait_s = retry_wait_s
+        self._replay_blocked = False  # the last replay failed: flush() does not wait for replays
         self._queue: deque[CycleRecord] = deque()
         self._inflight: CycleRecord | None = None
         self._settled: dict[int, str] = {}  # id(record) -> "done" | "abandoned", while in flight
@@ -75,7 +79,7 @@ class Sender:
         """Waits until every submitted cycle is sent or stored; False if `timeout` ran out first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._inflight is not None:
+            while self._queue or self._inflight is not None or (self.stored and not self._replay_blocked):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -113,11 +117,17 @@ class Sender:
     def _work(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._stop.is_set():
-                    self._cond.wait()
-                if not self._queue:
+                while not self._queue and not self._stop.is_set() and not self._replay_due():
+                    self._cond.wait(self._seconds_to_replay())
+                if self._queue:
+                    record = self._inflight = self._queue.popleft()
+                elif self._stop.is_set():
                     return
-                record = self._inflight = self._queue.popleft()
+                else:
+                    record, stored = None, self.stored[0]
+            if record is None:
+                self._replay(stored)
+                continue
             try:
                 self._send(record)
             except BaseException as error:  # noqa: BLE001 - only strict mode gets here
@@ -140,12 +150,42 @@ class Sender:
                 error = caught
                 continue
             if self._claim(record):
-                self.delivered += 1
+                self._delivered_live()
                 _cleanup(record)
             self._report_delivery(record, clashes, vanished)
             return
         if self._claim(record):
             self._store(record, f"sending failed {self.retries + 1} times", error)
+
+    def _replay_due(self) -> bool:
+        return bool(self.stored) and time.monotonic() >= self._replay_at
+
+    def _seconds_to_replay(self) -> float | None:
+        return max(self._replay_at - time.monotonic(), 0.01) if self.stored else None
+
+    def _replay(self, path: Path) -> None:
+        """Sends one stored record again; on failure waits longer (up to 30 s) before the next try."""
+        try:
+            delivery, _ = _outbox.load(path)
+            self.logger.deliver(delivery)
+        except Exception:  # noqa: BLE001 - still unreachable, or a damaged record: sync reports it
+            with self._cond:
+                self._replay_blocked = True
+                self._replay_at = time.monotonic() + self._replay_wait_s
+                self._replay_wait_s = min(self._replay_wait_s * 2, 30.0)
+                self._cond.notify_all()
+            return
+        _outbox.remove(path)
+        with self._cond:
+            self.stored.remove(path)
+            self.delivered += 1
+            self._cond.notify_all()
+
+    def _delivered_live(self) -> None:
+        """The server takes cycles again: replay stored ones right away."""
+        with self._cond:
+            self.delivered += 1
+            self._replay_blocked, self._replay_at, self._replay_wait_s = False, 0.0, self.retry_wait_s
 
     def _claim(self, record: CycleRecord) -> bool:
         """True if this thread settles the record; False if close() took it over meanwhile."""
@@ -178,11 +218,14 @@ class Sender:
             return
         finally:
             _cleanup(record)
-        self.stored.append(path)
+        with self._cond:
+            self.stored.append(path)
+            self._cond.notify_all()
         self.reporter.problem(
             "stored_in_outbox",
             f"profiler step {record.step} was not sent to {self.logger.run.tracking_uri} ({why}); it is kept in "
-            f"{path.parent}: run `mlflow-neuron sync --outbox {path.parent}` once the server is back",
+            f"{path.parent} and sent again when the server answers; if the job ends first, run "
+            f"`mlflow-neuron sync --outbox {path.parent}`",
             error,
         )
 

@@ -1,0 +1,54 @@
+"""Never stall, never lose: a real `mlflow server` on 127.0.0.1 that dies, restarts and crawls."""
+
+import tempfile
+import warnings
+
+import pytest
+from fault_scenarios import (
+    dead_before_the_run,
+    killed_mid_upload_and_restarted,
+    outbox_on_a_read_only_path,
+    slow_server,
+)
+
+from mlflow_neuron import MLflowNeuronWarning
+
+
+@pytest.fixture(autouse=True)
+def quiet_outbox_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MLflowNeuronWarning)
+        yield
+
+
+def assert_nothing_lost(outcome, cycles):
+    assert outcome.steps_completed == 4 * cycles  # the training loop ran to the end
+    assert outcome.cycles_sent == cycles
+    assert outcome.present_after_sync == cycles
+    assert outcome.duplicated == 0
+
+
+def test_server_dead_before_the_run(tmp_path):
+    outcome = dead_before_the_run(tmp_path, cycles=3)
+    assert_nothing_lost(outcome, 3)
+    assert outcome.delivered_live == 0 and outcome.kept_in_outbox == 3
+
+
+def test_server_killed_mid_upload_and_restarted(tmp_path):
+    outcome = killed_mid_upload_and_restarted(tmp_path, cycles=6)
+    assert_nothing_lost(outcome, 6)
+    assert outcome.delivered_live >= 1  # the first cycle went through before the kill
+    assert outcome.delivered_live + outcome.kept_in_outbox >= 6
+
+
+def test_slow_server(tmp_path):
+    outcome = slow_server(tmp_path, cycles=3, delay_s=0.3)
+    assert_nothing_lost(outcome, 3)
+
+
+def test_outbox_on_a_read_only_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    outcome = outbox_on_a_read_only_path(tmp_path, cycles=2)
+    assert_nothing_lost(outcome, 2)
+    assert outcome.kept_in_outbox == 2
