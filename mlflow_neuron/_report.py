@@ -38,4 +38,4 @@ class Reporter:
         self._reported.add(kind)
         detail = f": {type(error).__name__}: {error}" if error is not None else ""
         warnings.warn(f"mlflow-neuron: {message}{detail}", MLflowNeuronWarning, stacklevel=3)
-        logger.warning("%s%s", message, detail, exc_info=error if logger.isEnabledFor(logging.DEBUG) else None)
+        logger.debug("%s", message, exc_info=error)

@@ -269,8 +269,16 @@ class MlflowServer:
                 continue
             # pid (comm) state ppid pgrp ...; comm may contain spaces and parentheses
             fields = stat[stat.rfind(b")") + 2 :].split()
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                return True
+            if len(fields) > 2 and int(fields[2]) == pgid:
+                if fields[0] not in (b"Z", b"X"):
+                    return True
+                # A multithreaded process whose main thread has exited shows "Z" while its other
+                # threads still run (and still hold its sockets).
+                try:
+                    if len(os.listdir(f"/proc/{entry}/task")) > 1:
+                        return True
+                except OSError:
+                    pass
         return False
 
     def _cleanup_group(self, grace: float) -> None:
@@ -285,6 +293,9 @@ class MlflowServer:
                 time.sleep(0.05)  # members killed but not yet reaped by their parent/init
         self._group_gone = not self._group_exists()
         _live_servers.discard(self)
+        deadline = time.monotonic() + 5
+        while port_is_open(self.port) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the listening socket closes with the last thread holding it
 
     def stop(self, timeout: float = 15) -> None:
         """Graceful stop: SIGTERM to the group, wait up to `timeout` s, then SIGKILL. Idempotent."""
@@ -312,11 +323,7 @@ class MlflowServer:
 
     def restart(self, timeout: float = 60) -> MlflowServer:
         """stop() (a no-op after kill()), then start() on the same port with the same stores."""
-        self.stop()
-        # The old listening socket goes with its process; wait (bounded) until the port is free.
-        deadline = time.monotonic() + 10
-        while port_is_open(self.port) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        self.stop()  # returns once the port is closed (bounded)
         return self.start(timeout=timeout)
 
     def __enter__(self) -> MlflowServer:
