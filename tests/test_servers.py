@@ -123,7 +123,8 @@ def test_delay_proxy_adds_latency(server_running, tmp_path):
         t0 = time.monotonic()
         proxied.get_experiment("0")
         t_proxied = time.monotonic() - t0
-        print(f"\nget_experiment: direct {t_direct * 1000:.1f} ms, through DelayProxy(0.2 s) {t_proxied * 1000:.1f} ms")
+        print(f"\nget_experiment: direct {t_direct * 1000:.1f} ms, "
+              f"through DelayProxy(0.2 s) {t_proxied * 1000:.1f} ms")  # fmt: skip
         assert t_proxied >= 0.2
 
         # Changing the delay at run time; 0 means a plain proxy.
