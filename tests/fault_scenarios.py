@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,17 +94,26 @@ def killed_mid_upload_and_restarted(workdir: Path, cycles: int = 6) -> Outcome:
     with client_env(), MlflowServer(workdir / "server") as server:
         server.start()
         run_id = MlflowClient(server.uri).create_run("0").info.run_id
-        restarted = threading.Event()
+        may_restart, restarted = threading.Event(), threading.Event()
 
-        def chaos(prof):
-            if prof.step_num == 8:  # cycle 2 is now handed to the sender: kill it mid-send
-                threading.Timer(0.05, server.kill).start()
-            if prof.step_num == 12:  # cycle 3 was read while the server was down; bring it back
-                threading.Thread(target=lambda: (server.restart(), restarted.set()), daemon=True).start()
+        def kill_then_restart():
+            time.sleep(0.05)  # cycle 2 was just handed to the sender: kill the server mid-send
+            server.kill()
+            may_restart.wait(120)
+            server.restart()
+            restarted.set()
+
+        chaos = threading.Thread(target=kill_then_restart, daemon=True)
+
+        def trigger(prof):
+            if prof.step_num == 8:
+                chaos.start()
+            if prof.step_num == 12:  # cycle 3 was read while the server was down: bring it back
+                may_restart.set()
 
         callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=server.uri, outbox=workdir / "outbox",
                                           retry_wait_s=0.2, flush_timeout_s=30)
-        steps = profile_rmsnorm(lambda prof: (callback(prof), chaos(prof)), steps=4 * cycles,
+        steps = profile_rmsnorm(lambda prof: (callback(prof), trigger(prof)), steps=4 * cycles,
                                 wait=1, warmup=1, active=2)
         restarted.wait(120)
         callback.close()
