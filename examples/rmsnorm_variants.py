@@ -12,15 +12,25 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+from pathlib import Path
 from collections.abc import Callable
 
 import mlflow
 import pandas as pd
 import torch
-from mlflow.tracking import MlflowClient
 from torch.profiler import profile, schedule
 
-from mlflow_neuron import MLflowProfilerCallback, compile_backend, pick_device, profiling_setup, synchronize
+from mlflow_neuron import (
+    MLflowProfilerCallback,
+    attach_comparison,
+    compare_runs,
+    compile_backend,
+    pick_device,
+    profiling_setup,
+    render,
+    synchronize,
+)
 
 EXPERIMENT = "rmsnorm-variants"
 EPS = 1e-6
@@ -66,28 +76,15 @@ def profile_variant(name: str, fn: Callable, args: argparse.Namespace, device: s
     return run.info.run_id
 
 
-def comparison_table(run_ids: dict[str, str], top: int = 8) -> tuple[pd.DataFrame, str]:
-    """Per-op time, totals, ATen calls and speedup vs naive, read back from the runs' metrics."""
-    client = MlflowClient()
-    runs = {name: client.get_run(run_id).data for name, run_id in run_ids.items()}
-    on_device = all(r.tags.get("mlflow_neuron.device_time") == "present" for r in runs.values())
-    metric = "self_device_time_us" if on_device else "self_cpu_time_us"
-    prefix = f"profiler/{metric}/"
-    per_op = pd.DataFrame(
-        {
-            name: {k[len(prefix) :]: v for k, v in r.metrics.items() if k.startswith(prefix)}
-            for name, r in runs.items()
-        }
-    )
-    per_op = per_op.loc[per_op.max(axis=1).sort_values(ascending=False).index[:top]]
-    totals = pd.DataFrame(
-        {name: [r.metrics.get(f"profiler/total/{metric}"), r.metrics.get("profiler/total/aten_calls")]
-         for name, r in runs.items()},
-        index=[f"TOTAL {metric}", "ATen calls"],
-    )
-    baseline = totals.loc[f"TOTAL {metric}", "naive"]
-    totals.loc["speedup vs naive"] = [baseline / t if t else float("nan") for t in totals.loc[f"TOTAL {metric}"]]
-    return pd.concat([per_op, totals]), metric
+def attach_comparison_to(parent_run_id: str, run_ids: dict[str, str]) -> pd.DataFrame:
+    """Compares the variants against naive and attaches table, PNG and HTML to the parent run."""
+    frame = compare_runs(list(run_ids.values()), baseline="naive")
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = render.png(frame, Path(tmp, "comparison.png"))
+        page = Path(tmp, "report.html")
+        page.write_text(render.html_page(frame, chart), encoding="utf-8")
+        attach_comparison(mlflow.get_tracking_uri(), parent_run_id, frame, [chart, page])
+    return frame
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 4:
         parser.error("--steps must be at least 4 (schedule wait=2, warmup=1, active=1)")
 
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if args.tracking_uri:
         mlflow.set_tracking_uri(args.tracking_uri)
     device = pick_device(args.device)
@@ -110,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         mlflow.log_params({"device": device, "shape": args.shape, "dtype": args.dtype, "steps": args.steps})
         run_ids = {name: profile_variant(name, fn, args, device) for name, fn in variants(device).items()}
 
-    table, metric = comparison_table(run_ids)
-    unit = "device" if metric == "self_device_time_us" else "CPU (no device time on this device)"
-    print(f"\nRMSNorm variants on {device}, shape {args.shape} {args.dtype}: self {unit} time in us per op")
-    print(table.to_string(float_format=lambda v: f"{v:,.2f}"))
-    print(f"\nParent run {parent.info.run_id} in experiment '{EXPERIMENT}'. Open the MLflow UI with:")
+    frame = attach_comparison_to(parent.info.run_id, run_ids)
+    print(f"\nRMSNorm variants on {device}, shape {args.shape} {args.dtype}")
+    print(render.text(frame, top=8))
+    print(f"\nParent run {parent.info.run_id} in experiment '{EXPERIMENT}' holds the comparison (table, PNG, HTML).")
+    print(f"Compare from the shell: mlflow-neuron compare --experiment {EXPERIMENT} --baseline naive")
+    print("Open the MLflow UI with:")
     print(f"    mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")
     return 0
 

@@ -7,6 +7,8 @@ the MLflow-facing names load MLflow on first use.
 from importlib import import_module
 from typing import Any
 
+from . import _render as render
+from ._compare import RunProfile, compare, regressions
 from ._devices import ProfilingSetup, compile_backend, pick_device, profiling_setup, synchronize
 from ._extract import CycleProfile, OpStats, extract_cycle
 from ._keys import readable_key
@@ -17,6 +19,9 @@ __version__ = "0.1.0"
 _MLFLOW_FACING = {
     "MLflowProfilerCallback": "._callback",
     "DEFAULT_MAX_FILE_BYTES": "._callback",
+    "compare_runs": "._mlflow_runs",
+    "attach_comparison": "._mlflow_runs",
+    "annotate_model_version": "._registry",
 }
 
 __all__ = [
@@ -27,12 +32,19 @@ __all__ = [
     "MLflowProfilerCallback",
     "OpStats",
     "ProfilingSetup",
+    "RunProfile",
     "__version__",
+    "annotate_model_version",
+    "attach_comparison",
+    "compare",
+    "compare_runs",
     "compile_backend",
     "extract_cycle",
     "pick_device",
     "profiling_setup",
     "readable_key",
+    "regressions",
+    "render",
     "synchronize",
 ]
 

@@ -92,8 +92,7 @@ class CycleRecord:
         staged.mkdir(parents=True, exist_ok=True)
         table = None
         if self.ops_table is not None:
-            # The layout `MlflowClient.log_table` writes, so the UI shows it as a table.
-            self.ops_table.to_json(staged / OPS_TABLE, orient="split", index=False, date_format="iso")
+            write_table(self.ops_table, staged / OPS_TABLE)
             table = f"{self.artifact_dir}/{OPS_TABLE}" if self.register_table else None
         if self.key_averages is not None:
             (staged / KEY_AVERAGES).write_text(self.key_averages, encoding="utf-8")
@@ -112,6 +111,11 @@ class CycleRecord:
             uploads=self.uploads,
             table=table,
         )
+
+
+def write_table(frame: pd.DataFrame, path: Path) -> None:
+    """The layout `MlflowClient.log_table` writes, so the UI shows the file as a table."""
+    frame.to_json(path, orient="split", index=False, date_format="iso")
 
 
 def gzip_file(source: Path, target: Path) -> None:

@@ -1,20 +1,24 @@
 """`mlflow-neuron` command line.
 
+    mlflow-neuron compare --experiment NAME [--runs ...] [--baseline RUN] [--fail-if-slower PCT] ...
+    mlflow-neuron annotate --model NAME --version V --run RUN_ID
     mlflow-neuron sync [--outbox DIR] [--tracking-uri URI]
 
-Exit codes: 0 done, 1 some work could not be done (kept for a later try), 2 usage error.
+Exit codes: 0 done; 1 the gate failed (compare) or some records were kept (sync); 2 usage error
+(bad arguments, or a run, experiment or model version that does not exist).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from . import __version__, _outbox
 
 
-def sync(outbox: str, tracking_uri: str | None = None, out=sys.stdout) -> tuple[int, int]:
+def sync(outbox: str, tracking_uri: str | None = None, out=None) -> tuple[int, int]:
     """Replays outbox records into their runs, removing each one delivered.
 
     Idempotent: a record sent twice (a second sync, or one after a partial replay) leaves every
@@ -23,6 +27,8 @@ def sync(outbox: str, tracking_uri: str | None = None, out=sys.stdout) -> tuple[
     from dataclasses import replace
 
     from ._mlflow_io import RunLogger
+
+    out = out or sys.stdout
 
     records = _outbox.pending(outbox)
     loggers: dict[tuple, RunLogger] = {}
@@ -53,6 +59,56 @@ def sync(outbox: str, tracking_uri: str | None = None, out=sys.stdout) -> tuple[
     return delivered, kept
 
 
+def compare(args: argparse.Namespace, out=None) -> int:
+    import tempfile
+    from pathlib import Path
+
+    import mlflow
+
+    from . import _render
+    from ._compare import regressions
+    from ._mlflow_runs import attach_comparison, compare_runs
+
+    out = out or sys.stdout
+
+    frame = compare_runs(args.runs or [], args.baseline, args.metric, args.step,
+                         experiment=args.experiment, tracking_uri=args.tracking_uri)  # fmt: skip
+    rendered = {
+        "table": lambda: _render.text(frame, args.top),
+        "markdown": lambda: _render.markdown(frame, args.top),
+        "csv": lambda: _render.csv(frame),
+        "json": lambda: _render.as_json(frame),
+    }[args.format]()
+    print(rendered, file=out)
+    if args.log_to:
+        with tempfile.TemporaryDirectory() as tmp:
+            chart = _render.png(frame, Path(tmp, "comparison.png"))
+            page = Path(tmp, "report.html")
+            page.write_text(_render.html_page(frame, chart), encoding="utf-8")
+            attach_comparison(args.tracking_uri or mlflow.get_tracking_uri(), args.log_to, frame, [chart, page])
+        print(f"attached comparison/ops.json, comparison.png, report.html to run {args.log_to}", file=out)
+    if args.fail_if_slower is None:
+        return 0
+    slower = regressions(frame, args.fail_if_slower, args.min_time_us)
+    for r in slower:
+        print(f"REGRESSION {r.run}: {r.op} {r.baseline_us:,.2f} -> {r.run_us:,.2f} us (+{r.percent:.1f}% > "
+              f"{args.fail_if_slower}%) vs {frame.attrs['baseline']}", file=out)  # fmt: skip
+    if not slower:
+        print(f"no op or total is more than {args.fail_if_slower}% slower than {frame.attrs['baseline']}", file=out)
+    return 1 if slower else 0
+
+
+def annotate(args: argparse.Namespace, out=None) -> int:
+    from ._registry import annotate_model_version
+
+    out = out or sys.stdout
+
+    tags = annotate_model_version(args.model, args.version, args.run, step=args.step, tracking_uri=args.tracking_uri)
+    for key, value in tags.items():
+        print(f"{key} = {value}", file=out)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlflow-neuron", description="PyTorch profiler results as MLflow data.")
     parser.add_argument("--version", action="version", version=f"mlflow-neuron {__version__}")
@@ -66,14 +122,62 @@ def _parser() -> argparse.ArgumentParser:
     )
     sync_cmd.add_argument("--outbox", default=_outbox.DEFAULT_OUTBOX, help="outbox folder (default: %(default)s)")
     sync_cmd.add_argument("--tracking-uri", help="send to this server instead of the one each record names")
+
+    cmp = commands.add_parser(
+        "compare",
+        help="per-op comparison of profiled runs; a CI gate with --fail-if-slower",
+        description="Compare profiled runs op by op against a baseline.\n\n"
+        "example: mlflow-neuron compare --experiment rmsnorm-variants --baseline naive --fail-if-slower 10",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cmp.add_argument("--experiment", help="experiment name: its latest variants, and where run names are looked up")
+    cmp.add_argument("--runs", nargs="+", help="run ids, run names, parent runs, or models:/NAME/VERSION")
+    cmp.add_argument("--baseline", help="run name or id to compare against (default: the first run)")
+    cmp.add_argument("--metric", default="self_device_time_us", choices=["self_device_time_us", "self_cpu_time_us"])
+    cmp.add_argument("--step", type=int, help="profiler cycle to compare (default: each run's last)")
+    cmp.add_argument("--top", type=int, default=15, help="ops shown in table/markdown (default: %(default)s)")
+    cmp.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"])
+    cmp.add_argument("--fail-if-slower", type=float, metavar="PCT", help="exit 1 if an op or the total is PCT%% slower")
+    cmp.add_argument("--min-time-us", type=float, default=0.0, metavar="US",
+                     help="the gate ignores ops below this time in both runs (the total is always checked)")
+    cmp.add_argument("--log-to", metavar="RUN_ID", help="attach the table, a PNG chart and an HTML report to this run")
+    cmp.add_argument("--tracking-uri")
+
+    ann = commands.add_parser(
+        "annotate",
+        help="put a run's profile on a registered model version (perf.* tags, description table)",
+        description="Annotate a registered model version with the profile of a run.\n\n"
+        "example: mlflow-neuron annotate --model rmsnorm --version 3 --run 0123abcd...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ann.add_argument("--model", required=True)
+    ann.add_argument("--version", required=True)
+    ann.add_argument("--run", required=True, help="the profiled run's id")
+    ann.add_argument("--step", type=int, help="profiler cycle (default: the run's last)")
+    ann.add_argument("--tracking-uri")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # our own output stays readable
+    parser = _parser()
+    args = parser.parse_args(argv)
     if args.command == "sync":
         _, kept = sync(args.outbox, args.tracking_uri)
         return 1 if kept else 0
+    from mlflow.exceptions import MlflowException
+
+    from ._mlflow_runs import RunNotFound
+
+    try:
+        return {"compare": compare, "annotate": annotate}[args.command](args)
+    except (RunNotFound, ValueError) as error:
+        message = str(error)
+    except MlflowException as error:
+        if error.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
+        message = error.message
+    print(f"mlflow-neuron {args.command}: error: {message}", file=sys.stderr)
     return 2
 
 
