@@ -122,6 +122,7 @@ class MLflowProfilerCallback:
         self._params_read = False
         self._device_time_seen = False
         self._events_seen = 0  # for acc_events profiles, whose event list keeps earlier cycles
+        self._summary_tool = _devices.neuron_summary_tool()
         atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
@@ -261,6 +262,10 @@ class MLflowProfilerCallback:
             record.metrics = self._metrics(profile)
             record.ops_table = _record.ops_table(profile, self._keys)
             trace_source, record.raw_trace = self._stage_trace(prof, found, exported, record.staged_dir, neuron_dir)
+            if self._summary_tool:
+                record.summary_tool, record.summary_sessions = self._summary_tool, _sessions(found)
+                if not primary:
+                    record.summary_prefix = f"{_devices.NEURON_SUMMARY_PREFIX}/rank_{self.rank.rank}"
         if primary:
             self._device_time_seen |= self.last_profile.device_time == PRESENT
             record.tags = {
@@ -370,6 +375,14 @@ def _called_from_stop(prof: Any) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _sessions(found: list[_files.FoundFile]) -> tuple[str, ...]:
+    """The capture session folders among a cycle's new files (summarized by Neuron Explorer)."""
+    by_folder: dict[str, list[str]] = {}
+    for f in found:
+        by_folder.setdefault(str(f.path.parent), []).append(f.path.name)
+    return tuple(folder for folder, names in sorted(by_folder.items()) if _devices.is_neuron_session(names))
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

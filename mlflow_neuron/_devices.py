@@ -11,8 +11,11 @@ import fnmatch
 import importlib
 import importlib.metadata
 import inspect
+import json
 import os
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -240,3 +243,50 @@ def _parameters(cls: type) -> set[str]:
         return set(inspect.signature(cls).parameters)
     except (TypeError, ValueError):
         return set()
+
+
+# neuron-explorer replaced neuron-profile (same sub-commands); either may be on PATH.
+NEURON_SUMMARY_TOOLS = ("neuron-explorer", "neuron-profile")
+NEURON_TOOLS_DIR = "/opt/aws/neuron/bin"
+NEURON_SUMMARY_PREFIX = "neuron/summary"
+_SUMMARY_TIMEOUT_S = 300
+
+
+def neuron_summary_tool() -> str | None:
+    search = os.pathsep.join(p for p in (os.environ.get("PATH", ""), NEURON_TOOLS_DIR) if p)
+    for name in NEURON_SUMMARY_TOOLS:
+        found = shutil.which(name, path=search)
+        if found:
+            return found
+    return None
+
+
+def is_neuron_session(folder_files: list[str]) -> bool:
+    """A capture session folder: it holds a device trace or its executable."""
+    return any(name.endswith((".ntff", ".neff")) for name in folder_files)
+
+
+def neuron_summary(session_dir: str, tool: str) -> dict[str, float]:
+    """`<tool> view -d <session> --output-format summary-json` as {field: number}.
+
+    The tool may print log lines before its JSON; the JSON is one object whose single top-level
+    key wraps the metrics. Non-numeric fields are left out; the schema may change between
+    versions, so no field is required. Raises RuntimeError with the tool's output on failure.
+    """
+    command = [tool, "view", "-d", session_dir, "--output-format", "summary-json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=_SUMMARY_TIMEOUT_S)
+    output = result.stdout
+    start = output.find("{")
+    if result.returncode != 0 or start < 0:
+        raise RuntimeError(f"{' '.join(command)} exited {result.returncode}: {(result.stderr or output)[-500:]}")
+    try:
+        document, _ = json.JSONDecoder().raw_decode(output[start:])
+    except json.JSONDecodeError as error:
+        raise RuntimeError(f"{' '.join(command)} printed no readable JSON: {error}") from error
+    if isinstance(document, dict) and len(document) == 1 and isinstance(next(iter(document.values())), dict):
+        document = next(iter(document.values()))
+    return {
+        key: float(value)
+        for key, value in document.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }

@@ -12,15 +12,16 @@ import gzip
 import json
 import math
 import shutil
+import subprocess
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from . import _files
+from . import _devices, _files
 from ._extract import KERNEL, OP, CycleProfile
-from ._keys import OpKeys, metric_key, total_key
+from ._keys import OpKeys, metric_key, readable_key, total_key
 
 DEVICE_TAG = "mlflow_neuron.device"
 DEVICE_TIME_TAG = "mlflow_neuron.device_time"
@@ -77,6 +78,10 @@ class CycleRecord:
     raw_trace: Path | None = None  # uncompressed framework trace to gzip into the staged folder
     uploads: tuple[tuple[str, str], ...] = ()
     register_table: bool = False
+    summary_tool: str | None = None  # neuron-explorer, to summarize the cycle's capture sessions
+    summary_sessions: tuple[str, ...] = ()
+    summary_prefix: str = _devices.NEURON_SUMMARY_PREFIX
+    problems: list[str] = field(default_factory=list)  # trouble while writing, for the sender to report
     _delivery: Delivery | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -104,13 +109,25 @@ class CycleRecord:
             step=self.step,
             timestamp_ms=self.timestamp_ms,
             artifact_dir=self.artifact_dir,
-            metrics=self.metrics,
+            metrics={**self.metrics, **self._summary_metrics()},
             tags=self.tags,
             params=self.params,
             files_dir=str(staged),
             uploads=self.uploads,
             table=table,
         )
+
+
+    def _summary_metrics(self) -> dict[str, float]:
+        metrics = {}
+        for session in self.summary_sessions:
+            try:
+                summary = _devices.neuron_summary(session, self.summary_tool)
+            except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
+                self.problems.append(f"Neuron Explorer summary of {session} failed: {error}")
+                continue
+            metrics.update({f"{self.summary_prefix}/{readable_key(k)}": v for k, v in summary.items()})
+        return split_non_finite(metrics)[0]
 
 
 def write_table(frame: pd.DataFrame, path: Path) -> None:
