@@ -245,6 +245,25 @@ def _parameters(cls: type) -> set[str]:
         return set()
 
 
+# Chrome-trace categories of device activity, and of host-side runtime/driver calls to a device.
+DEVICE_TRACE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
+RUNTIME_TRACE_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver"})
+
+
+def device_of_trace(trace: dict) -> tuple[str, bool]:
+    """(device, device activity profiled) of a chrome trace.
+
+    CUDA traces carry CUDA runtime events or `deviceProperties`; PrivateUse1 activity is taken to
+    be TorchNeuron's, the backend this package is for.
+    """
+    categories = {e.get("cat") for e in trace.get("traceEvents", ()) if isinstance(e, dict)}
+    if not categories & (DEVICE_TRACE_CATEGORIES | RUNTIME_TRACE_CATEGORIES):
+        return CPU, False
+    if categories & {"cuda_runtime", "cuda_driver"} or trace.get("deviceProperties"):
+        return CUDA, True
+    return NEURON, True
+
+
 # neuron-explorer replaced neuron-profile (same sub-commands); either may be on PATH.
 NEURON_SUMMARY_TOOLS = ("neuron-explorer", "neuron-profile")
 NEURON_TOOLS_DIR = "/opt/aws/neuron/bin"

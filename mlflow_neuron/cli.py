@@ -2,6 +2,7 @@
 
     mlflow-neuron compare --experiment NAME [--runs ...] [--baseline RUN] [--fail-if-slower PCT] ...
     mlflow-neuron annotate --model NAME --version V --run RUN_ID
+    mlflow-neuron ingest PATH [--run-id ID | --experiment NAME --run-name NAME]
     mlflow-neuron sync [--outbox DIR] [--tracking-uri URI]
 
 Exit codes: 0 done; 1 the gate failed (compare) or some records were kept (sync); 2 usage error
@@ -109,6 +110,32 @@ def annotate(args: argparse.Namespace, out=None) -> int:
     return 0
 
 
+def ingest(args: argparse.Namespace, out=None) -> int:
+    import uuid
+    from pathlib import Path
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from ._ingest import ingest as ingest_path
+    from ._record import RunRef
+
+    uri = args.tracking_uri or mlflow.get_tracking_uri()
+    if args.run_id:
+        run = RunRef(uri, args.run_id)
+    else:
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name(args.experiment or "Default")
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment)
+        run = RunRef(uri, None, experiment_id, args.run_name or Path(args.path).name, uuid.uuid4().hex)
+    run_id, cycles = ingest_path(Path(args.path), run, top_k=args.top_k,
+                                 max_file_bytes=int(args.max_file_mb * 1024**2), out=out)  # fmt: skip
+    if not args.run_id:
+        MlflowClient(uri).set_terminated(run_id)
+    print(f"ingested {cycles} cycle(s) from {args.path} into run {run_id}", file=out or sys.stdout)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlflow-neuron", description="PyTorch profiler results as MLflow data.")
     parser.add_argument("--version", action="version", version=f"mlflow-neuron {__version__}")
@@ -143,6 +170,22 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--log-to", metavar="RUN_ID", help="attach the table, a PNG chart and an HTML report to this run")
     cmp.add_argument("--tracking-uri")
 
+    ing = commands.add_parser(
+        "ingest",
+        help="log a Neuron profile folder, a tensorboard trace folder or a chrome trace into a run",
+        description="Log profiles taken elsewhere, with the same metrics and layout as the callback.\n\n"
+        "example: mlflow-neuron ingest ./neuron_profile --experiment trn2-runs --run-name llama-step",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ing.add_argument("path", help="Neuron profile output folder, tensorboard trace folder, or one trace file")
+    target = ing.add_mutually_exclusive_group()
+    target.add_argument("--run-id", help="log into this existing run")
+    target.add_argument("--experiment", help="create a run in this experiment (created if missing)")
+    ing.add_argument("--run-name", help="name of the created run (default: the folder's name)")
+    ing.add_argument("--top-k", type=int, default=50)
+    ing.add_argument("--max-file-mb", type=float, default=512, help="larger files are listed, not uploaded")
+    ing.add_argument("--tracking-uri")
+
     ann = commands.add_parser(
         "annotate",
         help="put a run's profile on a registered model version (perf.* tags, description table)",
@@ -170,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ._mlflow_runs import RunNotFound
 
     try:
-        return {"compare": compare, "annotate": annotate}[args.command](args)
+        return {"compare": compare, "annotate": annotate, "ingest": ingest}[args.command](args)
     except (RunNotFound, ValueError) as error:
         message = str(error)
     except MlflowException as error:

@@ -1,0 +1,174 @@
+"""Ingesting profiles produced elsewhere: a Neuron profile output folder, a
+`tensorboard_trace_handler` folder, or one chrome-trace file.
+
+Per-op numbers are computed from the trace itself (host op events, and the device events linked
+to them by correlation id), with the same code and the same keys as the callback, and files are
+uploaded in the same layout, so an ingested run compares with a live one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import _devices, _files, _raw, _record
+from ._extract import CycleProfile
+from ._keys import OpKeys
+from ._mlflow_io import RunLogger
+from ._record import CycleRecord, RunRef
+
+TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+_STEP_EVENT = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+@dataclass(frozen=True)
+class TraceCycle:
+    """One cycle found under the ingested path: its framework trace and the files beside it."""
+
+    trace: Path
+    files: tuple[Path, ...] = ()  # Neuron session files, uploaded under neuron/<relative path>
+    root: Path | None = None  # what `files` are relative to
+
+
+def find_cycles(path: Path) -> list[TraceCycle]:
+    """The cycles under `path`, oldest first. Raises ValueError when there is none."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{path} does not exist")
+    if path.is_file():
+        return [TraceCycle(path)]
+    tensorboard = sorted(p for p in path.iterdir() if p.name.endswith(TENSORBOARD_SUFFIXES))
+    if tensorboard:
+        return [TraceCycle(p) for p in sorted(tensorboard, key=_tensorboard_time)]
+    root = _neuron_root(path)
+    cycles = []
+    for trace in sorted(p for p in path.rglob("*") if p.is_file() and _devices.is_framework_trace(p.name)):
+        session = trace.parent
+        files = tuple(sorted(p for p in session.iterdir() if p.is_file() and not p.is_symlink()))
+        cycles.append(TraceCycle(trace, files, root))
+    if not cycles:
+        raise ValueError(
+            f"{path}: no chrome trace found (expected a Neuron output folder with trace.json or "
+            f"neuron_framework_trace_rank_<N>.json, *.pt.trace.json[.gz] files, or a trace file)"
+        )
+    return cycles
+
+
+def load_trace(path: Path) -> dict:
+    """A chrome trace as JSON; a clear ValueError for truncated or non-JSON files."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as handle:
+            trace = json.load(handle)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not a readable chrome trace ({type(error).__name__}: {error})") from error
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise ValueError(f"{path}: not a chrome trace (no traceEvents list)")
+    return trace
+
+
+def profile_of(trace: dict, source: Path) -> CycleProfile:
+    device, device_profiled = _devices.device_of_trace(trace)
+    profile = _raw.aggregate(_raw.raw_events_from_chrome_trace(trace), device=device, device_profiled=device_profiled)
+    if not profile.ops:
+        raise ValueError(f"{source}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
+    return profile
+
+
+def step_of(trace: dict, fallback: int) -> int:
+    """The step the callback would have logged this cycle at: the last ProfilerStep + 1."""
+    steps = [int(m.group(1)) for e in trace["traceEvents"] if (m := _STEP_EVENT.match(str(e.get("name", ""))))]
+    return max(steps) + 1 if steps else fallback
+
+
+def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int, out=None) -> tuple[str, int]:
+    """Logs every cycle under `path` into `run`; returns (run id, cycles logged)."""
+    out = out or sys.stdout
+    logger, keys = RunLogger(run), OpKeys()
+    cycles = find_cycles(path)
+    for index, cycle in enumerate(cycles, 1):
+        trace = load_trace(cycle.trace)
+        profile = profile_of(trace, cycle.trace)
+        step = step_of(trace, index)
+        record = _record_for(cycle, trace, profile, step, keys, top_k, max_file_bytes, first=index == 1)
+        delivery = record.materialize()
+        print(f"[{index}/{len(cycles)}] {cycle.trace} -> step {step}: {len(profile.ops)} ops, "
+              f"{len(record.uploads)} file(s), {_size(sum(Path(p).stat().st_size for p, _ in record.uploads))}",
+              file=out, flush=True)  # fmt: skip
+        try:
+            logger.deliver(delivery)
+        finally:
+            shutil.rmtree(record.staged_dir, ignore_errors=True)
+    return logger.run.run_id, len(cycles)
+
+
+def _record_for(cycle: TraceCycle, trace: dict, profile: CycleProfile, step: int, keys: OpKeys, top_k: int,
+                max_file_bytes: int, first: bool) -> CycleRecord:  # fmt: skip
+    step_dir = f"profiler/step_{step}"
+    staged = Path(tempfile.mkdtemp(prefix="mlflow-neuron-ingest-"))
+    found = []
+    for file in cycle.files:
+        relative = file.relative_to(cycle.root).as_posix()
+        size = file.stat().st_size
+        decision = _files.TOO_LARGE if size > max_file_bytes else _files.UPLOAD
+        found.append(_files.FoundFile(file, relative, size, decision))
+    table = _record.ops_table(profile, keys)
+    record = CycleRecord(
+        step=step,
+        timestamp_ms=int(time.time() * 1000),
+        artifact_dir=step_dir,
+        staged_dir=staged,
+        metrics=_record.split_non_finite(_record.cycle_metrics(profile, keys, top_k))[0],
+        tags={_record.DEVICE_TAG: profile.device, _record.DEVICE_TIME_TAG: profile.device_time,
+              "mlflow_neuron.source": "ingest"},
+        params={"profiler.ingested_from": str(cycle.root or cycle.trace.parent)} if first else {},
+        ops_table=table,
+        key_averages=f"reconstructed from {cycle.trace} (no torch events to build torch's own table)\n"
+        + table.to_string(index=False),
+        uploads=tuple((str(f.path), f"{step_dir}/neuron/{f.relative_path}".rsplit("/", 1)[0])
+                      for f in found if f.decision == _files.UPLOAD),
+        register_table=True,
+    )  # fmt: skip
+    if cycle.files:  # the framework trace is one of the session's files
+        trace_source = f"{step_dir}/neuron/{cycle.trace.relative_to(cycle.root).as_posix()}"
+    else:
+        record.raw_trace = staged / ("raw_trace.json.gz" if cycle.trace.suffix == ".gz" else "raw_trace.json")
+        _files.link_or_copy(cycle.trace, record.raw_trace)
+        trace_source = str(cycle.trace)
+    record.manifest = _record.manifest(found, neuron_dir=f"{step_dir}/neuron", output_dir=str(cycle.root or ""),
+                                       trace_source=trace_source, max_file_bytes=max_file_bytes, rank=0)
+    summary_tool = _devices.neuron_summary_tool()
+    if summary_tool and cycle.files and _devices.is_neuron_session([f.name for f in cycle.files]):
+        record.summary_tool, record.summary_sessions = summary_tool, (str(cycle.trace.parent),)
+    return record
+
+
+def _neuron_root(path: Path) -> Path:
+    """The profile output folder that Neuron's `<instance>_pid_<pid>/<timestamp>/` sits in."""
+    if _devices.process_of(path.name) is not None:
+        return path.parent
+    if path.parent != path and _devices.process_of(path.parent.name) is not None:
+        return path.parent.parent
+    return path
+
+
+def _tensorboard_time(path: Path) -> tuple[int, str]:
+    # tensorboard_trace_handler names files <worker>.<time_ns>.pt.trace.json[.gz]
+    stem = path.name.split(".pt.trace.json")[0]
+    number = stem.rsplit(".", 1)[-1]
+    return (int(number) if number.isdigit() else 0, path.name)
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"
