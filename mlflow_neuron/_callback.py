@@ -13,13 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import _devices, _files, _outbox, _record, _settings
+import torch
+
+from . import _devices, _files, _outbox, _raw, _record, _settings
+from . import _render as render
 from ._distributed import broadcast_from_primary, current_rank
 from ._extract import MISSING, PRESENT, CycleProfile, extract_cycle
 from ._keys import OpKeys
 from ._mlflow_io import RunLogger, current_run_ref
 from ._record import RunRef
-from ._report import Reporter
+from ._report import Reporter, logger
 from ._sender import Sender
 
 DEFAULT_MAX_FILE_BYTES = 512 * 1024**2  # NTFFs reach gigabytes: those are listed, not uploaded
@@ -261,7 +264,9 @@ class MLflowProfilerCallback:
             profile, record.key_averages = self._profile(prof, device)
             record.metrics = self._metrics(profile)
             record.ops_table = _record.ops_table(profile, self._keys)
-            trace_source, record.raw_trace = self._stage_trace(prof, found, exported, record.staged_dir, neuron_dir)
+            trace_source, record.raw_trace, record.trace_export = self._stage_trace(
+                prof, found, exported, record.staged_dir, neuron_dir
+            )
             if self._summary_tool:
                 record.summary_tool, record.summary_sessions = self._summary_tool, _sessions(found)
                 if not primary:
@@ -296,6 +301,25 @@ class MLflowProfilerCallback:
         return finite
 
     def _profile(self, prof: Any, device: str) -> tuple[CycleProfile, str]:
+        """The cycle's per-op numbers and table, read straight from Kineto's raw events when this
+        torch allows (the fast path), else through torch's own `prof.events()` parse."""
+        device_profiled = device != _devices.CPU
+        raw = _raw.raw_events_from_kineto(prof)
+        if raw is not None:
+            profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled)
+            table = render.cycle_table(profile)
+        else:
+            logger.debug("profiler step %s read through prof.events(): the fast path does not read this "
+                         "profile (torch %s)", getattr(prof, "step_num", "?"), torch.__version__)  # fmt: skip
+            profile, table = self._profile_from_events(prof, device, device_profiled)
+        self.last_profile = profile
+        if profile.device_time == MISSING:
+            self.reporter.problem(
+                "device_time_missing", _devices.MISSING_DEVICE_TIME_HINT.format(device=device)
+            )
+        return profile, table
+
+    def _profile_from_events(self, prof: Any, device: str, device_profiled: bool) -> tuple[CycleProfile, str]:
         try:
             events = prof.events()
         except Exception as error:  # noqa: BLE001 - e.g. trace_only configs have no events
@@ -306,16 +330,9 @@ class MLflowProfilerCallback:
             total = len(events)
             events = _event_list(events[: total - self._events_seen], events)
             self._events_seen = total
-        profile = extract_cycle(events, device=device, device_profiled=device != _devices.CPU)
-        self.last_profile = profile
-        if profile.device_time == MISSING:
-            self.reporter.problem(
-                "device_time_missing", _devices.MISSING_DEVICE_TIME_HINT.format(device=device)
-            )
+        profile = extract_cycle(events, device=device, device_profiled=device_profiled)
         sort_by = "self_device_time_total" if profile.device_time == PRESENT else "self_cpu_time_total"
-        table = events.key_averages().table(
-            sort_by=sort_by, row_limit=-1, max_name_column_width=_TABLE_NAME_WIDTH
-        )
+        table = events.key_averages().table(sort_by=sort_by, row_limit=-1, max_name_column_width=_TABLE_NAME_WIDTH)
         return profile, table
 
     def _new_output_files(self, output_dir: str | None) -> list[_files.FoundFile]:
@@ -337,22 +354,27 @@ class MLflowProfilerCallback:
 
     def _stage_trace(
         self, prof: Any, found: list[_files.FoundFile], exported: list[str], staged: Path, neuron_dir: str
-    ) -> tuple[str | None, Path | None]:
-        """The framework trace's source, and its raw copy in `staged` unless a Neuron session has one.
+    ) -> tuple[str | None, Path | None, Callable[[Path], None] | None]:
+        """Where the framework trace comes from, the raw copy to gzip into `staged` (unless a
+        Neuron session has the trace), and the export that writes that copy later, if deferred.
 
-        Gzip happens later, off the training thread; here the trace is only exported or linked.
+        Export and gzip happen off the training thread where torch allows; here the trace is at
+        most linked or, on old torch, exported.
         """
         neuron_trace = next((f for f in found if f.is_framework_trace), None)
         if neuron_trace is not None:
-            return f"{neuron_dir}/{neuron_trace.relative_path}", None
+            return f"{neuron_dir}/{neuron_trace.relative_path}", None, None
         for path in reversed(exported):
             if os.path.isfile(path):
                 raw = staged / ("raw_trace.json.gz" if path.endswith(".gz") else "raw_trace.json")
                 _files.link_or_copy(path, raw)
-                return path, raw
+                return path, raw, None
         if not self.export_trace:
-            return None, None
+            return None, None, None
         raw = staged / "raw_trace.json"
+        deferred = _deferred_export(prof)
+        if deferred is not None:
+            return "export_chrome_trace", raw, deferred
         try:
             try:
                 prof.export_chrome_trace(str(raw))
@@ -361,8 +383,8 @@ class MLflowProfilerCallback:
                 prof.export_chrome_trace(str(raw), use_python_export=True)
         except Exception as error:  # noqa: BLE001
             self.reporter.problem("trace_export", "could not export the framework trace", error)
-            return None, None
-        return "export_chrome_trace", raw
+            return None, None, None
+        return "export_chrome_trace", raw, None
 
 
 def _called_from_stop(prof: Any) -> bool:
@@ -375,6 +397,28 @@ def _called_from_stop(prof: Any) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def _deferred_export(prof: Any) -> Callable[[Path], None] | None:
+    """Saving this cycle's Kineto trace later, from another thread; None where torch can't.
+
+    `export_chrome_trace` is `kineto_results.save(path)`; the results object belongs to this cycle
+    alone (the next cycle gets a new one), so the sender can write it while training goes on.
+    """
+    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    if results is None or not callable(getattr(results, "save", None)):
+        return None
+
+    def save(path: Path) -> None:
+        try:
+            results.save(str(path))
+        except RuntimeError:
+            # Kineto saves a trace once; a handler may have used that save already.
+            from torch.profiler._chrome_trace_export import export_chrome_trace
+
+            export_chrome_trace(results, str(path), None)
+
+    return save
 
 
 def _sessions(found: list[_files.FoundFile]) -> tuple[str, ...]:

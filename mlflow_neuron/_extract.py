@@ -90,7 +90,7 @@ def extract_cycle(events: Sequence[Any], *, device: str, device_profiled: bool) 
         if kind == OP:
             attributed += self_device
 
-    device_time = _device_time_state(device_profiled, total_device)
+    device_time = device_time_state(device_profiled, total_device)
     rank_by_device = device_time == PRESENT
     ops = sorted(
         (OpStats(name, kind, int(r[0]), r[1], r[2], r[3], r[4]) for (name, kind), r in rows.items()),
@@ -137,7 +137,7 @@ def _kind(event: Any) -> str:
     return DEVICE_ANNOTATION if getattr(event, "is_user_annotation", False) else KERNEL
 
 
-def _device_time_state(device_profiled: bool, total_device_us: float) -> str:
+def device_time_state(device_profiled: bool, total_device_us: float) -> str:
     if not device_profiled:
         return NOT_PROFILED
     return PRESENT if total_device_us > 0 else MISSING

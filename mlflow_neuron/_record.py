@@ -14,13 +14,14 @@ import math
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from . import _devices, _files
-from ._extract import KERNEL, OP, CycleProfile
+from ._extract import KERNEL, NOT_PROFILED, OP, CycleProfile
 from ._keys import OpKeys, metric_key, readable_key, total_key
 
 DEVICE_TAG = "mlflow_neuron.device"
@@ -76,12 +77,13 @@ class CycleRecord:
     key_averages: str | None = None
     manifest: dict = field(default_factory=dict)
     raw_trace: Path | None = None  # uncompressed framework trace to gzip into the staged folder
+    trace_export: Callable[[Path], None] | None = None  # writes raw_trace first, off the training thread
     uploads: tuple[tuple[str, str], ...] = ()
     register_table: bool = False
     summary_tool: str | None = None  # neuron-explorer, to summarize the cycle's capture sessions
     summary_sessions: tuple[str, ...] = ()
     summary_prefix: str = _devices.NEURON_SUMMARY_PREFIX
-    problems: list[str] = field(default_factory=list)  # trouble while writing, for the sender to report
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (kind, message) for the sender to report
     _delivery: Delivery | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -101,6 +103,12 @@ class CycleRecord:
             table = f"{self.artifact_dir}/{OPS_TABLE}" if self.register_table else None
         if self.key_averages is not None:
             (staged / KEY_AVERAGES).write_text(self.key_averages, encoding="utf-8")
+        if self.trace_export is not None and self.raw_trace is not None:
+            try:
+                self.trace_export(self.raw_trace)
+            except Exception as error:  # noqa: BLE001 - the rest of the cycle still goes
+                self.problems.append(("trace_export", f"could not export the framework trace: {type(error).__name__}: {error}"))
+            self.trace_export = None  # the Kineto results it holds are not needed any more
         if self.raw_trace is not None and self.raw_trace.exists():
             gzip_file(self.raw_trace, staged / TRACE)
             self.raw_trace.unlink()
@@ -124,7 +132,7 @@ class CycleRecord:
             try:
                 summary = _devices.neuron_summary(session, self.summary_tool)
             except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
-                self.problems.append(f"Neuron Explorer summary of {session} failed: {error}")
+                self.problems.append(("neuron_summary", f"Neuron Explorer summary of {session} failed: {error}"))
                 continue
             metrics.update({f"{self.summary_prefix}/{readable_key(k)}": v for k, v in summary.items()})
         return split_non_finite(metrics)[0]
@@ -149,9 +157,11 @@ def cycle_metrics(profile: CycleProfile, keys: OpKeys, top_k: int, rank_prefix: 
     # Every host op is keyed, not just the top ones, so which name wins a clash never depends on k.
     op_keys = keys.keys([op.name for op in profile.ops if op.kind == OP])
     top = profile.top_ops(top_k)
+    # Without device activity there is no per-op device time to chart, only zeros (the total stays).
+    kinds = PER_OP_METRICS if profile.device_time != NOT_PROFILED else PER_OP_METRICS[1:]
     metrics = {}
     for op in top:
-        for kind in PER_OP_METRICS:
+        for kind in kinds:
             metrics[metric_key(kind, op_keys[op.name], rank_prefix)] = float(getattr(op, kind))
     totals = {
         "self_device_time_us": profile.total_self_device_time_us,

@@ -196,8 +196,8 @@ class Sender:
             return True
 
     def _report_delivery(self, record: CycleRecord, clashes: dict, vanished: list[str]) -> None:
-        for problem in record.problems:
-            self.reporter.problem("neuron_summary", problem)
+        for kind, problem in record.problems:
+            self.reporter.problem(kind, problem)
         if clashes:
             listed = ", ".join(f"{k}: kept {old!r}, not {new!r}" for k, (old, new) in clashes.items())
             self.reporter.problem("params_clash", f"run {self.logger.run.run_id} already has other profiler params ({listed})")

@@ -17,6 +17,16 @@ ROOT = TESTS.parent
 DOUBLES = TESTS / "doubles"
 
 
+@pytest.fixture(autouse=True)
+def isolated_mlflow_state(monkeypatch):
+    """`mlflow.set_experiment()` writes MLFLOW_EXPERIMENT_ID into os.environ and a module global;
+    neither may leak into the next test or its subprocesses."""
+    for name in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    mlflow.tracking.fluent._active_experiment_id = None
+
+
 @pytest.fixture
 def tracking_uri(tmp_path, monkeypatch) -> str:
     """A fresh sqlite store (MLflow's default kind) with artifacts under tmp_path."""

@@ -1,11 +1,7 @@
 """Bad input gets a clear message and loses nothing else in the cycle."""
 
-import json
-import os
-
 import mlflow
 import pytest
-import torch
 from conftest import artifact_files, read_json_artifact
 from mlflow.tracking import MlflowClient
 from mlflow.utils.validation import _validate_metric_name

@@ -1,14 +1,12 @@
 """Comparison, the CI gate and the rendered reports: pure frames, then real runs in a sqlite store."""
 
 import json
-import subprocess
-import sys
 
 import mlflow
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import ROOT, artifact_files
+from conftest import artifact_files
 from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 

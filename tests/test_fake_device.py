@@ -6,7 +6,6 @@ Trainium-shaped path end to end: NeuronConfig as experimental_config, NeuronProf
 chained, activities CPU + PrivateUse1, device kernels linked to their ops.
 """
 
-import gzip
 import json
 
 import pytest

@@ -1,7 +1,6 @@
 """Ingesting traces taken elsewhere: same per-op numbers and layout as the live callback."""
 
 import json
-import os
 
 import mlflow
 import pandas as pd

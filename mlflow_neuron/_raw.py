@@ -1,0 +1,642 @@
+"""Fast extraction: a profiler cycle read from Kineto's raw events, without `prof.events()`.
+
+Example::
+
+    raw = raw_events_from_kineto(prof)  # None: a profile this module does not read
+    if raw is not None:
+        profile = aggregate(raw, device="neuron", device_profiled=True)
+    else:
+        profile = extract_cycle(prof.events(), device="neuron", device_profiled=True)
+
+`prof.events()` builds and links one Python `FunctionEvent` per event (tens of microseconds each,
+seconds per cycle on the training thread). Here the same raw events become numpy columns
+(`RawEvents`) and `aggregate` recomputes what torch's parse plus `extract_cycle` compute from
+them, with the same rules (torch 2.13, `torch/autograd/profiler.py` `_parse_kineto_results` and
+`profiler_util.py` `EventList._build_tree`):
+
+- filtered names (`aten::is_leaf`, `profiler::_record_function_*`, ...) and hidden events are
+  dropped; `[memory]` records that no host event covers, and every `[OutOfMemory]` record, become
+  zero-length host events; names are demangled and `ProfilerStep#N` becomes `ProfilerStep*`;
+- an event is async when Kineto says so or it ends on another thread; async events have no
+  parent, no children and no self or device time;
+- a host event with a link takes the thread of the unlinked host op whose correlation id it links
+  to; device events of the kinds torch attaches (CUDA, PrivateUse1, XPU) become kernels of that
+  op; device events whose link matches no op stay device rows that no op carries;
+- parents come from per-thread interval nesting in `(start, -end)` order, as torch's stack does,
+  then a child named like its parent and its only child is merged into it (the parent takes the
+  child's children and kernels, dropping its own);
+- device time of a host event is its kernels plus its children's device time (legacy fallback
+  events: their own kernel only), and counts only when the profiler had a `use_device`.
+
+Sums run in torch's order, so on Python 3.10/3.11 the numbers match `extract_cycle(prof.events())`
+to the last bit (from 3.12 torch's builtin `sum()` is compensated: last-bit differences; the tests
+allow 1e-6 relative). Pure: no MLflow, no files.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch.autograd import DeviceType
+
+from . import _devices
+from ._extract import DEVICE_ANNOTATION, KERNEL, OP, PRESENT, CycleProfile, OpStats, device_time_state
+
+# Device classes of RawEvents.device_class.
+HOST, DEVICE_KERNEL, DEVICE_OTHER, OTHER = 0, 1, 2, 3
+_ATTACHED = frozenset(getattr(DeviceType, n) for n in ("CUDA", "PrivateUse1", "XPU") if hasattr(DeviceType, n))
+_KINDS = (OP, KERNEL, DEVICE_ANNOTATION)
+
+MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME = "[memory]", "[OutOfMemory]"
+_FILTERED_NAMES = frozenset({
+    MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME, "profiler::_record_function_enter",
+    "profiler::_record_function_enter_new", "profiler::_record_function_exit",
+    "aten::is_leaf", "aten::output_nr", "aten::_version",
+})  # fmt: skip  # torch.autograd.profiler_util._filter_name, used instead when present
+_STEP_PREFIX, _STEP_NAME, _ATEN_PREFIX = "ProfilerStep#", "ProfilerStep*", "aten::"
+
+
+@dataclass(frozen=True, eq=False)
+class RawEvents:
+    """One cycle's events as torch turns them into `FunctionEvent`s, before linking, in columns.
+
+    Row order is the recording order (torch's tie-break). Times are nanoseconds from the trace
+    start. `device_class`: HOST (CPU), DEVICE_KERNEL (CUDA/PrivateUse1/XPU: attached to the op
+    they link to), DEVICE_OTHER (MTIA/HPU device rows), OTHER (any other device type).
+    `use_device`: the profiler's device; without one torch reports no device time at all.
+    """
+
+    names: tuple[str, ...]  # distinct names as recorded
+    name_id: np.ndarray  # index into names
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    thread: np.ndarray
+    device_class: np.ndarray
+    correlation_id: np.ndarray
+    linked_correlation_id: np.ndarray  # 0: not linked
+    is_async: np.ndarray
+    is_user_annotation: np.ndarray
+    legacy_device_us: np.ndarray  # device time from legacy fallback stubs, 0 where none
+    use_device: str | None
+
+    def __post_init__(self) -> None:
+        n = len(self.name_id)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, np.ndarray) and len(value) != n:
+                raise ValueError(f"RawEvents.{f.name} has {len(value)} rows, name_id has {n}")
+
+    def __len__(self) -> int:
+        return len(self.name_id)
+
+
+def raw_events_from_kineto(prof: Any) -> RawEvents | None:
+    """The current cycle of a `torch.profiler.profile` (or `torch.autograd.profiler.profile`),
+    read from its `kineto_results`; None means: fall back to `prof.events()`.
+
+    None when a private piece is missing or behaves unexpectedly (other torch versions), and for
+    `trace_only` configs (torch keeps no events for them). With `acc_events=True` the result is the
+    current cycle only, like the head of `prof.events()` the callback slices off: `kineto_results`
+    always holds the last cycle. `record_shapes`, `with_stack` (python_function rows) and
+    `profile_memory` (`[memory]` rows) are read as torch reads them. A `post_processing_timeout_s`
+    is not applied: the whole cycle is read (torch's slower parse returns a partial list when it
+    runs out of time).
+    """
+    inner = prof if hasattr(prof, "kineto_results") else getattr(prof, "profiler", None)
+    result = getattr(inner, "kineto_results", None)
+    if result is None or getattr(getattr(inner, "experimental_config", None), "trace_only", False):
+        return None
+    try:
+        trace_start = int(result.trace_start_ns())
+        events = result.events()
+        kind = type(events[0]) if events else None
+        if kind is not None and not all(callable(getattr(kind, m, None)) for m in _KINETO_METHODS):
+            return None
+        use_device = getattr(inner, "use_device", None)
+        legacy = _legacy_reader(kind, inner, use_device) if kind is not None else None
+        return _read_kineto(events, kind, trace_start, use_device, legacy)
+    except Exception:  # noqa: BLE001 - whatever this reader does not know, torch's parse handles
+        return None
+
+
+_KINETO_METHODS = ("name", "start_ns", "end_ns", "device_type", "start_thread_id", "end_thread_id",
+                   "is_async", "correlation_id", "linked_correlation_id", "is_user_annotation")  # fmt: skip
+
+
+def _legacy_reader(kind: Any, inner: Any, use_device: str | None) -> Any:
+    """Method giving legacy (fallback-stub) device time, or None when torch would find none."""
+    name = str(getattr(getattr(inner, "profiler_kind", None), "name", "FALLBACK"))
+    if "FALLBACK" not in name or not use_device:
+        return None  # only the fallback profiler states record fallback device events
+    if use_device == torch._C._get_privateuse1_backend_name():
+        return getattr(kind, "privateuse1_elapsed_us", None)
+    return getattr(kind, "cuda_elapsed_us", None) if use_device == "cuda" else None
+
+
+def _read_kineto(events: list, kind: Any, trace_start: int, use_device: str | None, legacy: Any) -> RawEvents:
+    if not events:
+        return _empty(use_device)
+    n = len(events)
+    raw_names, name_id = _factorize(list(map(kind.name, events)))
+    hidden_of = getattr(kind, "is_hidden_event", None)
+    filtered = np.array([_is_filtered(s) for s in raw_names], dtype=bool)[name_id]
+    if hidden_of is not None:
+        filtered |= np.fromiter(map(hidden_of, events), dtype=bool, count=n)
+    keep = ~filtered
+    memory = _memory_records(events, kind, raw_names, name_id, trace_start)
+    kept = list(itertools.compress(events, keep)) if not keep.all() else events
+    m = len(kept)
+
+    def ints(method: Any, items: list = kept) -> np.ndarray:
+        return np.fromiter(map(method, items), dtype=np.int64, count=len(items))
+
+    def thread_ids(method: Any, items: list) -> np.ndarray:
+        # Thread ids are unsigned 64-bit and can exceed int64: keep their bits, compare for equality only.
+        return np.fromiter(map(method, items), dtype=np.uint64, count=len(items)).view(np.int64)
+
+    device_class = _device_classes(map(kind.device_type, kept), m)
+    start, end = ints(kind.start_ns) - trace_start, ints(kind.end_ns) - trace_start
+    linked = ints(kind.linked_correlation_id)
+    # Only host events need threads, their own id and the async flag: everything else comes from a
+    # Kineto activity, which torch never marks async and whose end thread is its start thread
+    # (is_async is TorchOp-only; Result::endTID). A device event's own id links nothing.
+    host = device_class == HOST
+    host_events = list(itertools.compress(kept, host))
+    thread, correlation, is_async = np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, bool)
+    thread[host] = thread_ids(kind.start_thread_id, host_events)
+    correlation[host] = ints(kind.correlation_id, host_events)
+    is_async[host] = np.fromiter(map(kind.is_async, host_events), dtype=bool, count=len(host_events))
+    is_async[host] |= thread[host] != thread_ids(kind.end_thread_id, host_events)
+    annotation = np.zeros(m, bool)
+    on_device = (device_class == DEVICE_KERNEL) | (device_class == DEVICE_OTHER)
+    annotation[on_device] = np.fromiter(
+        map(kind.is_user_annotation, itertools.compress(kept, on_device)), dtype=bool, count=int(on_device.sum())
+    )
+    legacy_us = np.zeros(m)
+    if legacy is not None:
+        values = np.fromiter(map(legacy, host_events), dtype=np.float64, count=len(host_events))
+        legacy_us[host] = np.where(values > 0, values, 0.0)
+    name_ids = name_id[keep]
+    columns = [name_ids, start, end, thread, device_class, correlation, linked, is_async, annotation, legacy_us]
+    if memory is not None:
+        extra = _uncovered_memory(memory, start, end, host)
+        columns = [np.concatenate([c, x]) for c, x in zip(columns, extra)]
+    return RawEvents(tuple(raw_names), *columns, use_device=use_device)
+
+
+def _memory_records(events: list, kind: Any, raw_names: list, name_id: np.ndarray, trace_start: int):
+    """`[memory]` and `[OutOfMemory]` records as (name ids, start, thread, is_oom), or None."""
+    special = [i for i, s in enumerate(raw_names) if s in (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME)]
+    if not special:
+        return None
+    rows = np.flatnonzero(np.isin(name_id, special))
+    records = [events[i] for i in rows]
+    ids = name_id[rows]
+    start = np.fromiter(map(kind.start_ns, records), np.int64, len(records)) - trace_start
+    thread = np.fromiter(map(kind.start_thread_id, records), np.int64, len(records))
+    return ids, start, thread, np.array([raw_names[i] == OUT_OF_MEMORY_EVENT_NAME for i in ids], bool)
+
+
+def _uncovered_memory(memory: tuple, start: np.ndarray, end: np.ndarray, host: np.ndarray) -> tuple:
+    """Columns of the memory events torch adds: OOM records, and `[memory]` records outside every
+    host event (torch matches them to any host event, on any thread, whose span holds them)."""
+    ids, at, thread, oom = memory
+    covered = np.zeros(len(at), bool)
+    if host.any():
+        s, e = start[host], end[host]
+        order = np.argsort(s, kind="stable")
+        reach = np.maximum.accumulate(e[order])
+        last = np.searchsorted(s[order], at, side="right") - 1
+        covered = (last >= 0) & (reach[np.maximum(last, 0)] >= at)
+    emit = oom | ~covered
+    order = np.concatenate([np.flatnonzero(emit & ~oom), np.flatnonzero(oom)])  # torch: memory, then OOM
+    k = len(order)
+    zeros = np.zeros(k, np.int64)
+    return (ids[order], at[order], at[order], thread[order], np.full(k, HOST, np.int8), zeros, zeros,
+            np.zeros(k, bool), np.zeros(k, bool), np.zeros(k))  # fmt: skip
+
+
+def raw_events_from_chrome_trace(trace: Mapping[str, Any]) -> RawEvents:
+    """The events of a chrome trace (Kineto's `export_chrome_trace` JSON, a tensorboard_trace_handler
+    file, or `use_python_export=True` output), loaded with `json.load`.
+
+    Read: `ph: "X"` events whose `cat` torch turns into host rows (`cpu_op`, `user_annotation`,
+    `python_function`, the `*_runtime`/`*_driver` families, `overhead`, ...) or device rows
+    (`kernel`, `gpu_memcpy`, `gpu_memset`, `gpu_user_annotation`, `cuda_sync`, ...), and `[memory]`
+    / `[OutOfMemory]` instant events. Other categories and phases (metadata, flows, the `Trace` spans)
+    are ignored. Host ops carry their own id in `args["External id"]`; activities carry the id of the
+    op they link to there (Kineto writes none for unlinked kernels, copies and runtime calls).
+    `ts`/`dur` are microseconds with three decimals, i.e. whole nanoseconds, so times are exact.
+
+    What a chrome trace cannot say: which events were async (none are treated so); the profiler's
+    `use_device` (taken as set when the trace has device rows; device time is 0 otherwise, as in
+    torch); legacy fallback device time. Per-op numbers agree with `extract_cycle(prof.events())`
+    of the same cycle to 1e-9 relative (Kineto JSON: exactly).
+
+    Raises:
+        ValueError: `trace` is not a chrome trace, or an event lacks a usable ts/dur/name.
+    """
+    if not isinstance(trace, Mapping) or not isinstance(trace.get("traceEvents"), list):
+        raise ValueError("not a chrome trace: expected a JSON object with a 'traceEvents' list")
+    rows, memory, trace_start_us = [], [], None
+    threads: dict[Any, int] = {}
+    for index, event in enumerate(trace["traceEvents"]):
+        if not isinstance(event, Mapping):
+            raise ValueError(f"traceEvents[{index}] is {type(event).__name__}, not an object")
+        phase, cat, name = event.get("ph"), event.get("cat"), event.get("name")
+        if name in (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME) and phase in ("i", "I", "X"):
+            ts, _, name = _checked(event, index, "ts")  # Kineto writes instants, the Python exporter X
+            thread = threads.setdefault((event.get("pid"), event.get("tid")), len(threads))
+            memory.append((name, ts, thread))
+        elif phase == "X" and cat in _CHROME_CLASSES:
+            ts, dur, name = _checked(event, index, "ts", "dur")
+            args = event.get("args") or {}
+            if isinstance(args, Mapping) and str(args.get("hidden", "")) == "1":
+                continue  # Kineto's "hidden" metadata: torch drops these events
+            external = _int_arg(args, "External id", index)
+            device_class = _CHROME_CLASSES[cat]
+            thread = threads.setdefault((event.get("pid"), event.get("tid")), len(threads))
+            if device_class != HOST:
+                own, linked = 0, external
+            elif cat in _TORCH_OP_CATEGORIES:
+                own, linked = external, 0
+            else:  # a runtime-like activity: External id names the op it links to
+                own, linked = _int_arg(args, "correlation", index), external
+            rows.append((name, ts, dur, thread, device_class, own, linked, cat in _ANNOTATION_CATEGORIES))
+        elif phase == "X" and cat == "Trace" and str(event.get("name", "")).startswith("PyTorch Profiler"):
+            trace_start_us = _checked(event, index, "ts")[0]  # Kineto's span starts at trace_start_ns
+    return _chrome_columns(rows, memory, trace_start_us)
+
+
+# Kineto activity categories as torch 2.13's deviceTypeFromActivity files them.
+_TORCH_OP_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
+_ANNOTATION_CATEGORIES = frozenset({"user_annotation", "gpu_user_annotation"})
+_CHROME_CLASSES = {
+    **{c: HOST for c in _TORCH_OP_CATEGORIES},
+    **{c: HOST for c in ("cuda_runtime", "cuda_driver", "xpu_runtime", "xpu_driver", "mtia_runtime",
+                         "privateuse1_runtime", "privateuse1_driver", "glow_runtime", "overhead",
+                         "external_correlation")},
+    **{c: DEVICE_KERNEL for c in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "gpu_user_annotation",
+                                  "cuda_profiler_range")},
+    **{c: DEVICE_OTHER for c in ("mtia_ccp_events", "mtia_insight", "mtia_counters", "hpu_op")},
+}  # fmt: skip
+
+
+def _checked(event: Mapping, index: int, *keys: str) -> tuple:
+    """(ts, dur or None, name) of an event that has them, else a ValueError saying which is wrong."""
+    name = event.get("name")
+    if not isinstance(name, str):
+        raise ValueError(f"traceEvents[{index}] ({event.get('cat')}) has no string 'name': {name!r}")
+    values = []
+    for key in keys:
+        value = event.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"traceEvents[{index}] ({event.get('cat')} {name!r}) has no numeric {key!r}: {value!r}")
+        values.append(float(value))
+    if len(values) > 1 and values[1] < 0:
+        raise ValueError(f"traceEvents[{index}] ({event.get('cat')} {name!r}) has a negative 'dur': {values[1]}")
+    return values[0], values[1] if len(values) > 1 else None, name
+
+
+def _int_arg(args: Any, key: str, index: int) -> int:
+    value = args.get(key, 0) if isinstance(args, Mapping) else 0
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"traceEvents[{index}] args[{key!r}] is not an integer: {value!r}")
+    return value
+
+
+def _ns(us: np.ndarray) -> np.ndarray:
+    """Whole nanoseconds from microsecond floats written with three decimals (exact below 2**43 µs)."""
+    whole = np.floor(us)
+    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
+
+
+def _chrome_columns(rows: list, memory: list, trace_start_us: float | None) -> RawEvents:
+    if not rows and not memory:
+        return _empty(None)
+    names, ts, dur, thread, device_class, own, linked, annotation = zip(*rows) if rows else [()] * 8
+    start = _ns(np.array(ts, np.float64))
+    end = start + np.rint(np.array(dur, np.float64) * 1000).astype(np.int64)
+    mem_start = _ns(np.array([r[1] for r in memory], np.float64))
+    if trace_start_us is not None:
+        origin = _ns(np.array([trace_start_us]))[0]
+    else:  # the Python exporter writes no trace start: the first event stands in (floats differ in the last bits)
+        origin = min(a.min() for a in (start, mem_start) if len(a))
+    raw_names, name_id = _factorize(list(names) + [r[0] for r in memory])
+    m = len(rows)
+    device_class = np.array(device_class, np.int8)
+    columns = [name_id[:m], start - origin, end - origin, np.array(thread, np.int64), device_class,
+               np.array(own, np.int64), np.array(linked, np.int64), np.zeros(m, bool),
+               np.array(annotation, bool), np.zeros(m)]  # fmt: skip
+    if memory:
+        oom = np.array([r[0] == OUT_OF_MEMORY_EVENT_NAME for r in memory], bool)
+        records = (name_id[m:], mem_start - origin, np.array([r[2] for r in memory], np.int64), oom)
+        extra = _uncovered_memory(records, columns[1], columns[2], device_class == HOST)
+        columns = [np.concatenate([c, x]) for c, x in zip(columns, extra)]
+    use_device = "device" if (device_class != HOST).any() else None
+    return RawEvents(tuple(raw_names), *columns, use_device=use_device)
+
+
+def aggregate(raw: RawEvents, *, device: str, device_profiled: bool) -> CycleProfile:
+    """The CycleProfile `extract_cycle(prof.events(), device=..., device_profiled=...)` gives for
+    the same cycle: same rows, numbers, totals, aten_calls, active_steps, event_count and order."""
+    n = len(raw)
+    if n == 0:
+        return CycleProfile(device, device_time_state(device_profiled, 0.0), (), 0.0, 0.0, 0.0, 0, 0, 0)
+    names, name_of = _display_names(raw.names)
+    cls, is_async = raw.device_class, raw.is_async
+    host = cls == HOST
+    sync_host = host & ~is_async
+    thread = _linked_threads(raw, sync_host)
+    kernels = _kernel_sums(raw, sync_host)
+    is_legacy = sync_host & (raw.legacy_device_us > 0)
+
+    # torch's list order: (start, -end), ties in recording order
+    order = np.lexsort((np.arange(n), -raw.end_ns, raw.start_ns))
+    start, end = raw.start_ns[order], raw.end_ns[order]
+    start_us, end_us = start / 1000.0, end / 1000.0  # relative ns / 1000, as torch computes them
+    name = name_of[raw.name_id[order]]
+    cls, is_async, sync_host, host = cls[order], is_async[order], sync_host[order], host[order]
+    kernels, is_legacy, annotation = kernels[order], is_legacy[order], raw.is_user_annotation[order]
+
+    tree = np.flatnonzero(sync_host)
+    parent_local, depth_local = _cpu_parents(thread[order][tree], start[tree], end[tree])
+    parent = np.full(n, -1, np.int64)
+    depth = np.zeros(n, np.int64)
+    parent[tree] = np.where(parent_local >= 0, tree[np.maximum(parent_local, 0)], -1)
+    depth[tree] = depth_local
+    survivor, parent, kernel_owner = _remove_dup_nodes(name, parent)
+
+    duration = end_us - start_us
+    cpu_total = np.where(host, duration, 0.0)
+    has_parent = survivor & (parent >= 0)
+    child_cpu = np.bincount(parent[has_parent], weights=cpu_total[has_parent], minlength=n)
+    self_cpu = np.where(sync_host, cpu_total - child_cpu, 0.0)
+    device_rows = (cls == DEVICE_KERNEL) | (cls == DEVICE_OTHER)
+    device_total = np.zeros(n)
+    self_device = np.zeros(n)
+    if raw.use_device:
+        device_total = np.where(device_rows & ~is_async, duration, 0.0)
+        self_device = device_total.copy()
+        own = kernels[kernel_owner]
+        if (own != 0).any():
+            _host_device_time(own, is_legacy, parent, depth, survivor & sync_host, device_total, self_device)
+
+    kind = np.where(device_rows, np.where(annotation, 2, 1), 0)
+    counted = np.flatnonzero(survivor & ~is_async)  # extract_cycle skips async events
+    group = name[counted] * 3 + kind[counted]
+    groups, slot = np.unique(group, return_inverse=True)
+    sums = [np.bincount(slot, weights=col[counted], minlength=len(groups))
+            for col in (self_device, device_total, self_cpu, cpu_total)]  # fmt: skip
+    calls = np.bincount(slot, minlength=len(groups))
+    ck, cd = kind[counted], self_device[counted]
+    total_device = _sequential_sum(cd[(ck == 1) | ((ck == 0) & is_legacy[counted])])
+    total_cpu = _sequential_sum(self_cpu[counted])
+    attributed = _sequential_sum(cd[ck == 0])
+    steps = int(np.isin(name[counted], [i for i, s in enumerate(names) if s == _STEP_NAME]).sum())
+
+    device_time = device_time_state(device_profiled, total_device)
+    rank_by_device = device_time == PRESENT
+    ops = sorted(
+        (OpStats(names[g // 3], _KINDS[g % 3], int(calls[i]), *(float(s[i]) for s in sums))
+         for i, g in enumerate(groups.tolist())),
+        key=lambda op: (-(op.self_device_time_us if rank_by_device else op.self_cpu_time_us),
+                        -op.self_cpu_time_us, op.name, op.kind),
+    )  # fmt: skip  # the ranking of extract_cycle
+    aten = np.array([s.startswith(_ATEN_PREFIX) for s in names], bool)[name]
+    return CycleProfile(
+        device=device,
+        device_time=device_time,
+        ops=tuple(ops),
+        total_self_device_time_us=total_device,
+        total_self_cpu_time_us=total_cpu,
+        attributed_device_time_us=attributed,
+        aten_calls=_top_level_aten(aten & survivor & ~device_rows, aten, parent),
+        active_steps=steps if steps or not len(groups) else 1,
+        event_count=int(survivor.sum()),
+    )
+
+
+def _display_names(raw_names: tuple[str, ...]) -> tuple[list[str], np.ndarray]:
+    """Names as FunctionEvent.name has them (demangled, ProfilerStep#N -> ProfilerStep*), as ids."""
+    demangle = getattr(torch._C, "_demangle", None)
+    shown = []
+    for s in raw_names:
+        s = demangle(s) if demangle is not None and len(s) > 1 else s
+        shown.append(_STEP_NAME if s.startswith(_STEP_PREFIX) else s)
+    names, of_raw = _factorize(shown)
+    return names, of_raw
+
+
+def _linked_threads(raw: RawEvents, sync_host: np.ndarray) -> np.ndarray:
+    """Host events linked to an op move to the op's thread (the last such op, as torch's loop)."""
+    thread = raw.thread.copy()
+    frontend = np.flatnonzero(sync_host & (raw.linked_correlation_id == 0))
+    follower = np.flatnonzero((raw.device_class == HOST) & (raw.linked_correlation_id > 0))
+    if len(frontend) and len(follower):
+        ids, first = np.unique(raw.correlation_id[frontend][::-1], return_index=True)
+        op_thread = raw.thread[frontend][::-1][first]
+        at = np.minimum(np.searchsorted(ids, raw.linked_correlation_id[follower]), len(ids) - 1)
+        found = ids[at] == raw.linked_correlation_id[follower]
+        thread[follower[found]] = op_thread[at[found]]
+    return thread
+
+
+def _kernel_sums(raw: RawEvents, sync_host: np.ndarray) -> np.ndarray:
+    """Per event, its kernels' summed durations (µs): the legacy one first, then linked ones in
+    recording order, added left to right as torch's `sum()` over `kernels` does."""
+    legacy = raw.legacy_device_us
+    kernels = legacy.copy()
+    launched = np.flatnonzero((raw.device_class == DEVICE_KERNEL) & (raw.linked_correlation_id > 0))
+    frontend = np.flatnonzero(sync_host & (raw.linked_correlation_id == 0))
+    if len(launched) and len(frontend):
+        ids, slot = np.unique(raw.linked_correlation_id[launched], return_inverse=True)
+        durations = raw.end_ns[launched] / 1000.0 - raw.start_ns[launched] / 1000.0
+        by_id = np.bincount(slot, weights=durations, minlength=len(ids))
+        at = np.minimum(np.searchsorted(ids, raw.correlation_id[frontend]), len(ids) - 1)
+        found = ids[at] == raw.correlation_id[frontend]
+        takers, at = frontend[found], at[found]
+        kernels[takers] = by_id[at]
+        for event, which in zip(takers.tolist(), at.tolist()):
+            if legacy[event] > 0:  # rare: a legacy kernel and linked ones on one event
+                kernels[event] = sum(durations[slot == which].tolist(), float(legacy[event]))
+    return kernels
+
+
+def _cpu_parents(thread: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Parent (index, -1 for none) and depth of events in torch's list order, as
+    `EventList._populate_cpu_children` nests them per thread.
+
+    Vectorised for well-nested threads: an event's depth is the number of earlier events still open
+    when it starts, its parent the last earlier event one level up. That equals torch's stack when
+    every event sits inside its parent; threads where that check fails get torch's loop.
+    """
+    m = len(start)
+    parent, depth = np.full(m, -1, np.int64), np.zeros(m, np.int64)
+    if m == 0:
+        return parent, depth
+    by_thread = np.argsort(thread, kind="stable")
+    th_ids, th = np.unique(thread[by_thread], return_inverse=True)
+    s, e = start[by_thread], end[by_thread]
+    pos = np.arange(m)
+    first = np.searchsorted(th, th)  # start of each event's thread block
+    lo = min(s.min(), e.min())
+    span = int(max(s.max(), e.max()) - lo) + 2
+    if len(th_ids) * span < 2**62 and (e >= s).all():
+        base = th * span
+        key_s, key_e = base + (s - lo), np.sort(base + (e - lo))
+        ended = np.searchsorted(key_e, key_s, side="right") - np.searchsorted(key_e, base, side="left")
+        group_end = np.searchsorted(key_s, key_s, side="right")
+        zero = np.concatenate([[0], np.cumsum(s == e)])
+        group_start = np.searchsorted(key_s, key_s, side="left")
+        zeros_in_group = zero[group_end] - zero[group_start]
+        later_zeros = group_end - np.maximum(pos, group_end - zeros_in_group)  # zero-length at s, not before
+        d = (pos - first) - (ended - later_zeros)
+        p = _last_at_level(th, d, pos)
+        ok = np.where(d > 0, (p >= 0) & (s < e[np.maximum(p, 0)]) & (e <= e[np.maximum(p, 0)]), True)
+        bad_threads = np.unique(th[~ok])
+    else:
+        d, p, bad_threads = np.zeros(m, np.int64), np.full(m, -1, np.int64), np.arange(len(th_ids))
+    for t in bad_threads.tolist():
+        lo_i, hi_i = np.searchsorted(th, t), np.searchsorted(th, t, side="right")
+        p[lo_i:hi_i], d[lo_i:hi_i] = _stack_parents(s[lo_i:hi_i].tolist(), e[lo_i:hi_i].tolist(), lo_i)
+    parent[by_thread] = np.where(p >= 0, by_thread[np.maximum(p, 0)], -1)
+    depth[by_thread] = d
+    return parent, depth
+
+
+def _last_at_level(th: np.ndarray, d: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """For each event, the last earlier event of its thread at depth d - 1 (-1 if none)."""
+    m = len(pos)
+    if d.max(initial=0) >= 2**20 or m >= 2**31 or th.max(initial=0) >= 2**12:
+        return np.full(m, -1, np.int64)  # sends every thread through the loop
+    key = (th << 51) | (np.maximum(d, 0) << 31) | pos
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    query = (th << 51) | (np.maximum(d - 1, 0) << 31) | pos
+    at = np.searchsorted(sorted_key, query, side="left") - 1
+    cand = order[np.maximum(at, 0)]
+    found = (at >= 0) & (d > 0) & (th[cand] == th) & (d[cand] == d - 1)
+    return np.where(found, cand, -1)
+
+
+def _stack_parents(s: list, e: list, offset: int) -> tuple[list, list]:
+    """torch's stack, for one thread: parents (offset indices) and depths."""
+    parent, depth, stack = [-1] * len(s), [0] * len(s), []
+    for j, (sj, ej) in enumerate(zip(s, e)):
+        while stack:
+            top = stack[-1]
+            if sj >= e[top] or ej > e[top]:
+                stack.pop()
+            else:
+                parent[j], depth[j] = top + offset, depth[top] + 1
+                break
+        stack.append(j)
+    return parent, depth
+
+
+def _remove_dup_nodes(name: np.ndarray, parent: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """EventList._remove_dup_nodes: an only child named like its parent merges into the parent.
+
+    Returns which events survive, parents after merging, and whose kernel list each event ends with
+    (the merged child's: torch replaces the parent's kernels, it does not add them).
+    """
+    n = len(name)
+    survivor, kernel_owner = np.ones(n, bool), np.arange(n)
+    child = np.flatnonzero(parent >= 0)
+    if len(child) == 0:
+        return survivor, parent, kernel_owner
+    children = np.bincount(parent[child], minlength=n)
+    p = parent[child]
+    merged = child[(name[p] == name[child]) & (children[p] == 1)]
+    if len(merged) == 0:
+        return survivor, parent, kernel_owner
+    parent = parent.copy()
+    for c in merged.tolist():  # list order: a chain merges top-down, as in torch's single pass
+        up = parent[c]
+        while not survivor[up]:
+            up = parent[up]
+        kernel_owner[up] = kernel_owner[c]
+        survivor[c] = False
+    while True:  # children of merged events now hang from the surviving ancestor
+        hop = (parent >= 0) & ~survivor[np.maximum(parent, 0)]
+        if not hop.any():
+            return survivor, parent, kernel_owner
+        parent[hop] = parent[parent[hop]]
+
+
+def _host_device_time(
+    own: np.ndarray, is_legacy: np.ndarray, parent: np.ndarray, depth: np.ndarray,
+    tree: np.ndarray, device_total: np.ndarray, self_device: np.ndarray,
+) -> None:  # fmt: skip
+    """device_time_total bottom-up: own kernels plus children's (legacy events: own kernels only).
+
+    A surviving event's children all share one depth, so per level the children's sums run in list
+    order, as torch's `sum()` over `cpu_children` does.
+    """
+    n = len(own)
+    children_sum = np.zeros(n)
+    for level in range(int(depth[tree].max(initial=0)), -1, -1):
+        at = np.flatnonzero(tree & (depth == level))
+        total = np.where(is_legacy[at], own[at], own[at] + children_sum[at])
+        device_total[at] = total
+        self_device[at] = total - children_sum[at]
+        up = parent[at] >= 0
+        children_sum += np.bincount(parent[at][up], weights=total[up], minlength=n)
+
+
+def _top_level_aten(candidates: np.ndarray, aten: np.ndarray, parent: np.ndarray) -> int:
+    """How many candidate events have no `aten::` event among their ancestors."""
+    jump = parent.copy()
+    above = np.zeros(len(parent), bool)
+    has = jump >= 0
+    above[has] = aten[jump[has]]
+    while has.any():
+        at = np.flatnonzero(has)
+        above[at] |= above[jump[at]]
+        jump[at] = jump[jump[at]]
+        has = jump >= 0
+    return int((candidates & ~above).sum())
+
+
+def _sequential_sum(values: np.ndarray) -> float:
+    """Left-to-right float sum, as Python's loop adds (numpy's sum is pairwise)."""
+    return float(np.cumsum(values)[-1]) if len(values) else 0.0
+
+
+def _factorize(values: list) -> tuple[list, np.ndarray]:
+    codes, uniques = pd.factorize(np.asarray(values, dtype=object))
+    return list(uniques), codes.astype(np.int64)
+
+
+def _is_filtered(name: str) -> bool:
+    check = getattr(torch.autograd.profiler_util, "_filter_name", None)
+    return bool(check(name)) if callable(check) else name in _FILTERED_NAMES
+
+
+def _device_classes(device_types: Any, count: int) -> np.ndarray:
+    """Device classes of DeviceType members (compared as ints: cheaper than hashing the enum)."""
+    values = np.fromiter(map(int, device_types), dtype=np.int64, count=count)
+    lut = np.full(max(int(values.max(initial=0)), max(_CLASS_OF)) + 1, OTHER, np.int8)
+    for value, device_class in _CLASS_OF.items():
+        lut[value] = device_class
+    return lut[values] if count else values.astype(np.int8)
+
+
+_CLASS_OF = {int(DeviceType.CPU): HOST}
+_CLASS_OF.update({int(t): DEVICE_OTHER for t in _devices.DEVICE_ROW_TYPES})
+_CLASS_OF.update({int(t): DEVICE_KERNEL for t in _ATTACHED})
+
+
+def _empty(use_device: str | None) -> RawEvents:
+    i, b = np.zeros(0, np.int64), np.zeros(0, bool)
+    return RawEvents((), i, i, i, i, np.zeros(0, np.int8), i, i, b, b, np.zeros(0), use_device=use_device)
