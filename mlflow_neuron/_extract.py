@@ -91,20 +91,12 @@ def extract_cycle(events: Sequence[Any], *, device: str, device_profiled: bool) 
             attributed += self_device
 
     device_time = device_time_state(device_profiled, total_device)
-    rank_by_device = device_time == PRESENT
-    ops = sorted(
-        (OpStats(name, kind, int(r[0]), r[1], r[2], r[3], r[4]) for (name, kind), r in rows.items()),
-        key=lambda op: (
-            -(op.self_device_time_us if rank_by_device else op.self_cpu_time_us),
-            -op.self_cpu_time_us,
-            op.name,
-            op.kind,
-        ),
-    )
+    ops = ranked((OpStats(name, kind, int(r[0]), r[1], r[2], r[3], r[4]) for (name, kind), r in rows.items()),
+                 device_time)
     return CycleProfile(
         device=device,
         device_time=device_time,
-        ops=tuple(ops),
+        ops=ops,
         total_self_device_time_us=total_device,
         total_self_cpu_time_us=total_cpu,
         attributed_device_time_us=attributed,
@@ -112,6 +104,14 @@ def extract_cycle(events: Sequence[Any], *, device: str, device_profiled: bool) 
         active_steps=steps if steps or not rows else 1,
         event_count=len(events),
     )
+
+
+def ranked(ops: Iterable[OpStats], device_time: str) -> tuple[OpStats, ...]:
+    """Costliest first: by self device time when the cycle has some, else by self CPU time."""
+    by_device = device_time == PRESENT
+    return tuple(sorted(ops, key=lambda op: (
+        -(op.self_device_time_us if by_device else op.self_cpu_time_us), -op.self_cpu_time_us, op.name, op.kind,
+    )))  # fmt: skip
 
 
 def count_top_level_aten_calls(events: Iterable[Any]) -> int:

@@ -47,7 +47,7 @@ import torch
 from torch.autograd import DeviceType
 
 from . import _devices
-from ._extract import DEVICE_ANNOTATION, KERNEL, OP, PRESENT, CycleProfile, OpStats, device_time_state
+from ._extract import DEVICE_ANNOTATION, KERNEL, OP, CycleProfile, OpStats, device_time_state, ranked
 
 # Device classes of RawEvents.device_class.
 HOST, DEVICE_KERNEL, DEVICE_OTHER, OTHER = 0, 1, 2, 3
@@ -405,18 +405,13 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool) -> CyclePro
     steps = int(np.isin(name[counted], [i for i, s in enumerate(names) if s == _STEP_NAME]).sum())
 
     device_time = device_time_state(device_profiled, total_device)
-    rank_by_device = device_time == PRESENT
-    ops = sorted(
-        (OpStats(names[g // 3], _KINDS[g % 3], int(calls[i]), *(float(s[i]) for s in sums))
-         for i, g in enumerate(groups.tolist())),
-        key=lambda op: (-(op.self_device_time_us if rank_by_device else op.self_cpu_time_us),
-                        -op.self_cpu_time_us, op.name, op.kind),
-    )  # fmt: skip  # the ranking of extract_cycle
+    ops = ranked((OpStats(names[g // 3], _KINDS[g % 3], int(calls[i]), *(float(s[i]) for s in sums))
+                  for i, g in enumerate(groups.tolist())), device_time)  # fmt: skip
     aten = np.array([s.startswith(_ATEN_PREFIX) for s in names], bool)[name]
     return CycleProfile(
         device=device,
         device_time=device_time,
-        ops=tuple(ops),
+        ops=ops,
         total_self_device_time_us=total_device,
         total_self_cpu_time_us=total_cpu,
         attributed_device_time_us=attributed,
