@@ -1,5 +1,6 @@
 """Training-thread cost of one profiler cycle with MLflowProfilerCallback, side by side with the
-profiler's own `export_chrome_trace` of the same kind of cycle, measured in one run.
+profiler's own `export_chrome_trace` of the same kind of cycle, measured in one run; then MLflow
+requests per cycle and trace bytes uploaded against the raw export.
 
     python benchmarks/cycle_cost.py [--cycles 5] [--layers 8]
 
@@ -27,10 +28,27 @@ class Timed:
         self.handler, self.seconds, self.events = handler, [], []
 
     def __call__(self, prof):
-        self.events.append(len(prof.events()))  # parse outside the timing: both sides need it
         start = time.perf_counter()
         self.handler(prof)
         self.seconds.append(time.perf_counter() - start)
+        self.events.append(len(prof.profiler.kineto_results.events()))
+
+
+class CountingClient:
+    """Counts the MLflow client calls a callback makes (each is one request to a server)."""
+
+    def __init__(self, client):
+        self.client, self.calls, self.metrics = client, {}, 0
+
+    def __getattr__(self, name):
+        method = getattr(self.client, name)
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            self.metrics += len(kwargs.get("metrics", ())) if name == "log_batch" else 0
+            return method(*args, **kwargs)
+
+        return counted
 
 
 def rmsnorm_step():
@@ -73,13 +91,25 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="mlflow-neuron-bench-"))
     mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
     mlflow.set_experiment("bench")
-    print(f"{'workload':<22}{'events/cycle':>14}{'callback ms':>14}{'export ms':>12}{'ratio':>8}")
+    print(f"{'workload':<22}{'events/cycle':>14}{'callback ms':>14}{'export ms':>12}{'ratio':>8}"
+          f"{'requests/cycle':>16}{'metrics/cycle':>15}{'trace raw KB':>14}{'uploaded KB':>13}")
     for name, make in (("rmsnorm (naive)", rmsnorm_step), (f"mlp {args.layers} layers + sgd", lambda: mlp_step(args.layers))):
         with mlflow.start_run(run_name=name) as run:
-            callback_ms, events = measure(make(), MLflowProfilerCallback(run_id=run.info.run_id, strict=True), args.cycles)
+            callback = MLflowProfilerCallback(run_id=run.info.run_id, strict=True)
+            counting = callback._sender.logger.client = CountingClient(callback._sender.logger.client)
+            callback_ms, events = measure(make(), callback, args.cycles)
+            callback.flush()
         counter = iter(range(10**6))
         export_ms, _ = measure(make(), lambda prof: prof.export_chrome_trace(str(work / f"t{next(counter)}.json")), args.cycles)
-        print(f"{name:<22}{events:>14.0f}{callback_ms:>14.1f}{export_ms:>12.1f}{callback_ms / export_ms:>8.1f}")
+        raw_kb = statistics.median(p.stat().st_size for p in work.glob("t*.json")) / 1024
+        for p in work.glob("t*.json"):
+            p.unlink()
+        artifacts = Path(mlflow.get_run(run.info.run_id).info.artifact_uri.removeprefix("file://"))
+        gz_kb = statistics.median(p.stat().st_size for p in artifacts.glob("profiler/step_*/trace.json.gz")) / 1024
+        requests = sum(counting.calls.values()) / args.cycles
+        print(f"{name:<22}{events:>14.0f}{callback_ms:>14.1f}{export_ms:>12.1f}{callback_ms / export_ms:>8.1f}"
+              f"{requests:>16.1f}{counting.metrics / args.cycles:>15.0f}{raw_kb:>14.0f}{gz_kb:>13.0f}")
+        print(f"{'':<22}client calls over {args.cycles} cycles: {dict(sorted(counting.calls.items()))}")
 
 
 if __name__ == "__main__":
