@@ -56,6 +56,16 @@ def rmsnorm_step():
     return lambda: x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w
 
 
+def many_ops_step(count):
+    x = torch.ones(4)
+
+    def step():
+        for _ in range(count):
+            torch.add(x, x)
+
+    return step
+
+
 def mlp_step(layers):
     model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(layers)])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -83,17 +93,23 @@ def measure(step, handler, cycles):
     return statistics.median(timed.seconds) * 1000, statistics.median(timed.events)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--layers", type=int, default=8)
-    args = parser.parse_args()
+    parser.add_argument("--many", type=int, default=25_000, help="ops per step of the large workload")
+    args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="mlflow-neuron-bench-"))
     mlflow.set_tracking_uri(f"sqlite:///{work / 'mlflow.db'}")
     mlflow.set_experiment("bench")
     print(f"{'workload':<22}{'events/cycle':>14}{'callback ms':>14}{'export ms':>12}{'ratio':>8}"
           f"{'requests/cycle':>16}{'metrics/cycle':>15}{'trace raw KB':>14}{'uploaded KB':>13}")
-    for name, make in (("rmsnorm (naive)", rmsnorm_step), (f"mlp {args.layers} layers + sgd", lambda: mlp_step(args.layers))):
+    workloads = (
+        ("rmsnorm (naive)", rmsnorm_step),
+        (f"mlp {args.layers} layers + sgd", lambda: mlp_step(args.layers)),
+        (f"{args.many:,} adds a step", lambda: many_ops_step(args.many)),
+    )
+    for name, make in workloads:
         with mlflow.start_run(run_name=name) as run:
             callback = MLflowProfilerCallback(run_id=run.info.run_id, strict=True)
             counting = callback._sender.logger.client = CountingClient(callback._sender.logger.client)

@@ -11,7 +11,8 @@ Each reader gets fresh cycles (torch caches its parse), medians over --reps cycl
   (d) floor:       a bare Python loop reading, from every raw Kineto event, the fields (a) reads
 
 Then peak RSS of a 100k-op cycle, profiler alone vs profiler + fast path (and + prof.events() for
-scale), each in a fresh interpreter. The fake device is a Kineto PrivateUse1 profiler compiled
+scale), each in a fresh interpreter; then benchmarks/cycle_cost.py's table (the whole callback vs
+export_chrome_trace, MLflow client calls per cycle, trace bytes uploaded vs raw). The fake device is a Kineto PrivateUse1 profiler compiled
 from tests/fake_device (needs g++); without it the cycles are CPU ops only (a note says so).
 No timed assertions: this prints a table.
 """
@@ -19,6 +20,7 @@ No timed assertions: this prints a table.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 import os
 import pathlib
 import statistics
@@ -207,6 +209,14 @@ def main() -> None:
         alone = alone or peak
         reading = "-" if mode == "profiler" else f"{phase:.0f} (+{phase - held:.0f})"
         print(f"  {label:<26}{peak:>8.0f} {peak / alone:4.2f}x{held:>17.0f}{reading:>20}")
+
+    # Items 2-4 of the issue in the same run: the whole callback on the training thread against
+    # the profiler's own export, MLflow client calls per cycle, and trace bytes uploaded vs raw.
+    print("\nwhole callback invocation (training thread) vs export_chrome_trace, requests and bytes:")
+    sys.path.insert(0, str(Path(__file__).parent))
+    import cycle_cost
+
+    cycle_cost.main(["--cycles", "3" if args.quick else "5"])
 
 if __name__ == "__main__":
     main()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import weakref
@@ -126,6 +128,7 @@ class MLflowProfilerCallback:
         self._device_time_seen = False
         self._events_seen = 0  # for acc_events profiles, whose event list keeps earlier cycles
         self._summary_tool = _devices.neuron_summary_tool()
+        self._completing = threading.Lock()  # the sender, or close() storing a record, complete records
         atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
@@ -261,9 +264,8 @@ class MLflowProfilerCallback:
         )
         trace_source = None
         if logs_metrics:
-            profile, record.key_averages = self._profile(prof, device)
-            record.metrics = self._metrics(profile)
-            record.ops_table = _record.ops_table(profile, self._keys)
+            # Only reading needs the profiler; numbers, tables and tags are made by the sender.
+            record.complete = functools.partial(self._complete, self._read_numbers(prof, device), device, primary)
             trace_source, record.raw_trace, record.trace_export = self._stage_trace(
                 prof, found, exported, record.staged_dir, neuron_dir
             )
@@ -271,15 +273,9 @@ class MLflowProfilerCallback:
                 record.summary_tool, record.summary_sessions = self._summary_tool, _sessions(found)
                 if not primary:
                     record.summary_prefix = f"{_devices.NEURON_SUMMARY_PREFIX}/rank_{self.rank.rank}"
-        if primary:
-            self._device_time_seen |= self.last_profile.device_time == PRESENT
-            record.tags = {
-                _record.DEVICE_TAG: device,
-                _record.DEVICE_TIME_TAG: PRESENT if self._device_time_seen else self.last_profile.device_time,
-            }
-            if not self._params_read:
-                record.params = _settings.profiling_params(prof, device=device, output_dir=output_dir)
-                self._params_read = True
+        if primary and not self._params_read:
+            record.params = _settings.profiling_params(prof, device=device, output_dir=output_dir)
+            self._params_read = True
         record.manifest = _record.manifest(
             found, neuron_dir=neuron_dir, output_dir=output_dir, trace_source=trace_source,
             max_file_bytes=self.max_file_bytes, rank=self.rank.rank,
@@ -300,24 +296,45 @@ class MLflowProfilerCallback:
             )  # fmt: skip
         return finite
 
-    def _profile(self, prof: Any, device: str) -> tuple[CycleProfile, str]:
-        """The cycle's per-op numbers and table, read straight from Kineto's raw events when this
-        torch allows (the fast path), else through torch's own `prof.events()` parse."""
+    def _read_numbers(self, prof: Any, device: str) -> Callable[[], tuple[CycleProfile, str]]:
+        """What turns the cycle into per-op numbers and a table, run later by the sender.
+
+        The fast path holds on to the cycle's Kineto results and reads their raw events off the
+        training thread; where this torch does not allow that, torch's own `prof.events()` parse
+        does the work here, since it needs the profiler."""
         device_profiled = device != _devices.CPU
-        raw = _raw.raw_events_from_kineto(prof)
-        if raw is not None:
-            profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled)
-            table = render.cycle_table(profile)
-        else:
-            logger.debug("profiler step %s read through prof.events(): the fast path does not read this "
-                         "profile (torch %s)", getattr(prof, "step_num", "?"), torch.__version__)  # fmt: skip
-            profile, table = self._profile_from_events(prof, device, device_profiled)
-        self.last_profile = profile
-        if profile.device_time == MISSING:
-            self.reporter.problem(
-                "device_time_missing", _devices.MISSING_DEVICE_TIME_HINT.format(device=device)
-            )
-        return profile, table
+        read_later = _raw.kineto_reader(prof)
+        if read_later is not None:
+            def summarize() -> tuple[CycleProfile, str]:
+                raw = read_later()
+                if raw is None:
+                    raise RuntimeError(f"this torch's Kineto results could not be read ({torch.__version__})")
+                profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled)
+                return profile, render.cycle_table(profile)
+
+            return summarize
+        logger.debug("profiler step %s read through prof.events(): the fast path does not read this "
+                     "profile (torch %s)", getattr(prof, "step_num", "?"), torch.__version__)  # fmt: skip
+        profile, table = self._profile_from_events(prof, device, device_profiled)
+        return lambda: (profile, table)
+
+    def _complete(self, summarize: Callable, device: str, primary: bool, record: _record.CycleRecord) -> None:
+        """Fills in a record's numbers, tables and tags; runs in the sender, one record at a time."""
+        with self._completing:
+            profile, record.key_averages = summarize()
+            self.last_profile = profile
+            if profile.device_time == MISSING:
+                self.reporter.problem(
+                    "device_time_missing", _devices.MISSING_DEVICE_TIME_HINT.format(device=device)
+                )
+            record.metrics = self._metrics(profile)
+            record.ops_table = _record.ops_table(profile, self._keys)
+            if primary:
+                self._device_time_seen |= profile.device_time == PRESENT
+                record.tags = {
+                    _record.DEVICE_TAG: device,
+                    _record.DEVICE_TIME_TAG: PRESENT if self._device_time_seen else profile.device_time,
+                }
 
     def _profile_from_events(self, prof: Any, device: str, device_profiled: bool) -> tuple[CycleProfile, str]:
         try:

@@ -37,8 +37,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -124,6 +125,25 @@ def raw_events_from_kineto(prof: Any) -> RawEvents | None:
         return _read_kineto(events, kind, trace_start, use_device, legacy)
     except Exception:  # noqa: BLE001 - whatever this reader does not know, torch's parse handles
         return None
+
+
+def kineto_reader(prof: Any) -> Callable[[], RawEvents | None] | None:
+    """This cycle's `raw_events_from_kineto`, to run later on another thread; None when this
+    profile can't be read that way (read it through `prof.events()` now).
+
+    Each cycle's `kineto_results` is an object of its own (the next cycle's stop makes a new one),
+    so holding it and the few settings the read needs lets the training thread go on at once.
+    """
+    inner = prof if hasattr(prof, "kineto_results") else getattr(prof, "profiler", None)
+    result = getattr(inner, "kineto_results", None)
+    if result is None or getattr(getattr(inner, "experimental_config", None), "trace_only", False):
+        return None
+    if not all(callable(getattr(result, m, None)) for m in ("events", "trace_start_ns")):
+        return None
+    snapshot = SimpleNamespace(kineto_results=result, use_device=getattr(inner, "use_device", None))
+    if hasattr(inner, "profiler_kind"):
+        snapshot.profiler_kind = inner.profiler_kind
+    return lambda: raw_events_from_kineto(snapshot)
 
 
 _KINETO_METHODS = ("name", "start_ns", "end_ns", "device_type", "start_thread_id", "end_thread_id",

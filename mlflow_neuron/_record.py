@@ -80,6 +80,7 @@ class CycleRecord:
     trace_export: Callable[[Path], None] | None = None  # writes raw_trace first, off the training thread
     uploads: tuple[tuple[str, str], ...] = ()
     register_table: bool = False
+    complete: Callable[[CycleRecord], None] | None = None  # fills numbers, tables and tags in
     summary_tool: str | None = None  # neuron-explorer, to summarize the cycle's capture sessions
     summary_sessions: tuple[str, ...] = ()
     summary_prefix: str = _devices.NEURON_SUMMARY_PREFIX
@@ -95,6 +96,9 @@ class CycleRecord:
             return self._delivery
 
     def _write(self) -> Delivery:
+        if self.complete is not None:
+            self.complete(self)
+            self.complete = None
         staged = self.staged_dir
         staged.mkdir(parents=True, exist_ok=True)
         table = None
