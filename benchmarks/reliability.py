@@ -16,30 +16,15 @@ import warnings
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
-sys.path[:0] = [str(TESTS)]
+sys.path[:0] = [str(TESTS), str(Path(__file__).resolve().parent)]
 
-import torch  # noqa: E402
+from cycle_cost import mlp_step  # noqa: E402
 from fault_scenarios import SCENARIOS, client_env  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from servers import DelayProxy, MlflowServer  # noqa: E402
-from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback  # noqa: E402
-
-
-def mlp_step():
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.GELU()) for _ in range(8)])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = torch.randn(32, 256)
-
-    def step():
-        loss = model(data).square().mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-
-    return step
 
 
 def training_thread_ms(uri: str, background: bool, cycles: int) -> tuple[float, float]:
@@ -63,7 +48,7 @@ def training_thread_ms(uri: str, background: bool, cycles: int) -> tuple[float, 
         callback(prof)
         calls.append(time.perf_counter() - start)
 
-    step = mlp_step()
+    step = mlp_step(8)
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2, repeat=cycles),
                  on_trace_ready=timed_call) as prof:
         for _ in range(4 * cycles):
