@@ -321,7 +321,12 @@ class MLflowProfilerCallback:
     def _complete(self, summarize: Callable, device: str, primary: bool, record: _record.CycleRecord) -> None:
         """Fills in a record's numbers, tables and tags; runs in the sender, one record at a time."""
         with self._completing:
-            profile, record.key_averages = summarize()
+            try:
+                profile, record.key_averages = summarize()
+            except Exception as error:  # noqa: BLE001 - the cycle's files and trace still go
+                self.reporter.problem("events", "the cycle's events could not be read (per-op metrics are empty)", error)
+                profile = extract_cycle(_event_list([], None), device=device, device_profiled=device != _devices.CPU)
+                record.key_averages = ""
             self.last_profile = profile
             if profile.device_time == MISSING:
                 self.reporter.problem(
@@ -422,7 +427,7 @@ def _deferred_export(prof: Any) -> Callable[[Path], None] | None:
     `export_chrome_trace` is `kineto_results.save(path)`; the results object belongs to this cycle
     alone (the next cycle gets a new one), so the sender can write it while training goes on.
     """
-    results = getattr(getattr(prof, "profiler", None), "kineto_results", None)
+    results = _raw.kineto_results_of(prof)[1]
     if results is None or not callable(getattr(results, "save", None)):
         return None
 

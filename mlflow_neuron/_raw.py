@@ -110,8 +110,7 @@ def raw_events_from_kineto(prof: Any) -> RawEvents | None:
     is not applied: the whole cycle is read (torch's slower parse returns a partial list when it
     runs out of time).
     """
-    inner = prof if hasattr(prof, "kineto_results") else getattr(prof, "profiler", None)
-    result = getattr(inner, "kineto_results", None)
+    inner, result = kineto_results_of(prof)
     if result is None or getattr(getattr(inner, "experimental_config", None), "trace_only", False):
         return None
     try:
@@ -127,18 +126,29 @@ def raw_events_from_kineto(prof: Any) -> RawEvents | None:
         return None
 
 
+def kineto_results_of(prof: Any) -> tuple[Any, Any]:
+    """(the autograd profiler, its `kineto_results`) of a `torch.profiler.profile` or of a
+    `torch.autograd.profiler.profile`; Nones where absent."""
+    inner = prof if hasattr(prof, "kineto_results") else getattr(prof, "profiler", None)
+    return inner, getattr(inner, "kineto_results", None)
+
+
 def kineto_reader(prof: Any) -> Callable[[], RawEvents | None] | None:
     """This cycle's `raw_events_from_kineto`, to run later on another thread; None when this
     profile can't be read that way (read it through `prof.events()` now).
 
     Each cycle's `kineto_results` is an object of its own (the next cycle's stop makes a new one),
     so holding it and the few settings the read needs lets the training thread go on at once.
+    What can be checked without reading the events is checked here, while `prof.events()` is
+    still there to fall back on.
     """
-    inner = prof if hasattr(prof, "kineto_results") else getattr(prof, "profiler", None)
-    result = getattr(inner, "kineto_results", None)
+    inner, result = kineto_results_of(prof)
     if result is None or getattr(getattr(inner, "experimental_config", None), "trace_only", False):
         return None
     if not all(callable(getattr(result, m, None)) for m in ("events", "trace_start_ns")):
+        return None
+    event_class = getattr(torch._C._autograd, "_KinetoEvent", None)
+    if event_class is None or not all(callable(getattr(event_class, m, None)) for m in _KINETO_METHODS):
         return None
     snapshot = SimpleNamespace(kineto_results=result, use_device=getattr(inner, "use_device", None))
     if hasattr(inner, "profiler_kind"):

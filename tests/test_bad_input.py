@@ -137,3 +137,14 @@ def test_files_that_vanish_or_grow_before_upload_lose_nothing_else(tracking_uri,
     assert files["profiler/step_4/neuron/growing.ntff"] == 1000
     assert "profiler/step_4/manifest.json" in files
     assert MlflowClient().get_run(run_id).data.metrics["profiler/total/aten_calls"] == 6
+
+
+def test_events_unreadable_off_the_training_thread_lose_nothing_else(tracking_uri, monkeypatch):
+    import mlflow_neuron._raw as raw
+
+    monkeypatch.setattr(raw, "raw_events_from_kineto", lambda prof: None)  # a torch this reader does not know
+    with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="could not be read"):
+        assert profile_rmsnorm(MLflowProfilerCallback()) == 4
+    files = artifact_files(MlflowClient(), run.info.run_id)
+    assert {"profiler/step_4/trace.json.gz", "profiler/step_4/manifest.json", "profiler/step_4/ops.json"} <= set(files)
+    assert MlflowClient().get_run(run.info.run_id).data.metrics["profiler/total/aten_calls"] == 0
