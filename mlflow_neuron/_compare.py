@@ -21,7 +21,17 @@ TOTAL = "TOTAL"
 
 @dataclass(frozen=True)
 class RunProfile:
-    """What a comparison needs from one run: its op table of one cycle and that cycle's totals."""
+    """What a comparison needs from one run: its last cycle's op table and totals, and the
+    per-step samples of every cycle.
+
+    `samples`: one row per (profiler step, host op): columns `cycle` (the cycle's logged step),
+    `step` (the ProfilerStep number), `name`, `self_device_time_us`, `self_cpu_time_us`, `calls`.
+    `step_totals`: one row per profiler step: `cycle`, `step`, `self_device_time_us`,
+    `self_cpu_time_us`, `aten_calls`. `source` says where they came from: SAMPLES_FROM_STEPS (the
+    cycles' steps.json), SAMPLES_FROM_METRICS (step totals from `profiler/step/...` metrics; per-op
+    samples are cycle sums / active steps), SAMPLES_FROM_CYCLES (runs logged before per-step
+    samples: one sample per cycle, its sums / active steps). None: derived from `ops`/`totals`.
+    """
 
     label: str
     run_id: str
@@ -31,6 +41,14 @@ class RunProfile:
     device: str = ""
     device_time: str = ""  # the run's mlflow_neuron.device_time tag
     extra: dict = field(default_factory=dict)
+    samples: pd.DataFrame | None = None
+    step_totals: pd.DataFrame | None = None
+    source: str | None = None
+
+
+SAMPLES_FROM_STEPS, SAMPLES_FROM_METRICS, SAMPLES_FROM_CYCLES = "steps", "metrics", "cycles"
+SAMPLE_COLUMNS = ("cycle", "step", "name", "self_device_time_us", "self_cpu_time_us", "calls")
+STEP_TOTAL_COLUMNS = ("cycle", "step", "self_device_time_us", "self_cpu_time_us", "aten_calls")
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ OPS_TABLE = "ops.json"
 KEY_AVERAGES = "key_averages.txt"
 MANIFEST = "manifest.json"
 TRACE = "trace.json.gz"
+STEPS_TABLE = "steps.json"  # per-step samples: one row per (profiler step, op), log_table layout
+STEP_METRIC_PREFIX = "profiler/step"  # profiler/step/<self_device_time_us|self_cpu_time_us>, one point per step
 
 PER_OP_METRICS = ("self_device_time_us", "self_cpu_time_us", "calls")
 
