@@ -296,6 +296,12 @@ class MLflowProfilerCallback:
             )  # fmt: skip
         return finite
 
+    def _series(self, profile: CycleProfile) -> tuple[tuple[str, float, int], ...]:
+        series = _record.step_series(profile) if self.rank.is_primary else ()
+        if self.all_ranks:
+            series += _record.step_series(profile, f"rank_{self.rank.rank}/")
+        return series
+
     def _read_numbers(self, prof: Any, device: str) -> Callable[[], tuple[CycleProfile, str]]:
         """What turns the cycle into per-op numbers and a table, run later by the sender.
 
@@ -303,19 +309,20 @@ class MLflowProfilerCallback:
         training thread; where this torch does not allow that, torch's own `prof.events()` parse
         does the work here, since it needs the profiler."""
         device_profiled = device != _devices.CPU
+        last_step = max(int(getattr(prof, "step_num", 0)) - 1, 0)  # the cycle's last active step
         read_later = _raw.kineto_reader(prof)
         if read_later is not None:
             def summarize() -> tuple[CycleProfile, str]:
                 raw = read_later()
                 if raw is None:
                     raise RuntimeError(f"this torch's Kineto results could not be read ({torch.__version__})")
-                profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled)
+                profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step)
                 return profile, render.cycle_table(profile)
 
             return summarize
         logger.debug("profiler step %s read through prof.events(): the fast path does not read this "
                      "profile (torch %s)", getattr(prof, "step_num", "?"), torch.__version__)  # fmt: skip
-        profile, table = self._profile_from_events(prof, device, device_profiled)
+        profile, table = self._profile_from_events(prof, device, device_profiled, last_step)
         return lambda: (profile, table)
 
     def _complete(self, summarize: Callable, device: str, primary: bool, record: _record.CycleRecord) -> None:
@@ -334,6 +341,8 @@ class MLflowProfilerCallback:
                 )
             record.metrics = self._metrics(profile)
             record.ops_table = _record.ops_table(profile, self._keys)
+            record.step_tables = _record.step_tables(profile)
+            record.series = self._series(profile)
             if primary:
                 self._device_time_seen |= profile.device_time == PRESENT
                 record.tags = {
@@ -341,7 +350,9 @@ class MLflowProfilerCallback:
                     _record.DEVICE_TIME_TAG: PRESENT if self._device_time_seen else profile.device_time,
                 }
 
-    def _profile_from_events(self, prof: Any, device: str, device_profiled: bool) -> tuple[CycleProfile, str]:
+    def _profile_from_events(
+        self, prof: Any, device: str, device_profiled: bool, last_step: int
+    ) -> tuple[CycleProfile, str]:
         try:
             events = prof.events()
         except Exception as error:  # noqa: BLE001 - e.g. trace_only configs have no events
@@ -352,7 +363,7 @@ class MLflowProfilerCallback:
             total = len(events)
             events = _event_list(events[: total - self._events_seen], events)
             self._events_seen = total
-        profile = extract_cycle(events, device=device, device_profiled=device_profiled)
+        profile = extract_cycle(events, device=device, device_profiled=device_profiled, default_step=last_step)
         sort_by = "self_device_time_total" if profile.device_time == PRESENT else "self_cpu_time_total"
         table = events.key_averages().table(sort_by=sort_by, row_limit=-1, max_name_column_width=_TABLE_NAME_WIDTH)
         return profile, table

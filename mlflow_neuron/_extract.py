@@ -11,12 +11,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from . import _devices
+from ._steps import StepOp, StepTotal, split_by_step, step_numbers
 
 PRESENT, MISSING, NOT_PROFILED = "present", "missing", "not_profiled"
 OP, KERNEL, DEVICE_ANNOTATION = "op", "kernel", "device_annotation"
+_KINDS = (OP, KERNEL, DEVICE_ANNOTATION)
 
 _STEP_PREFIX = "ProfilerStep#"  # as recorded; torch's parser renames it to _STEP_NAME
 _STEP_NAME = "ProfilerStep*"
@@ -49,6 +52,9 @@ class CycleProfile:
     aten_calls: int
     active_steps: int
     event_count: int
+    steps: tuple[StepOp, ...] = ()  # the same events split by profiler step (see _steps)
+    step_totals: tuple[StepTotal, ...] = ()
+    annotations: frozenset[str] = frozenset()  # host rows that are ranges (record_function), not ops
 
     @property
     def ranking_metric(self) -> str:
@@ -62,12 +68,23 @@ class CycleProfile:
         columns = [f.name for f in fields(OpStats)]
         return pd.DataFrame([[getattr(op, c) for c in columns] for op in self.ops], columns=columns)
 
+    def steps_frame(self) -> pd.DataFrame:
+        """One row per (profiler step, op or kernel): the per-step samples."""
+        columns = [f.name for f in fields(StepOp)]
+        return pd.DataFrame([[getattr(row, c) for c in columns] for row in self.steps], columns=columns)
 
-def extract_cycle(events: Sequence[Any], *, device: str, device_profiled: bool) -> CycleProfile:
-    """Aggregate a cycle's `FunctionEvent`s (as `prof.events()` returns them, tree built)."""
+
+def extract_cycle(
+    events: Sequence[Any], *, device: str, device_profiled: bool, default_step: int = 0
+) -> CycleProfile:
+    """Aggregate a cycle's `FunctionEvent`s (as `prof.events()` returns them, tree built).
+
+    `default_step`: the number of the cycle's last active step (`prof.step_num - 1`): it numbers
+    steps whose names lost theirs, and a cycle without step ranges."""
     rows: dict[tuple[str, str], list[float]] = {}
     total_device = total_cpu = attributed = 0.0
     steps = 0
+    counted, step_events, annotations = [], [], set()
     for event in events:
         if getattr(event, "is_async", False):
             continue
@@ -75,9 +92,13 @@ def extract_cycle(events: Sequence[Any], *, device: str, device_profiled: bool) 
         if name == _STEP_NAME or name.startswith(_STEP_PREFIX):
             steps += 1
             name = _STEP_NAME
+            step_events.append(event)
         kind = _kind(event)
         self_device = _devices.self_device_time_us(event)
         self_cpu = float(event.self_cpu_time_total)
+        counted.append((event, name, kind, self_device, self_cpu))
+        if kind == OP and getattr(event, "is_user_annotation", False):
+            annotations.add(name)
         row = rows.setdefault((name, kind), [0, 0.0, 0.0, 0.0, 0.0])
         row[0] += 1
         row[1] += self_device
@@ -93,6 +114,8 @@ def extract_cycle(events: Sequence[Any], *, device: str, device_profiled: bool) 
     device_time = device_time_state(device_profiled, total_device)
     ops = ranked((OpStats(name, kind, int(r[0]), r[1], r[2], r[3], r[4]) for (name, kind), r in rows.items()),
                  device_time)
+    top_level = top_level_aten_events(events)
+    per_step, step_totals = _split_by_step(counted, step_events, top_level, default_step)
     return CycleProfile(
         device=device,
         device_time=device_time,
@@ -100,10 +123,40 @@ def extract_cycle(events: Sequence[Any], *, device: str, device_profiled: bool) 
         total_self_device_time_us=total_device,
         total_self_cpu_time_us=total_cpu,
         attributed_device_time_us=attributed,
-        aten_calls=count_top_level_aten_calls(events),
+        aten_calls=len(top_level),
         active_steps=steps if steps or not rows else 1,
         event_count=len(events),
+        steps=per_step,
+        step_totals=step_totals,
+        annotations=frozenset(annotations),
     )
+
+
+def _split_by_step(counted: list, step_events: list, top_level: list, default_step: int):
+    """`split_by_step` over FunctionEvents: kernels go with the op whose id they link to."""
+    by_start = sorted(step_events, key=lambda e: e.time_range.start)
+    numbers = step_numbers([getattr(e, "trace_name", None) or e.name for e in by_start], len(by_start), default_step)
+    op_start: dict[int, float] = {}  # a kernel's op: the first unlinked host event with its id, as torch links
+    for event, *_ in counted:
+        if not _devices.is_device_row(event) and not getattr(event, "linked_correlation_id", 0):
+            op_start.setdefault(event.id, event.time_range.start)
+    placed, name_ids, kind_ids, device, cpu, in_total = [], [], [], [], [], []
+    names: dict[str, int] = {}
+    for event, name, kind, self_device, self_cpu in counted:
+        link = getattr(event, "linked_correlation_id", 0) if kind != OP else 0
+        placed.append(op_start.get(link, event.time_range.start) if link else event.time_range.start)
+        name_ids.append(names.setdefault(name, len(names)))
+        kind_ids.append(_KINDS.index(kind))
+        device.append(self_device)
+        cpu.append(self_cpu)
+        in_total.append(kind == KERNEL or (kind == OP and getattr(event, "is_legacy", False)))
+    return split_by_step(
+        step_starts=np.array([e.time_range.start for e in by_start], np.float64), step_numbers=numbers,
+        default_step=default_step, placed_at=np.array(placed, np.float64), name_id=np.array(name_ids, np.int64),
+        names=list(names), kind_id=np.array(kind_ids, np.int64), kinds=_KINDS, self_device_us=np.array(device),
+        self_cpu_us=np.array(cpu), in_device_total=np.array(in_total, bool),
+        aten_starts=np.array([e.time_range.start for e in top_level], np.float64),
+    )  # fmt: skip
 
 
 def ranked(ops: Iterable[OpStats], device_time: str) -> tuple[OpStats, ...]:
@@ -120,15 +173,21 @@ def count_top_level_aten_calls(events: Iterable[Any]) -> int:
     Nested ops (`aten::mul` inside `aten::rms_norm`) are implementation detail: counting them
     makes a fused op look busier than the naive ops it replaces.
     """
-    count = 0
+    return len(top_level_aten_events(events))
+
+
+def top_level_aten_events(events: Iterable[Any]) -> list[Any]:
+    """The events `count_top_level_aten_calls` counts."""
+    found = []
     for event in events:
         if _devices.is_device_row(event) or not event.name.startswith(_ATEN_PREFIX):
             continue
         parent = event.cpu_parent
         while parent is not None and not parent.name.startswith(_ATEN_PREFIX):
             parent = parent.cpu_parent
-        count += parent is None
-    return count
+        if parent is None:
+            found.append(event)
+    return found
 
 
 def _kind(event: Any) -> str:

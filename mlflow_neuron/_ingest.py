@@ -74,9 +74,10 @@ def load_trace(path: Path) -> dict:
     return trace
 
 
-def profile_of(trace: dict, source: Path) -> CycleProfile:
+def profile_of(trace: dict, source: Path, last_step: int = 0) -> CycleProfile:
     device, device_profiled = _devices.device_of_trace(trace)
-    profile = _raw.aggregate(_raw.raw_events_from_chrome_trace(trace), device=device, device_profiled=device_profiled)
+    raw = _raw.raw_events_from_chrome_trace(trace)
+    profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step)
     if not profile.ops:
         raise ValueError(f"{source}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
     return profile
@@ -95,8 +96,8 @@ def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int, out
     cycles = find_cycles(path)
     for index, cycle in enumerate(cycles, 1):
         trace = load_trace(cycle.trace)
-        profile = profile_of(trace, cycle.trace)
         step = step_of(trace, index)
+        profile = profile_of(trace, cycle.trace, last_step=max(step - 1, 0))
         record = _record_for(cycle, trace, profile, step, keys, top_k, max_file_bytes, first=index == 1)
         delivery = record.materialize()
         print(f"[{index}/{len(cycles)}] {cycle.trace} -> step {step}: {len(profile.ops)} ops, "
@@ -130,6 +131,8 @@ def _record_for(cycle: TraceCycle, trace: dict, profile: CycleProfile, step: int
               "mlflow_neuron.source": "ingest"},
         params={"profiler.ingested_from": str(cycle.root or cycle.trace.parent)} if first else {},
         ops_table=table,
+        step_tables=_record.step_tables(profile),
+        series=_record.step_series(profile),
         key_averages=f"reconstructed from {cycle.trace} (no torch events to build torch's own table)\n"
         + table.to_string(index=False),
         uploads=tuple((str(f.path), f"{step_dir}/neuron/{f.relative_path}".rsplit("/", 1)[0])

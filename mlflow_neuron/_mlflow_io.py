@@ -89,6 +89,7 @@ class RunLogger:
         self._load_run_state(run_id)
         clashes = self._log_params(run_id, delivery.params)
         metrics = [Metric(k, v, delivery.timestamp_ms, delivery.step) for k, v in delivery.metrics.items()]
+        metrics += [Metric(k, v, delivery.timestamp_ms, step) for k, v, step in delivery.series]
         tags = [RunTag(k, v) for k, v in delivery.tags.items()]
         if delivery.table:
             tags.append(RunTag(MLFLOW_LOGGED_ARTIFACTS, self._register_table(delivery.table)))

@@ -103,6 +103,7 @@ def load(record_dir: Path) -> tuple[Delivery, RunRef]:
         files_dir=local(data["files_dir"]) if data["files_dir"] else None,
         uploads=tuple((local(src), folder) for src, folder in data["uploads"]),
         table=data["table"],
+        series=tuple((key, value, step) for key, value, step in data.get("series", ())),
     )
     return delivery, RunRef(**data["run"])
 

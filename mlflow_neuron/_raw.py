@@ -49,6 +49,7 @@ from torch.autograd import DeviceType
 
 from . import _devices
 from ._extract import DEVICE_ANNOTATION, KERNEL, OP, CycleProfile, OpStats, device_time_state, ranked
+from ._steps import split_by_step, step_numbers
 
 # Device classes of RawEvents.device_class.
 HOST, DEVICE_KERNEL, DEVICE_OTHER, OTHER = 0, 1, 2, 3
@@ -204,11 +205,7 @@ def _read_kineto(events: list, kind: Any, trace_start: int, use_device: str | No
     correlation[host] = ints(kind.correlation_id, host_events)
     is_async[host] = np.fromiter(map(kind.is_async, host_events), dtype=bool, count=len(host_events))
     is_async[host] |= thread[host] != thread_ids(kind.end_thread_id, host_events)
-    annotation = np.zeros(m, bool)
-    on_device = (device_class == DEVICE_KERNEL) | (device_class == DEVICE_OTHER)
-    annotation[on_device] = np.fromiter(
-        map(kind.is_user_annotation, itertools.compress(kept, on_device)), dtype=bool, count=int(on_device.sum())
-    )
+    annotation = np.fromiter(map(kind.is_user_annotation, kept), dtype=bool, count=m)
     legacy_us = np.zeros(m)
     if legacy is not None:
         values = np.fromiter(map(legacy, host_events), dtype=np.float64, count=len(host_events))
@@ -376,9 +373,10 @@ def _chrome_columns(rows: list, memory: list, trace_start_us: float | None) -> R
     return RawEvents(tuple(raw_names), *columns, use_device=use_device)
 
 
-def aggregate(raw: RawEvents, *, device: str, device_profiled: bool) -> CycleProfile:
-    """The CycleProfile `extract_cycle(prof.events(), device=..., device_profiled=...)` gives for
-    the same cycle: same rows, numbers, totals, aten_calls, active_steps, event_count and order."""
+def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_step: int = 0) -> CycleProfile:
+    """The CycleProfile `extract_cycle(prof.events(), device=..., device_profiled=...,
+    default_step=...)` gives for the same cycle: same rows, numbers, totals, aten_calls,
+    active_steps, event_count, order and per-step samples."""
     n = len(raw)
     if n == 0:
         return CycleProfile(device, device_time_state(device_profiled, 0.0), (), 0.0, 0.0, 0.0, 0, 0, 0)
@@ -432,12 +430,27 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool) -> CyclePro
     total_device = _sequential_sum(cd[(ck == 1) | ((ck == 0) & is_legacy[counted])])
     total_cpu = _sequential_sum(self_cpu[counted])
     attributed = _sequential_sum(cd[ck == 0])
-    steps = int(np.isin(name[counted], [i for i, s in enumerate(names) if s == _STEP_NAME]).sum())
+    is_step = np.isin(name[counted], [i for i, s in enumerate(names) if s == _STEP_NAME])
+    steps = int(is_step.sum())
 
     device_time = device_time_state(device_profiled, total_device)
     ops = ranked((OpStats(names[g // 3], _KINDS[g % 3], int(calls[i]), *(float(s[i]) for s in sums))
                   for i, g in enumerate(groups.tolist())), device_time)  # fmt: skip
     aten = np.array([s.startswith(_ATEN_PREFIX) for s in names], bool)[name]
+    top_level = _top_level_aten(aten & survivor & ~device_rows, aten, parent)
+
+    step_at = counted[is_step]
+    linked, own_id = raw.linked_correlation_id[order], raw.correlation_id[order]
+    per_step, step_totals = split_by_step(
+        step_starts=start[step_at],
+        step_numbers=step_numbers([raw.names[i] for i in raw.name_id[order][step_at]], len(step_at), default_step),
+        default_step=default_step,
+        placed_at=_placed_at(start, linked, own_id, survivor & sync_host & (linked == 0), device_rows)[counted],
+        name_id=name[counted], names=names, kind_id=ck, kinds=_KINDS,
+        self_device_us=cd, self_cpu_us=self_cpu[counted],
+        in_device_total=(ck == 1) | ((ck == 0) & is_legacy[counted]),
+        aten_starts=start[top_level],
+    )  # fmt: skip
     return CycleProfile(
         device=device,
         device_time=device_time,
@@ -445,10 +458,28 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool) -> CyclePro
         total_self_device_time_us=total_device,
         total_self_cpu_time_us=total_cpu,
         attributed_device_time_us=attributed,
-        aten_calls=_top_level_aten(aten & survivor & ~device_rows, aten, parent),
+        aten_calls=int(top_level.sum()),
         active_steps=steps if steps or not len(groups) else 1,
         event_count=int(survivor.sum()),
+        steps=per_step,
+        step_totals=step_totals,
+        annotations=frozenset(names[i] for i in np.unique(name[survivor & sync_host & annotation]).tolist()),
     )
+
+
+def _placed_at(start: np.ndarray, linked: np.ndarray, own_id: np.ndarray, frontend: np.ndarray,
+               device_rows: np.ndarray) -> np.ndarray:  # fmt: skip
+    """When each event counts as happening, for per-step samples: its start, or for a device
+    event linked to an op, that op's start (the first op with the id, in list order)."""
+    placed = start.copy()
+    ops = np.flatnonzero(frontend)
+    launched = np.flatnonzero(device_rows & (linked > 0))
+    if len(ops) and len(launched):
+        ids, first = np.unique(own_id[ops], return_index=True)
+        at = np.minimum(np.searchsorted(ids, linked[launched]), len(ids) - 1)
+        found = ids[at] == linked[launched]
+        placed[launched[found]] = start[ops[first[at[found]]]]
+    return placed
 
 
 def _display_names(raw_names: tuple[str, ...]) -> tuple[list[str], np.ndarray]:
@@ -619,8 +650,8 @@ def _host_device_time(
         children_sum += np.bincount(parent[at][up], weights=total[up], minlength=n)
 
 
-def _top_level_aten(candidates: np.ndarray, aten: np.ndarray, parent: np.ndarray) -> int:
-    """How many candidate events have no `aten::` event among their ancestors."""
+def _top_level_aten(candidates: np.ndarray, aten: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Which candidate events have no `aten::` event among their ancestors."""
     jump = parent.copy()
     above = np.zeros(len(parent), bool)
     has = jump >= 0
@@ -630,7 +661,7 @@ def _top_level_aten(candidates: np.ndarray, aten: np.ndarray, parent: np.ndarray
         above[at] |= above[jump[at]]
         jump[at] = jump[jump[at]]
         has = jump >= 0
-    return int((candidates & ~above).sum())
+    return candidates & ~above
 
 
 def _sequential_sum(values: np.ndarray) -> float:

@@ -21,8 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from . import _devices, _files
-from ._extract import KERNEL, NOT_PROFILED, OP, CycleProfile
-from ._keys import OpKeys, metric_key, readable_key, total_key
+from ._extract import KERNEL, NOT_PROFILED, OP, PRESENT, CycleProfile
+from ._keys import PREFIX, OpKeys, metric_key, readable_key, total_key
 
 DEVICE_TAG = "mlflow_neuron.device"
 DEVICE_TIME_TAG = "mlflow_neuron.device_time"
@@ -32,7 +32,8 @@ KEY_AVERAGES = "key_averages.txt"
 MANIFEST = "manifest.json"
 TRACE = "trace.json.gz"
 STEPS_TABLE = "steps.json"  # per-step samples: one row per (profiler step, op), log_table layout
-STEP_METRIC_PREFIX = "profiler/step"  # profiler/step/<self_device_time_us|self_cpu_time_us>, one point per step
+STEP_TOTALS_TABLE = "step_totals.json"  # one row per profiler step: its totals and top-level ATen calls
+STEP_METRICS = ("self_device_time_us", "self_cpu_time_us")  # profiler/step/<metric>, one point per step
 
 PER_OP_METRICS = ("self_device_time_us", "self_cpu_time_us", "calls")
 
@@ -62,6 +63,7 @@ class Delivery:
     files_dir: str | None = None  # generated files, uploaded as they lie under artifact_dir
     uploads: tuple[tuple[str, str], ...] = ()  # (local file, artifact folder relative to the run)
     table: str | None = None  # artifact path of an ops table to register for the UI
+    series: tuple[tuple[str, float, int], ...] = ()  # (key, value, step): points at steps of their own
 
 
 @dataclass
@@ -76,6 +78,8 @@ class CycleRecord:
     tags: dict[str, str] = field(default_factory=dict)
     params: dict[str, str] = field(default_factory=dict)
     ops_table: pd.DataFrame | None = None
+    step_tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # file name -> table
+    series: tuple[tuple[str, float, int], ...] = ()
     key_averages: str | None = None
     manifest: dict = field(default_factory=dict)
     raw_trace: Path | None = None  # uncompressed framework trace to gzip into the staged folder
@@ -107,6 +111,8 @@ class CycleRecord:
         if self.ops_table is not None:
             write_table(self.ops_table, staged / OPS_TABLE)
             table = f"{self.artifact_dir}/{OPS_TABLE}" if self.register_table else None
+        for name, frame in self.step_tables.items():
+            write_table(frame, staged / name)
         if self.key_averages is not None:
             (staged / KEY_AVERAGES).write_text(self.key_averages, encoding="utf-8")
         if self.trace_export is not None and self.raw_trace is not None:
@@ -129,6 +135,7 @@ class CycleRecord:
             files_dir=str(staged),
             uploads=self.uploads,
             table=table,
+            series=self.series,
         )
 
 
@@ -189,7 +196,10 @@ def split_non_finite(metrics: dict[str, float]) -> tuple[dict[str, float], list[
 
 
 def ops_table(profile: CycleProfile, keys: OpKeys) -> pd.DataFrame:
-    """Every op of the cycle with the metric key it has (or would have) under `profiler/...`."""
+    """Every op of the cycle with the metric key it has (or would have) under `profiler/...`.
+
+    `annotation` marks ranges (`record_function`, `ProfilerStep*`) rather than ops. Without device
+    time, the CPU columns come first: the UI shows a table's first columns without scrolling."""
     frame = profile.to_frame()
     host_ops = [op.name for op in profile.ops if op.kind == OP]
     key_of = keys.keys(host_ops)
@@ -198,7 +208,32 @@ def ops_table(profile: CycleProfile, keys: OpKeys) -> pd.DataFrame:
     frame["share_of_device_time"] = frame.self_device_time_us / total if total else 0.0
     # Kernel rows repeat time their op rows already carry; the share column is only for op rows.
     frame.loc[frame.kind == KERNEL, "share_of_device_time"] = 0.0
+    frame["annotation"] = [k == OP and n in profile.annotations for n, k in zip(frame.name, frame.kind)]
+    if profile.device_time != PRESENT:
+        cpu, device = ["self_cpu_time_us", "cpu_time_us"], ["self_device_time_us", "device_time_us"]
+        first = ["name", "metric_key", "kind", "calls"]
+        frame = frame[first + cpu + device + [c for c in frame.columns if c not in first + cpu + device]]
     return frame
+
+
+def step_tables(profile: CycleProfile) -> dict[str, pd.DataFrame]:
+    """The cycle's per-step samples: every op and kernel per step, and each step's totals."""
+    totals = pd.DataFrame(
+        [(t.step, t.self_device_time_us, t.self_cpu_time_us, t.aten_calls) for t in profile.step_totals],
+        columns=["step", "self_device_time_us", "self_cpu_time_us", "aten_calls"],
+    )
+    return {STEPS_TABLE: profile.steps_frame(), STEP_TOTALS_TABLE: totals}
+
+
+def step_series(profile: CycleProfile, rank_prefix: str = "") -> tuple[tuple[str, float, int], ...]:
+    """`profiler/step/<metric>`: each active step's total at that step's own number, so MLflow
+    draws one point per step (noise and outliers show) next to the per-cycle sums."""
+    kinds = STEP_METRICS if profile.device_time != NOT_PROFILED else STEP_METRICS[1:]
+    return tuple(
+        (f"{PREFIX}/{rank_prefix}step/{kind}", float(getattr(total, kind)), total.step)
+        for total in profile.step_totals
+        for kind in kinds
+    )
 
 
 def manifest(

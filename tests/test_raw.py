@@ -49,8 +49,10 @@ SAME_SUMS = sys.version_info < (3, 12)
 
 def assert_same_profile(got: CycleProfile, want: CycleProfile, *, exact_order: bool = SAME_SUMS) -> None:
     """Every field and every op row of `got` matches `want` (floats to 1e-6 relative)."""
-    scalars = ("device", "device_time", "aten_calls", "active_steps", "event_count")
+    scalars = ("device", "device_time", "aten_calls", "active_steps", "event_count", "annotations")
     assert {f: getattr(got, f) for f in scalars} == {f: getattr(want, f) for f in scalars}
+    # per-step samples are whole nanoseconds: equal, not approximately
+    assert got.steps == want.steps and got.step_totals == want.step_totals
     for total in ("total_self_device_time_us", "total_self_cpu_time_us", "attributed_device_time_us"):
         assert getattr(got, total) == pytest.approx(getattr(want, total), rel=REL, abs=ABS_US), total
     rows = {(op.name, op.kind): op for op in got.ops}
@@ -81,6 +83,8 @@ def torch_profile_of(raw: RawEvents, *, device: str, device_profiled: bool) -> C
         fe = FunctionEvent(
             id=int(raw.correlation_id[i]),
             name=_rewrite_name(raw.names[raw.name_id[i]], with_wildcard=True),
+            trace_name=_rewrite_name(raw.names[raw.name_id[i]], with_wildcard=False),
+            linked_correlation_id=int(raw.linked_correlation_id[i]),
             thread=int(raw.thread[i]),
             start_us=int(raw.start_ns[i]) / 1000,
             end_us=int(raw.end_ns[i]) / 1000,

@@ -22,6 +22,10 @@ it between sessions in one process):
   same ops get host-side ``neuron_runtime::<op>`` (PRIVATEUSE1_RUNTIME) and
   ``neuron_driver::<op>`` (PRIVATEUSE1_DRIVER) events instead, which torch
   shows as CPU rows with zero device time.
+* Seeded noise, to calibrate comparisons (kernels mode): ``FAKE_NEURON_JITTER=0.3``
+  scales each kernel by U(0.7, 1.3); ``FAKE_NEURON_STALL_RATE=0.02`` makes 2% of
+  kernels stall, taking ``FAKE_NEURON_STALL_FACTOR`` (default 10) times longer;
+  ``FAKE_NEURON_SEED`` seeds it (cycle k of a process uses seed + k).
 
 Renaming the backend and registering the profiler are process-wide and cannot
 be undone: call ``activate()`` only in a dedicated (sub)process.

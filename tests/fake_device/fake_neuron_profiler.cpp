@@ -17,12 +17,22 @@
 //              middle half of the op, PRIVATEUSE1_DRIVER "neuron_driver::<op>"
 //              over its middle quarter (durations ignored); torch reports no
 //              device time for these.
+//   Noise, for calibrating comparisons (kernels mode; all default off):
+//   FAKE_NEURON_JITTER=0.3        each kernel's duration times U(1-0.3, 1+0.3)
+//   FAKE_NEURON_STALL_RATE=0.02   chance that a kernel stalls ...
+//   FAKE_NEURON_STALL_FACTOR=10   ... and takes this many times longer
+//   FAKE_NEURON_SEED=7            seeds the noise; each cycle of a process draws
+//                                 from the next seed (seed + cycle index), so a
+//                                 run is reproducible and its cycles differ.
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 #include <libkineto.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <mutex>
+#include <random>
 #include <sstream>
 #include <unordered_map>
 #include <vector>
@@ -30,15 +40,28 @@
 namespace {
 using namespace libkineto;
 
+std::atomic<uint64_t> cycles_configured{0};
+
+double envDouble(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atof(v) : fallback;
+}
+
 struct FakeConfig {
   std::unordered_map<std::string, int64_t> kernel_us;
   bool runtime_mode = false;
+  double jitter = 0.0, stall_rate = 0.0, stall_factor = 10.0;
+  uint64_t seed = 0;
 
   static FakeConfig fromEnv() {
     FakeConfig c;
     if (const char* m = std::getenv("FAKE_NEURON_MODE")) {
       c.runtime_mode = std::string(m) == "runtime";
     }
+    c.jitter = envDouble("FAKE_NEURON_JITTER", 0.0);
+    c.stall_rate = envDouble("FAKE_NEURON_STALL_RATE", 0.0);
+    c.stall_factor = envDouble("FAKE_NEURON_STALL_FACTOR", 10.0);
+    c.seed = static_cast<uint64_t>(envDouble("FAKE_NEURON_SEED", 0.0)) + cycles_configured.fetch_add(1);
     // Split on ',' then on the *last* '=' (op names contain "::", never '=').
     std::stringstream all(std::getenv("FAKE_NEURON_KERNELS") ? std::getenv("FAKE_NEURON_KERNELS") : "");
     std::string item;
@@ -94,8 +117,13 @@ class FakeNeuronSession : public IActivityProfilerSession {
                      [](auto* a, auto* b) { return a->timestamp() < b->timestamp(); });
 
     int64_t stream_free_at = 0;  // fake stream: kernels never overlap
+    std::mt19937_64 rng(cfg_.seed);
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
     for (const ITraceActivity* op : ops) {
-      const int64_t dur_ns = cfg_.kernel_us.at(op->name()) * 1000;
+      double scale = 1.0;
+      if (cfg_.jitter > 0) scale *= 1.0 + cfg_.jitter * (2.0 * unit(rng) - 1.0);
+      if (cfg_.stall_rate > 0 && unit(rng) < cfg_.stall_rate) scale *= cfg_.stall_factor;
+      const int64_t dur_ns = std::llround(cfg_.kernel_us.at(op->name()) * 1000 * scale);
       if (cfg_.runtime_mode) {
         // Nested strictly inside the op so the CPU tree stays well formed and
         // the op keeps some self CPU time.
