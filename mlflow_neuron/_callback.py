@@ -269,7 +269,7 @@ class MLflowProfilerCallback:
             trace_source, record.raw_trace, record.trace_export = self._stage_trace(
                 prof, found, exported, record.staged_dir, neuron_dir
             )
-            if self._summary_tool:
+            if found:  # summarized by neuron-explorer, or read from the sessions' Summary.parquet
                 record.summary_tool, record.summary_sessions = self._summary_tool, _sessions(found)
                 if not primary:
                     record.summary_prefix = f"{_devices.NEURON_SUMMARY_PREFIX}/rank_{self.rank.rank}"

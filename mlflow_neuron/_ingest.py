@@ -145,7 +145,7 @@ def _record_for(cycle: TraceCycle, trace: dict, profile: CycleProfile, step: int
     record.manifest = _record.manifest(found, neuron_dir=f"{step_dir}/neuron", output_dir=str(cycle.root or ""),
                                        trace_source=trace_source, max_file_bytes=max_file_bytes, rank=0)
     summary_tool = _devices.neuron_summary_tool()
-    if summary_tool and cycle.files and _devices.is_neuron_session([f.name for f in cycle.files]):
+    if cycle.files and _devices.is_neuron_session([f.name for f in cycle.files]):
         record.summary_tool, record.summary_sessions = summary_tool, (str(cycle.trace.parent),)
     return record
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import shlex
 import shutil
-import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import _devices, _files
+from . import _devices, _files, _neuron_summary
 from ._extract import KERNEL, NOT_PROFILED, OP, CycleProfile
 from ._keys import OpKeys, metric_key, readable_key, total_key
 
@@ -133,14 +133,25 @@ class CycleRecord:
 
 
     def _summary_metrics(self) -> dict[str, float]:
+        """Neuron Explorer's summary of each capture session: the tool's JSON where it runs,
+        else the session's `Summary.parquet` tables (see `_neuron_summary`)."""
         metrics = {}
         for session in self.summary_sessions:
+            models = {}
+            if self.summary_tool:
+                try:
+                    models = _neuron_summary.run_summary_tool(self.summary_tool, session)
+                except _neuron_summary.SummaryError as error:
+                    self.problems.append(("neuron_summary", f"Neuron Explorer summary of {session} failed: {error}"))
+            if not models:
+                try:
+                    models = _neuron_summary.parquet_summaries(session)
+                except _neuron_summary.SummaryError as error:
+                    self.problems.append(("neuron_summary", f"Summary.parquet of {session}: {error}"))
             try:
-                summary = _devices.neuron_summary(session, self.summary_tool)
-            except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
-                self.problems.append(("neuron_summary", f"Neuron Explorer summary of {session} failed: {error}"))
-                continue
-            metrics.update({f"{self.summary_prefix}/{readable_key(k)}": v for k, v in summary.items()})
+                metrics.update(_neuron_summary.summary_metrics(models, self.summary_prefix))
+            except ValueError as error:  # a bad MLFLOW_NEURON_PERCENT_SCALE
+                self.problems.append(("neuron_summary", str(error)))
         return split_non_finite(metrics)[0]
 
 
@@ -224,5 +235,32 @@ def manifest(
                 "reason": None if f.decision == _files.UPLOAD else f.decision,
             }
             for f in found
+        ],
+        **neuron_explorer_views(found, neuron_dir),
+    }
+
+
+def neuron_explorer_views(found: list[_files.FoundFile], neuron_dir: str) -> dict:
+    """Each NTFF with its NEFF, and the `neuron-explorer view` command lines that open a pair or
+    a session once `neuron_dir` is downloaded (`mlflow-neuron open`): paths are relative to it."""
+    relative = [f.relative_path for f in found if not f.path.is_symlink()]
+    pairs = _devices.ntff_pairs(relative)
+    sessions = sorted({p.rpartition("/")[0] for p in relative if p.endswith((".ntff", ".neff"))})
+    return {
+        "neuron_views_relative_to": neuron_dir if pairs or sessions else None,
+        "neuron_pairs": [
+            {
+                "ntff": f"{neuron_dir}/{ntff}",
+                "neff": f"{neuron_dir}/{neff}" if neff else None,
+                "view_command": shlex.join(_devices.view_pair_command(neff, ntff)) if neff else None,
+            }
+            for ntff, neff in sorted(pairs.items())
+        ],
+        "neuron_sessions": [
+            {
+                "artifact_path": f"{neuron_dir}/{session}" if session else neuron_dir,
+                "view_command": shlex.join(_devices.view_session_command(session or ".")),
+            }
+            for session in sessions
         ],
     }
