@@ -216,13 +216,25 @@ def compile_backend(device: str) -> str:
 
 @dataclass(frozen=True)
 class ProfilingSetup:
-    """The torch.profiler arguments that record `device`, and the handlers it needs."""
+    """The torch.profiler arguments that record `device`, and the handlers it needs.
+
+    With the older, context-manager TorchNeuron API, `neuron_context` is its `NeuronProfiler`
+    (runtime capture only; torch.profiler stays yours): enter `setup.context()` around the
+    profiled loop and pass `profile_output_dir=setup.output_dir` to the callback.
+    """
 
     device: str
     activities: list
     experimental_config: Any = None
     handlers: tuple = ()
     output_dir: str | None = None
+    neuron_context: Any = None
+
+    def context(self) -> Any:
+        """The older API's runtime-capture context manager, or one that does nothing."""
+        import contextlib
+
+        return self.neuron_context if self.neuron_context is not None else contextlib.nullcontext()
 
     def profiler_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"activities": self.activities}
@@ -235,14 +247,19 @@ def profiling_setup(device: str, output_dir: str | os.PathLike | None = None) ->
     """Activities, Neuron config and exporter for `device`.
 
     On Neuron this builds `NeuronConfig(modes=[DEVICE, RUNTIME])` and its `NeuronProfiler`
-    exporter; the undocumented `correlate_device_time=True` is passed only where accepted.
+    exporter; the undocumented `correlate_device_time=True` is passed only where accepted. An
+    older TorchNeuron without `NeuronConfig`, whose `NeuronProfiler` takes `neuron_output_dir`,
+    gets that profiler as `neuron_context` instead.
     """
     activities = profiler_activities(device)
     if device != NEURON:
         return ProfilingSetup(device, activities)
-    from torch_neuronx.profiling import NeuronConfig, NeuronProfiler, ProfileMode
-
+    profiling = importlib.import_module("torch_neuronx.profiling")
     out = os.fspath(output_dir or Path.cwd() / "neuron_profile")
+    NeuronProfiler = profiling.NeuronProfiler
+    if not hasattr(profiling, "NeuronConfig") and "neuron_output_dir" in _parameters(NeuronProfiler):
+        return ProfilingSetup(device, activities, output_dir=out, neuron_context=NeuronProfiler(neuron_output_dir=out))
+    NeuronConfig, ProfileMode = profiling.NeuronConfig, profiling.ProfileMode
     kwargs: dict[str, Any] = {"modes": [ProfileMode.DEVICE, ProfileMode.RUNTIME], "profile_output_dir": out}
     if "correlate_device_time" in _parameters(NeuronConfig):
         kwargs["correlate_device_time"] = True
