@@ -9,6 +9,9 @@ metrics tab:
     system/neuron/device_memory_used_megabytes            Neuron device memory used by runtimes
     system/neuron/host_memory_used_megabytes              host memory used by Neuron runtimes
 
+Like MLflow's GPU metrics, these cover the whole host: every Neuron runtime that neuron-monitor
+sees (`tag_filter: ".*"`), memory summed over runtimes. Only rank 0 runs the monitor.
+
 It follows MLflow's conventions: on with `MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING` (or
 `system_metrics=True`), sampled every `MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL` seconds (10),
 averaged over `MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING` samples (1), steps counting from 0,
