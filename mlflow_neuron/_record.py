@@ -134,8 +134,9 @@ class CycleRecord:
 
     def _summary_metrics(self) -> dict[str, float]:
         """Neuron Explorer's summary of each capture session: the tool's JSON where it runs,
-        else the session's `Summary.parquet` tables (see `_neuron_summary`)."""
-        metrics = {}
+        else the session's `Summary.parquet` tables (see `_neuron_summary`). The models of all
+        the cycle's sessions are logged together; the flat keys only when there is one model."""
+        everything: dict[str, dict[str, float]] = {}
         for session in self.summary_sessions:
             models = {}
             if self.summary_tool:
@@ -148,10 +149,16 @@ class CycleRecord:
                     models = _neuron_summary.parquet_summaries(session)
                 except _neuron_summary.SummaryError as error:
                     self.problems.append(("neuron_summary", f"Summary.parquet of {session}: {error}"))
-            try:
-                metrics.update(_neuron_summary.summary_metrics(models, self.summary_prefix))
-            except ValueError as error:  # a bad MLFLOW_NEURON_PERCENT_SCALE
-                self.problems.append(("neuron_summary", str(error)))
+            repeated = sorted(set(models) & set(everything))
+            if repeated:
+                self.problems.append(("neuron_summary_repeated", f"model(s) {', '.join(repeated)} were summarized "
+                                      f"in several sessions of step {self.step}; the last one's numbers are logged"))
+            everything.update(models)
+        try:
+            metrics = _neuron_summary.summary_metrics(everything, self.summary_prefix)
+        except ValueError as error:  # a bad MLFLOW_NEURON_PERCENT_SCALE
+            self.problems.append(("neuron_summary", str(error)))
+            return {}
         return split_non_finite(metrics)[0]
 
 

@@ -228,3 +228,28 @@ def test_a_broken_summary_table_is_one_warning_and_the_cycle_still_logs(tracking
     assert sum(issubclass(w.category, MLflowNeuronWarning) for w in caught) == 1
     metrics = MlflowClient().get_run(run.info.run_id).data.metrics
     assert "profiler/total/aten_calls" in metrics and not any(k.startswith("neuron/summary") for k in metrics)
+
+
+def test_two_sessions_in_one_cycle_log_both_models(tracking_uri, strict, neuron_double, tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "neuron-explorer"
+    tool.write_text("#!/bin/sh\ncase \"$3\" in\n"
+                    f"  *_extra) echo '{json.dumps({'n_extra': QUIET})}' ;;\n"
+                    f"  *) echo '{json.dumps({'n_abc': PUBLISHED})}' ;;\nesac\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    config = neuron_double.NeuronConfig(profile_output_dir=str(tmp_path / "out"))
+    exporter = neuron_double.NeuronProfiler(config)
+
+    def second_session(prof):
+        extra = exporter.sessions[-1].parent / (exporter.sessions[-1].name + "_extra")
+        extra.mkdir()
+        (extra / "neff_e1_vnc_0.neff").write_bytes(b"N")
+
+    with mlflow.start_run() as run:
+        profile_rmsnorm(MLflowProfilerCallback(exporter.export_trace, second_session), experimental_config=config)
+    metrics = MlflowClient().get_run(run.info.run_id).data.metrics
+    summary = {k for k in metrics if k.startswith("neuron/summary/")}
+    assert {k.split("/")[2] for k in summary} == {"n_abc", "n_extra"}
+    assert metrics["neuron/summary/n_extra/dma_active_time_percent"] == pytest.approx(1.0)
