@@ -89,7 +89,9 @@ def monitor_config(interval_s: float) -> dict:
     """A neuron-monitor configuration for the two metric groups logged, every runtime on the host."""
     return {
         "period": f"{interval_s:g}s",
-        "neuron_runtimes": [{"tag_filter": ".*", "metrics": [{"type": "neuroncore_counters"}, {"type": "memory_used"}]}],
+        "neuron_runtimes": [
+            {"tag_filter": ".*", "metrics": [{"type": "neuroncore_counters"}, {"type": "memory_used"}]}
+        ],
     }
 
 

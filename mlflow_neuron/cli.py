@@ -204,7 +204,8 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     opn.add_argument("run", help="the profiled run's id")
-    opn.add_argument("--step", type=_cli_checks.non_negative_int, help="profiler cycle (default: the last with Neuron files)")
+    opn.add_argument("--step", type=_cli_checks.non_negative_int,
+                     help="profiler cycle (default: the last with Neuron files)")
     opn.add_argument("--dest", help="download folder (default: ./mlflow-neuron-open/<run id>/step_<N>)")
     opn.add_argument("--no-launch", action="store_true", help="download and print the command, do not run it")
     opn.add_argument("--tracking-uri")

@@ -79,7 +79,8 @@ def test_the_current_api_logs_config_fields_and_uploads_cpu_and_host_memory_file
         capture_enabled_for_nc="0,1", neff_cache_dir=str(tmp_path / "neffs"),
     )
     with mlflow.start_run() as run:
-        profile_rmsnorm(MLflowProfilerCallback(neuron_double.NeuronProfiler(config).export_trace), experimental_config=config)
+        callback = MLflowProfilerCallback(neuron_double.NeuronProfiler(config).export_trace)
+        profile_rmsnorm(callback, experimental_config=config)
     client = MlflowClient()
     names = {p.rsplit("/", 1)[1] for p in artifact_files(client, run.info.run_id) if "/neuron/" in p}
     assert {"cpu_util.pb", "host_mem.pb"} <= names

@@ -22,7 +22,8 @@ DOCUMENTED_REPORT = {
         "report": {
             "neuroncore_counters": {"period": 1.000113182, "error": "", "neuroncores_in_use": {
                 "0": {"neuroncore_utilization": 42.01, "flops": 1234567891011,
-                      "v3d": {"nc_v3.0": {"neuroncore_utilization": 21.01}, "nc_v3.1": {"neuroncore_utilization": 63.01}}},
+                      "v3d": {"nc_v3.0": {"neuroncore_utilization": 21.01},
+                              "nc_v3.1": {"neuroncore_utilization": 63.01}}},
                 "1": {"neuroncore_utilization": 42.02, "flops": 1234567891021},
             }},
             "memory_used": {"period": 1.00001, "error": "", "neuron_runtime_used_bytes": {
@@ -57,6 +58,10 @@ while True:
 """
 
 
+def stand_in(config_copy):
+    return STAND_IN.format(config_copy=str(config_copy), report=repr(json.dumps(DOCUMENTED_REPORT)))
+
+
 def install_monitor(tmp_path, monkeypatch, script):
     bin_dir = tmp_path / "monitor-bin"
     bin_dir.mkdir(exist_ok=True)
@@ -78,7 +83,8 @@ def wait_for(condition, timeout=10.0):
 
 
 def neuron_system_metrics(run_id):
-    return {k: v for k, v in MlflowClient().get_run(run_id).data.metrics.items() if "/neuron/" in k and k.startswith("system/")}
+    metrics = MlflowClient().get_run(run_id).data.metrics
+    return {k: v for k, v in metrics.items() if "/neuron/" in k and k.startswith("system/")}
 
 
 def test_the_documented_report_becomes_the_system_metrics():
@@ -89,7 +95,7 @@ def test_the_documented_report_becomes_the_system_metrics():
 def test_with_mlflow_system_metrics_on_the_run_gets_neuron_metrics_while_profiling(tracking_uri, strict, tmp_path,
                                                                                    monkeypatch):
     config_copy = tmp_path / "config-seen.json"
-    install_monitor(tmp_path, monkeypatch, STAND_IN.format(config_copy=str(config_copy), report=repr(json.dumps(DOCUMENTED_REPORT))))
+    install_monitor(tmp_path, monkeypatch, stand_in(config_copy))
     monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true")  # MLflow's own monitor runs too (psutil)
     with mlflow.start_run() as run:
         callback = MLflowProfilerCallback()
@@ -108,21 +114,22 @@ def test_with_mlflow_system_metrics_on_the_run_gets_neuron_metrics_while_profili
 
 
 def test_the_monitor_stops_when_the_run_ends_and_honours_the_node_id(tracking_uri, strict, tmp_path, monkeypatch):
-    install_monitor(tmp_path, monkeypatch, STAND_IN.format(config_copy=str(tmp_path / "c.json"), report=repr(json.dumps(DOCUMENTED_REPORT))))
+    install_monitor(tmp_path, monkeypatch, stand_in(tmp_path / "c.json"))
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_NODE_ID", "node_3")
     with mlflow.start_run(log_system_metrics=False) as run:
         callback = MLflowProfilerCallback(system_metrics=True)
         process = callback._neuron_monitor._process
         assert wait_for(lambda: MlflowClient().get_run(run.info.run_id).data.metrics)
     assert wait_for(lambda: process.poll() is not None)  # the run ended: the tool went with it
-    assert "system/node_3/neuron/neuroncore_0_utilization_percentage" in MlflowClient().get_run(run.info.run_id).data.metrics
+    metrics = MlflowClient().get_run(run.info.run_id).data.metrics
+    assert "system/node_3/neuron/neuroncore_0_utilization_percentage" in metrics
     callback.close()
 
 
 def test_a_failing_monitor_is_one_warning_and_training_goes_on(tracking_uri, strict, tmp_path, monkeypatch):
     install_monitor(tmp_path, monkeypatch, "#!/bin/sh\necho 'cannot reach the Neuron driver' >&2\nexit 1\n")
-    with mlflow.start_run(log_system_metrics=False) as run, pytest.warns(MLflowNeuronWarning,
-                                                                          match="cannot reach the Neuron driver") as caught:
+    expected = pytest.warns(MLflowNeuronWarning, match="cannot reach the Neuron driver")
+    with mlflow.start_run(log_system_metrics=False) as run, expected as caught:
         callback = MLflowProfilerCallback(system_metrics=True)
         assert wait_for(lambda: not callback._neuron_monitor.running)
         profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)

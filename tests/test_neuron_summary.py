@@ -116,7 +116,8 @@ def write_summary_parquet(folder, columns=SUMMARY_COLUMNS):
 def test_a_summary_parquet_table_gives_the_same_keys_as_the_json(tmp_path):
     write_summary_parquet(tmp_path / "session" / "graph@latest")
     from_parquet = ns.summary_metrics(ns.parquet_summaries(tmp_path / "session"), "neuron/summary")
-    from_json = ns.summary_metrics(ns.parse_summary_json(json.dumps({"graph@latest": SUMMARY_COLUMNS})), "neuron/summary")
+    from_json = ns.summary_metrics(ns.parse_summary_json(json.dumps({"graph@latest": SUMMARY_COLUMNS})),
+                                   "neuron/summary")
     assert from_parquet == pytest.approx(from_json)
     assert from_parquet["neuron/summary/mfu_estimated_percent"] == pytest.approx(11.0)
     assert from_parquet["neuron/summary/graph_latest/hbm_read_bytes"] == 4096
