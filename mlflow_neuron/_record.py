@@ -228,22 +228,27 @@ def manifest(
     max_file_bytes: int,
     rank: int,
 ) -> dict:
+    views = neuron_explorer_views(found, neuron_dir)
+    neff_of = {pair["ntff"]: pair["neff"] for pair in views["neuron_pairs"]}
+    files = []
+    for f in found:
+        entry = {
+            "artifact_path": f"{neuron_dir}/{f.relative_path}",
+            "source": str(f.path),
+            "size_bytes": f.size_bytes,
+            "uploaded": f.decision == _files.UPLOAD,
+            "reason": None if f.decision == _files.UPLOAD else f.decision,
+        }
+        if entry["artifact_path"] in neff_of:  # a device trace names the NEFF it can be read with
+            entry["neff"] = neff_of[entry["artifact_path"]]
+        files.append(entry)
     return {
         "rank": rank,
         "profile_output_dir": output_dir,
         "max_file_bytes": max_file_bytes,
         "framework_trace": trace_source,
-        "files": [
-            {
-                "artifact_path": f"{neuron_dir}/{f.relative_path}",
-                "source": str(f.path),
-                "size_bytes": f.size_bytes,
-                "uploaded": f.decision == _files.UPLOAD,
-                "reason": None if f.decision == _files.UPLOAD else f.decision,
-            }
-            for f in found
-        ],
-        **neuron_explorer_views(found, neuron_dir),
+        "files": files,
+        **views,
     }
 
 

@@ -208,6 +208,8 @@ def test_the_manifest_pairs_each_ntff_with_its_neff_and_gives_the_view_commands(
         "view_command": f"neuron-explorer view -n {session}/neff_395760075800974.neff "
                         f"-s {session}/395760075800974_instid_0_vnc_0.ntff",
     }
+    ntff_entry = next(f for f in manifest["files"] if f["artifact_path"].endswith("_instid_0_vnc_0.ntff"))
+    assert ntff_entry["neff"] == f"{base}/{session}/neff_395760075800974.neff"
     # Two NEFFs in the folder and no hash in the session trace's name: which NEFF is unknown.
     assert pairs["profile_nc_0_session_0.ntff"]["neff"] is None
     assert manifest["neuron_sessions"] == [
