@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import _devices, _files, _outbox, _raw, _record, _settings
+from . import _devices, _files, _neuron_monitor, _outbox, _raw, _record, _settings
 from . import _render as render
 from ._distributed import broadcast_from_primary, current_rank
 from ._extract import MISSING, PRESENT, CycleProfile, extract_cycle
@@ -74,6 +74,8 @@ class MLflowProfilerCallback:
         retries, retry_wait_s: attempts after the first, and the first backoff (doubling).
         flush_timeout_s: how long profiler stop and interpreter exit wait for pending cycles.
         strict: re-raise errors instead of warning (default: env ``MLFLOW_NEURON_STRICT``).
+        system_metrics: log ``system/neuron/...`` metrics from ``neuron-monitor`` while the run is
+            active, where the tool is installed (default: MLflow's ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``).
     """
 
     def __init__(
@@ -95,6 +97,7 @@ class MLflowProfilerCallback:
         retry_wait_s: float = 0.5,
         flush_timeout_s: float = 10.0,
         strict: bool | None = None,
+        system_metrics: bool | None = None,
     ) -> None:
         _validate(handlers, top_k=top_k, max_file_bytes=max_file_bytes, max_pending=max_pending, retries=retries)
         if profile_output_dir is not None and not isinstance(profile_output_dir, (str, os.PathLike)):
@@ -129,6 +132,9 @@ class MLflowProfilerCallback:
         self._events_seen = 0  # for acc_events profiles, whose event list keeps earlier cycles
         self._summary_tool = _devices.neuron_summary_tool()
         self._completing = threading.Lock()  # the sender, or close() storing a record, complete records
+        self._neuron_monitor = _neuron_monitor.start_if_enabled(
+            system_metrics, lambda: self.run_id, self.tracking_uri, self.reporter
+        ) if self.rank.is_primary else None  # fmt: skip
         atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
@@ -173,6 +179,8 @@ class MLflowProfilerCallback:
         """Flushes, stores what is left in the outbox, and ends the run if this callback created it."""
         timeout = self.flush_timeout_s if timeout is None else timeout
         try:
+            if self._neuron_monitor is not None:
+                self._neuron_monitor.stop()
             self._sender.close(timeout)
             if self._owns_run and self.rank.is_primary and self.run_id is not None:
                 self._owns_run = False
@@ -269,7 +277,7 @@ class MLflowProfilerCallback:
             trace_source, record.raw_trace, record.trace_export = self._stage_trace(
                 prof, found, exported, record.staged_dir, neuron_dir
             )
-            if self._summary_tool:
+            if found:  # summarized by neuron-explorer, or read from the sessions' Summary.parquet
                 record.summary_tool, record.summary_sessions = self._summary_tool, _sessions(found)
                 if not primary:
                     record.summary_prefix = f"{_devices.NEURON_SUMMARY_PREFIX}/rank_{self.rank.rank}"

@@ -11,11 +11,9 @@ import fnmatch
 import importlib
 import importlib.metadata
 import inspect
-import json
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,8 +44,19 @@ NEURON_CONFIG_FIELDS = (
     "precache_node_info",
 )
 
-# How NeuronProfiler.export_trace names the framework trace in a session folder.
-NEURON_FRAMEWORK_TRACE_PATTERNS = ("trace.json", "neuron_framework_trace_rank_*.json")
+# Fields of the older, context-manager NeuronProfiler(pytorch_activities=..., neuron_output_dir=...),
+# seen in public torch-neuronx code; read only where present.
+OLDER_NEURON_PROFILER_FIELDS = (
+    "neuron_output_dir",
+    "pytorch_activities",
+    "pytorch_trace_file",
+    "record_shapes",
+    "event_filters",
+)
+
+# How NeuronProfiler names the framework trace: export_trace in a session folder, and the older
+# context-manager profiler as `pytorch_trace.json` in its `neuron_output_dir`.
+NEURON_FRAMEWORK_TRACE_PATTERNS = ("trace.json", "neuron_framework_trace_rank_*.json", "pytorch_trace.json")
 
 # `<instance-id>_pid_<pid>` is the per-process folder of the Neuron output layout.
 _PROCESS_FOLDER = re.compile(r"_pid_(\d+)$")
@@ -149,13 +158,14 @@ def pick_device(requested: str | None = None) -> str:
 def neuron_settings(experimental_config: Any) -> dict[str, str]:
     """Neuron profiling settings carried by a profiler's `experimental_config`.
 
-    Reads a NeuronConfig's documented attributes, or the `key:value;...` string that earlier
-    TorchNeuron builds passed as `_ExperimentalConfig(custom_profiler_config=...)`.
+    Reads a NeuronConfig's documented attributes, the `key:value;...` string that earlier
+    TorchNeuron builds passed as `_ExperimentalConfig(custom_profiler_config=...)`, or the settings
+    of the older context-manager `NeuronProfiler(pytorch_activities=..., neuron_output_dir=...)`.
     """
     if experimental_config is None:
         return {}
     settings = {}
-    for field in NEURON_CONFIG_FIELDS:
+    for field in NEURON_CONFIG_FIELDS + OLDER_NEURON_PROFILER_FIELDS:
         value = getattr(experimental_config, field, None)
         if value is not None:
             settings[field] = _setting_text(value)
@@ -169,6 +179,8 @@ def neuron_settings(experimental_config: Any) -> dict[str, str]:
 
 
 def _setting_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return ";".join(f"{k}:{_setting_text(v)}" for k, v in sorted(value.items()))
     if isinstance(value, (list, tuple, set, frozenset)):
         return ",".join(sorted(_setting_text(item) for item in value))
     return str(getattr(value, "name", value))
@@ -204,13 +216,25 @@ def compile_backend(device: str) -> str:
 
 @dataclass(frozen=True)
 class ProfilingSetup:
-    """The torch.profiler arguments that record `device`, and the handlers it needs."""
+    """The torch.profiler arguments that record `device`, and the handlers it needs.
+
+    With the older, context-manager TorchNeuron API, `neuron_context` is its `NeuronProfiler`
+    (runtime capture only; torch.profiler stays yours): enter `setup.context()` around the
+    profiled loop and pass `profile_output_dir=setup.output_dir` to the callback.
+    """
 
     device: str
     activities: list
     experimental_config: Any = None
     handlers: tuple = ()
     output_dir: str | None = None
+    neuron_context: Any = None
+
+    def context(self) -> Any:
+        """The older API's runtime-capture context manager, or one that does nothing."""
+        import contextlib
+
+        return self.neuron_context if self.neuron_context is not None else contextlib.nullcontext()
 
     def profiler_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"activities": self.activities}
@@ -223,14 +247,19 @@ def profiling_setup(device: str, output_dir: str | os.PathLike | None = None) ->
     """Activities, Neuron config and exporter for `device`.
 
     On Neuron this builds `NeuronConfig(modes=[DEVICE, RUNTIME])` and its `NeuronProfiler`
-    exporter; the undocumented `correlate_device_time=True` is passed only where accepted.
+    exporter; the undocumented `correlate_device_time=True` is passed only where accepted. An
+    older TorchNeuron without `NeuronConfig`, whose `NeuronProfiler` takes `neuron_output_dir`,
+    gets that profiler as `neuron_context` instead.
     """
     activities = profiler_activities(device)
     if device != NEURON:
         return ProfilingSetup(device, activities)
-    from torch_neuronx.profiling import NeuronConfig, NeuronProfiler, ProfileMode
-
+    profiling = importlib.import_module("torch_neuronx.profiling")
     out = os.fspath(output_dir or Path.cwd() / "neuron_profile")
+    NeuronProfiler = profiling.NeuronProfiler
+    if not hasattr(profiling, "NeuronConfig") and "neuron_output_dir" in _parameters(NeuronProfiler):
+        return ProfilingSetup(device, activities, output_dir=out, neuron_context=NeuronProfiler(neuron_output_dir=out))
+    NeuronConfig, ProfileMode = profiling.NeuronConfig, profiling.ProfileMode
     kwargs: dict[str, Any] = {"modes": [ProfileMode.DEVICE, ProfileMode.RUNTIME], "profile_output_dir": out}
     if "correlate_device_time" in _parameters(NeuronConfig):
         kwargs["correlate_device_time"] = True
@@ -268,7 +297,6 @@ def device_of_trace(trace: dict) -> tuple[str, bool]:
 NEURON_SUMMARY_TOOLS = ("neuron-explorer", "neuron-profile")
 NEURON_TOOLS_DIR = "/opt/aws/neuron/bin"
 NEURON_SUMMARY_PREFIX = "neuron/summary"
-_SUMMARY_TIMEOUT_S = 300
 
 
 def neuron_summary_tool() -> str | None:
@@ -285,27 +313,41 @@ def is_neuron_session(folder_files: list[str]) -> bool:
     return any(name.endswith((".ntff", ".neff")) for name in folder_files)
 
 
-def neuron_summary(session_dir: str, tool: str) -> dict[str, float]:
-    """`<tool> view -d <session> --output-format summary-json` as {field: number}.
+# A device trace is readable only with the NEFF it was captured from. Their names share a hash:
+# `neff_<hash>[_vnc_<n>].neff` pairs with `<hash>_instid_<i>_vnc_<n>.ntff`. Session traces named
+# `profile_nc_<N>_session_<M>.ntff` carry no hash: they pair with the session's only NEFF.
+_NEFF_HASH = re.compile(r"^neff_([0-9A-Za-z]+?)(?:_vnc_\d+)?\.neff$")
+_NTFF_HASH = re.compile(r"^([0-9A-Za-z]+)_instid_\d+_vnc_\d+\.ntff$")
+NEURON_VIEW_TOOL = NEURON_SUMMARY_TOOLS[0]
 
-    The tool may print log lines before its JSON; the JSON is one object whose single top-level
-    key wraps the metrics. Non-numeric fields are left out; the schema may change between
-    versions, so no field is required. Raises RuntimeError with the tool's output on failure.
-    """
-    command = [tool, "view", "-d", session_dir, "--output-format", "summary-json"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=_SUMMARY_TIMEOUT_S)
-    output = result.stdout
-    start = output.find("{")
-    if result.returncode != 0 or start < 0:
-        raise RuntimeError(f"{' '.join(command)} exited {result.returncode}: {(result.stderr or output)[-500:]}")
-    try:
-        document, _ = json.JSONDecoder().raw_decode(output[start:])
-    except json.JSONDecodeError as error:
-        raise RuntimeError(f"{' '.join(command)} printed no readable JSON: {error}") from error
-    if isinstance(document, dict) and len(document) == 1 and isinstance(next(iter(document.values())), dict):
-        document = next(iter(document.values()))
-    return {
-        key: float(value)
-        for key, value in document.items()
-        if isinstance(value, (int, float)) and not isinstance(value, bool)
-    }
+
+def ntff_pairs(relative_paths: list[str]) -> dict[str, str | None]:
+    """{ntff: the NEFF it pairs with, or None when no NEFF of its folder can be told to be it}."""
+    by_folder: dict[str, list[str]] = {}
+    for path in relative_paths:
+        folder, _, name = path.replace("\\", "/").rpartition("/")
+        by_folder.setdefault(folder, []).append(name)
+    pairs: dict[str, str | None] = {}
+    for folder, names in by_folder.items():
+        neffs = {m.group(1): n for n in names if (m := _NEFF_HASH.match(n))}
+        all_neffs = sorted(n for n in names if n.endswith(".neff"))
+        for name in sorted(n for n in names if n.endswith(".ntff")):
+            match = _NTFF_HASH.match(name)
+            if match:
+                neff = neffs.get(match.group(1))
+            else:
+                neff = all_neffs[0] if len(all_neffs) == 1 else None
+            pairs[_join(folder, name)] = _join(folder, neff) if neff else None
+    return pairs
+
+
+def view_pair_command(neff: str, ntff: str, tool: str = NEURON_VIEW_TOOL) -> list[str]:
+    return [tool, "view", "-n", neff, "-s", ntff]
+
+
+def view_session_command(session_dir: str, tool: str = NEURON_VIEW_TOOL) -> list[str]:
+    return [tool, "view", "-d", session_dir]
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder}/{name}" if folder else name

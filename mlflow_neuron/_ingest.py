@@ -48,15 +48,21 @@ def find_cycles(path: Path) -> list[TraceCycle]:
     if tensorboard:
         return [TraceCycle(p) for p in sorted(tensorboard, key=_tensorboard_time)]
     root = _neuron_root(path)
-    cycles = []
-    for trace in sorted(p for p in path.rglob("*") if p.is_file() and _devices.is_framework_trace(p.name)):
-        session = trace.parent
-        files = tuple(sorted(p for p in session.iterdir() if p.is_file() and not p.is_symlink()))
-        cycles.append(TraceCycle(trace, files, root))
+    traces = sorted(p for p in path.rglob("*") if p.is_file() and _devices.is_framework_trace(p.name))
+    # A session's files: those whose nearest folder with a framework trace is the trace's own. The
+    # older NeuronProfiler puts pytorch_trace.json in the output folder and the runtime's session
+    # folders below it, without a trace of their own.
+    trace_dirs = {t.parent for t in traces}
+    by_dir: dict[Path, list[Path]] = {}
+    for file in (p for p in path.rglob("*") if p.is_file() and not p.is_symlink()):
+        owner = next((d for d in file.parents if d in trace_dirs), None)
+        if owner is not None:
+            by_dir.setdefault(owner, []).append(file)
+    cycles = [TraceCycle(trace, tuple(sorted(by_dir.get(trace.parent, []))), root) for trace in traces]
     if not cycles:
         raise ValueError(
             f"{path}: no chrome trace found (expected a Neuron output folder with trace.json or "
-            f"neuron_framework_trace_rank_<N>.json, *.pt.trace.json[.gz] files, or a trace file)"
+            f"neuron_framework_trace_rank_<N>.json or pytorch_trace.json, *.pt.trace.json[.gz] files, or a trace file)"
         )
     return cycles
 
@@ -148,7 +154,7 @@ def _record_for(cycle: TraceCycle, trace: dict, profile: CycleProfile, step: int
     record.manifest = _record.manifest(found, neuron_dir=f"{step_dir}/neuron", output_dir=str(cycle.root or ""),
                                        trace_source=trace_source, max_file_bytes=max_file_bytes, rank=0)
     summary_tool = _devices.neuron_summary_tool()
-    if summary_tool and cycle.files and _devices.is_neuron_session([f.name for f in cycle.files]):
+    if cycle.files and _devices.is_neuron_session([f.name for f in cycle.files]):
         record.summary_tool, record.summary_sessions = summary_tool, (str(cycle.trace.parent),)
     return record
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import shlex
 import shutil
-import subprocess
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import _devices, _files
+from . import _devices, _files, _neuron_summary
 from ._extract import KERNEL, NOT_PROFILED, OP, PRESENT, CycleProfile
 from ._keys import PREFIX, OpKeys, metric_key, readable_key, total_key
 
@@ -140,14 +140,32 @@ class CycleRecord:
 
 
     def _summary_metrics(self) -> dict[str, float]:
-        metrics = {}
+        """Neuron Explorer's summary of each capture session: the tool's JSON where it runs,
+        else the session's `Summary.parquet` tables (see `_neuron_summary`). The models of all
+        the cycle's sessions are logged together; the flat keys only when there is one model."""
+        everything: dict[str, dict[str, float]] = {}
         for session in self.summary_sessions:
-            try:
-                summary = _devices.neuron_summary(session, self.summary_tool)
-            except (OSError, RuntimeError, subprocess.TimeoutExpired) as error:
-                self.problems.append(("neuron_summary", f"Neuron Explorer summary of {session} failed: {error}"))
-                continue
-            metrics.update({f"{self.summary_prefix}/{readable_key(k)}": v for k, v in summary.items()})
+            models = {}
+            if self.summary_tool:
+                try:
+                    models = _neuron_summary.run_summary_tool(self.summary_tool, session)
+                except _neuron_summary.SummaryError as error:
+                    self.problems.append(("neuron_summary", f"Neuron Explorer summary of {session} failed: {error}"))
+            if not models:
+                try:
+                    models = _neuron_summary.parquet_summaries(session)
+                except _neuron_summary.SummaryError as error:
+                    self.problems.append(("neuron_summary", f"Summary.parquet of {session}: {error}"))
+            repeated = sorted(set(models) & set(everything))
+            if repeated:
+                self.problems.append(("neuron_summary_repeated", f"model(s) {', '.join(repeated)} were summarized "
+                                      f"in several sessions of step {self.step}; the last one's numbers are logged"))
+            everything.update(models)
+        try:
+            metrics = _neuron_summary.summary_metrics(everything, self.summary_prefix)
+        except ValueError as error:  # a bad MLFLOW_NEURON_PERCENT_SCALE
+            self.problems.append(("neuron_summary", str(error)))
+            return {}
         return split_non_finite(metrics)[0]
 
 
@@ -245,19 +263,51 @@ def manifest(
     max_file_bytes: int,
     rank: int,
 ) -> dict:
+    views = neuron_explorer_views(found, neuron_dir)
+    neff_of = {pair["ntff"]: pair["neff"] for pair in views["neuron_pairs"]}
+    files = []
+    for f in found:
+        entry = {
+            "artifact_path": f"{neuron_dir}/{f.relative_path}",
+            "source": str(f.path),
+            "size_bytes": f.size_bytes,
+            "uploaded": f.decision == _files.UPLOAD,
+            "reason": None if f.decision == _files.UPLOAD else f.decision,
+        }
+        if entry["artifact_path"] in neff_of:  # a device trace names the NEFF it can be read with
+            entry["neff"] = neff_of[entry["artifact_path"]]
+        files.append(entry)
     return {
         "rank": rank,
         "profile_output_dir": output_dir,
         "max_file_bytes": max_file_bytes,
         "framework_trace": trace_source,
-        "files": [
+        "files": files,
+        **views,
+    }
+
+
+def neuron_explorer_views(found: list[_files.FoundFile], neuron_dir: str) -> dict:
+    """Each NTFF with its NEFF, and the `neuron-explorer view` command lines that open a pair or
+    a session once `neuron_dir` is downloaded (`mlflow-neuron open`): paths are relative to it."""
+    relative = [f.relative_path for f in found if not f.path.is_symlink()]
+    pairs = _devices.ntff_pairs(relative)
+    sessions = sorted({p.rpartition("/")[0] for p in relative if p.endswith((".ntff", ".neff"))})
+    return {
+        "neuron_views_relative_to": neuron_dir if pairs or sessions else None,
+        "neuron_pairs": [
             {
-                "artifact_path": f"{neuron_dir}/{f.relative_path}",
-                "source": str(f.path),
-                "size_bytes": f.size_bytes,
-                "uploaded": f.decision == _files.UPLOAD,
-                "reason": None if f.decision == _files.UPLOAD else f.decision,
+                "ntff": f"{neuron_dir}/{ntff}",
+                "neff": f"{neuron_dir}/{neff}" if neff else None,
+                "view_command": shlex.join(_devices.view_pair_command(neff, ntff)) if neff else None,
             }
-            for f in found
+            for ntff, neff in sorted(pairs.items())
+        ],
+        "neuron_sessions": [
+            {
+                "artifact_path": f"{neuron_dir}/{session}" if session else neuron_dir,
+                "view_command": shlex.join(_devices.view_session_command(session or ".")),
+            }
+            for session in sessions
         ],
     }

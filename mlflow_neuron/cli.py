@@ -4,6 +4,7 @@
     mlflow-neuron annotate --model NAME --version V --run RUN_ID
     mlflow-neuron ingest PATH [--run-id ID | --experiment NAME --run-name NAME]
     mlflow-neuron sync [--outbox DIR] [--tracking-uri URI]
+    mlflow-neuron open RUN_ID [--step N] [--dest DIR] [--no-launch]
 
 Exit codes: 0 done; 1 the gate failed (compare) or some records were kept (sync); 2 usage error
 (bad arguments, or a run, experiment or model version that does not exist).
@@ -16,7 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import __version__, _outbox
+from . import __version__, _cli_checks, _outbox
 
 
 def sync(outbox: str, tracking_uri: str | None = None, out=None) -> tuple[int, int]:
@@ -136,6 +137,14 @@ def ingest(args: argparse.Namespace, out=None) -> int:
     return 0
 
 
+def open_session(args: argparse.Namespace, out=None) -> int:
+    """Downloads a cycle's Neuron session folder and opens it in Neuron Explorer (or prints how)."""
+    from ._open import download, open_in_explorer
+
+    opened = download(args.run, args.step, args.dest, args.tracking_uri)
+    return open_in_explorer(opened, launch=not args.no_launch, out=out)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlflow-neuron", description="PyTorch profiler results as MLflow data.")
     parser.add_argument("--version", action="version", version=f"mlflow-neuron {__version__}")
@@ -186,6 +195,21 @@ def _parser() -> argparse.ArgumentParser:
     ing.add_argument("--max-file-mb", type=float, default=512, help="larger files are listed, not uploaded")
     ing.add_argument("--tracking-uri")
 
+    opn = commands.add_parser(
+        "open",
+        help="download a cycle's Neuron session folder and open it in Neuron Explorer",
+        description="Download a profiled cycle's Neuron files (profiler/step_<N>/neuron/, layout kept) and run\n"
+        "`neuron-explorer view -d <session>`; without neuron-explorer installed, print that command.\n\n"
+        "example: mlflow-neuron open 0123abcd... --step 4",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    opn.add_argument("run", help="the profiled run's id")
+    opn.add_argument("--step", type=_cli_checks.non_negative_int,
+                     help="profiler cycle (default: the last with Neuron files)")
+    opn.add_argument("--dest", help="download folder (default: ./mlflow-neuron-open/<run id>/step_<N>)")
+    opn.add_argument("--no-launch", action="store_true", help="download and print the command, do not run it")
+    opn.add_argument("--tracking-uri")
+
     ann = commands.add_parser(
         "annotate",
         help="put a run's profile on a registered model version (perf.* tags, description table)",
@@ -213,7 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ._mlflow_runs import RunNotFound
 
     try:
-        return {"compare": compare, "annotate": annotate, "ingest": ingest}[args.command](args)
+        return {"compare": compare, "annotate": annotate, "ingest": ingest, "open": open_session}[args.command](args)
     except (RunNotFound, ValueError) as error:
         message = str(error)
     except MlflowException as error:
