@@ -1,0 +1,105 @@
+"""One run's per-step samples as matrices (pure): a row per profiler step, a column per op.
+
+A run's samples are all its active steps, over all its cycles, in (cycle, step) order;
+`skip_steps=K` leaves out the first K (warm-up that the schedule did not already skip). An op
+missing from a step took 0 in that step. A RunProfile without samples (runs logged before
+per-step samples, API users who build one from an op table) gives one sample: its cycle's sums
+divided by the cycle's active steps, so every number is "per step".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+if TYPE_CHECKING:
+    from ._compare import RunProfile
+
+WRAPPER_PREFIXES = ("ProfilerStep", "Torch-Compiled Region", "## ")
+
+
+@dataclass(frozen=True)
+class StepSamples:
+    """Per-step values of one metric for one run; every frame has one row per kept step."""
+
+    steps: list[tuple[int, int]]  # (cycle, ProfilerStep number) of each row
+    ops: pd.DataFrame  # columns: op names; values: the metric in that step
+    calls: pd.DataFrame  # columns: op names; values: calls in that step
+    total: np.ndarray
+    aten_calls: np.ndarray | None
+    source: str | None
+
+    @property
+    def n(self) -> int:
+        return len(self.steps)
+
+
+def step_samples(profile: "RunProfile", metric: str, skip_steps: int = 0) -> StepSamples:
+    if profile.samples is None:
+        return _single_sample(profile, metric)
+    table = profile.samples
+    totals = profile.step_totals
+    keyed = totals if totals is not None and len(totals) else table
+    keys = sorted({(int(c), int(s)) for c, s in zip(keyed["cycle"], keyed["step"])})
+    if skip_steps >= len(keys):
+        raise ValueError(
+            f"skip_steps={skip_steps} leaves no samples of run {profile.label} (it has {len(keys)} steps)"
+        )
+    keys = keys[skip_steps:]
+    index = pd.MultiIndex.from_tuples(keys, names=["cycle", "step"])
+
+    def per_step(column: str) -> pd.DataFrame:
+        wide = table.pivot_table(index=["cycle", "step"], columns="name", values=column, aggfunc="sum")
+        wide.index = pd.MultiIndex.from_arrays(
+            [wide.index.get_level_values(0).astype(int), wide.index.get_level_values(1).astype(int)]
+        )
+        return wide.reindex(index).fillna(0.0)
+
+    ops = per_step(metric)
+    calls = per_step("calls").reindex(columns=ops.columns, fill_value=0.0)
+    total = ops.sum(axis=1).to_numpy(float)
+    aten = None
+    if totals is not None and len(totals):
+        by_step = totals.assign(cycle=totals["cycle"].astype(int), step=totals["step"].astype(int))
+        by_step = by_step.groupby(["cycle", "step"]).last().reindex(index)
+        if metric in by_step and by_step[metric].notna().all():
+            total = by_step[metric].to_numpy(float)
+        if "aten_calls" in by_step and by_step["aten_calls"].notna().all():
+            aten = by_step["aten_calls"].to_numpy(float)
+    return StepSamples(keys, ops, calls, total, aten, profile.source)
+
+
+def is_wrapper(name: str, annotation: bool | None = None) -> bool:
+    """A range that wraps real ops (a profiler step, a compiled region, a user annotation): never
+    the answer to "which op took the time". Uses ops.json's `annotation` flag when it has one."""
+    if annotation is not None and not pd.isna(annotation):
+        return bool(annotation) or str(name).startswith(WRAPPER_PREFIXES[:2])
+    return str(name).startswith(WRAPPER_PREFIXES)
+
+
+def wrapper_names(ops: pd.DataFrame) -> set[str]:
+    """The names in an ops.json table that are wrapper ranges (see `is_wrapper`)."""
+    flags = ops["annotation"] if "annotation" in ops else [None] * len(ops)
+    return {name for name, flag in zip(ops["name"], flags) if is_wrapper(name, flag)}
+
+
+def _single_sample(profile: "RunProfile", metric: str) -> StepSamples:
+    ops = profile.ops[profile.ops["kind"] == "op"] if "kind" in profile.ops else profile.ops
+    per_step = float(profile.totals.get("active_steps") or 1)
+    times = ops.groupby("name")[metric].sum().astype(float) / per_step
+    calls = ops.groupby("name")["calls"].sum().astype(float) / per_step
+    key = (int(profile.step), int(profile.step))
+    index = pd.MultiIndex.from_tuples([key], names=["cycle", "step"])
+    total = float(profile.totals.get(metric, np.nan)) / per_step
+    aten = profile.totals.get("aten_calls")
+    return StepSamples(
+        [key],
+        pd.DataFrame([times.to_numpy()], index=index, columns=times.index),
+        pd.DataFrame([calls.to_numpy()], index=index, columns=calls.index),
+        np.array([total if not np.isnan(total) else times.sum()]),
+        None if aten is None else np.array([float(aten) / per_step]),
+        profile.source,
+    )
