@@ -204,7 +204,7 @@ def flat(frame: pd.DataFrame) -> pd.DataFrame:
             out[(run, name)] = frame[(run, name)].astype(float).round(3)
         elif name in ("share", "speedup", "ratio", "ratio_low", "ratio_high", "calls"):
             out[(run, name)] = frame[(run, name)].astype(float).round(4)
-        elif name in ("n", "outliers"):
+        if name == "calls" and out[(run, name)].dropna().map(float.is_integer).all() or name in ("n", "outliers"):
             out[(run, name)] = frame[(run, name)].astype("Int64")
     out.columns = [f"{run}/{name}" for run, name in frame.columns]
     return out.reset_index()

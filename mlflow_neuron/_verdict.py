@@ -68,6 +68,8 @@ def _percents(*ratios: float) -> list[str]:
     values = [(r - 1) * 100 for r in ratios]
     finite = [abs(v) for v in values if math.isfinite(v)]
     decimals = 0 if finite and max(finite) >= 10 else 1
+    while decimals < 2 and any(v and round(v, decimals) == 0 for v in finite):
+        decimals += 1  # "−0.4%" rather than a bound that reads "+0%"
     return [_signed(v, decimals) for v in values]
 
 
