@@ -145,15 +145,19 @@ def compare(
         noise_pct=noise_pct,
         confidence=_stats.CONFIDENCE,
         method="Hodges-Lehmann ratio of per-step samples with Moses' distribution-free 95% interval",
-        outliers=_outliers(samples, order),
-        samples={label: _plotted(s, order[:PLOTTED_OPS]) for label, s in samples.items()},
-        sample_steps={label: [list(key) for key in s.steps] for label, s in samples.items()},
         wrappers=sorted(_wrappers(profiles) & set(order)),
     )
     from ._verdict import sentence  # the wording reads the finished frame
 
-    frame.attrs["verdicts"] = {label: frame.loc[TOTAL, (label, "verdict")] for label in samples if label != base.label}
-    frame.attrs["sentences"] = {label: sentence(frame, label) for label in samples if label != base.label}
+    others = [label for label in samples if label != base.label]
+    frame.attrs["verdicts"] = {label: frame.loc[TOTAL, (label, "verdict")] for label in others}
+    frame.attrs["sentences"] = {label: sentence(frame, label) for label in others}
+    # Added last: pandas deep-copies attrs on every operation, so the bulky ones come after.
+    frame.attrs.update(
+        outliers=_outliers(samples, order),
+        samples={label: _plotted(s, order[:PLOTTED_OPS]) for label, s in samples.items()},
+        sample_steps={label: [list(key) for key in s.steps] for label, s in samples.items()},
+    )
     return frame
 
 
@@ -213,16 +217,16 @@ def flat(frame: pd.DataFrame) -> pd.DataFrame:
 def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base: bool, noise_pct: float) -> dict:
     """One run's column group: per op in `order`, then the TOTAL."""
     cols = {name: [] for name in FIELDS}
-    total_median = float(np.median(run.total))
-    rows = [(op, run.ops[op].to_numpy() if op in run.ops else None, base.ops[op].to_numpy() if op in base.ops else None,
-             float(run.calls[op].median()) if op in run.calls else np.nan) for op in order]  # fmt: skip
+    total_median = _median(run.total)
+    times, base_times, calls = _columns(run.ops), _columns(base.ops), _columns(run.calls)
+    rows = [(op, times.get(op), base_times.get(op), _median(calls[op]) if op in calls else np.nan) for op in order]
     rows.append((TOTAL, run.total, base.total, np.nan))
-    for op, values, base_values, calls in rows:
-        median = float(np.median(values)) if values is not None else np.nan
-        base_median = float(np.median(base_values)) if base_values is not None else np.nan
+    for op, values, base_values, op_calls in rows:
+        median = _median(values) if values is not None else np.nan
+        base_median = _median(base_values) if base_values is not None else np.nan
         estimate, verdict = _judge(base_values, values, is_base, noise_pct)
         cols["time_us"].append(median)
-        cols["calls"].append(calls)
+        cols["calls"].append(op_calls)
         cols["share"].append(median / total_median if total_median else np.nan)
         cols["delta_us"].append(median - base_median)
         cols["speedup"].append(base_median / median if median else np.nan)
@@ -233,6 +237,18 @@ def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base:
         cols["ratio_high"].append(estimate.high if estimate and estimate.has_interval else np.nan)
         cols["verdict"].append(verdict)
     return cols
+
+
+def _columns(table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """A frame's columns as arrays, read once (per-column pandas access dominates otherwise)."""
+    values = table.to_numpy(float)
+    return {name: values[:, i] for i, name in enumerate(table.columns)}
+
+
+def _median(values: np.ndarray) -> float:
+    ordered = np.sort(values)  # np.median costs ~10x more on a handful of samples
+    half = len(ordered) // 2
+    return float(ordered[half]) if len(ordered) % 2 else float(ordered[half - 1] + ordered[half]) / 2
 
 
 def _judge(base_values, values, is_base: bool, noise_pct: float) -> tuple[_stats.RatioEstimate | None, str]:
@@ -272,9 +288,11 @@ def _row_numbers(frame: pd.DataFrame, run: str, op: str) -> tuple[float, ...]:
 def _outliers(samples: dict[str, StepSamples], order: list[str]) -> list[dict]:
     found = []
     for label, run in samples.items():
-        series = [(op, run.ops[op].to_numpy()) for op in order if op in run.ops] + [(TOTAL, run.total)]
-        for op, values in series:
-            median = float(np.median(values))
+        if run.n < _stats.MIN_OUTLIER_SAMPLES:
+            continue
+        times = _columns(run.ops)
+        for op, values in [*((op, times[op]) for op in order if op in times), (TOTAL, run.total)]:
+            median = _median(values)
             for index in np.flatnonzero(_stats.outlier_mask(values)):
                 cycle, step = run.steps[index]
                 found.append({

@@ -89,17 +89,14 @@ def wrapper_names(ops: pd.DataFrame) -> set[str]:
 def _single_sample(profile: "RunProfile", metric: str) -> StepSamples:
     ops = profile.ops[profile.ops["kind"] == "op"] if "kind" in profile.ops else profile.ops
     per_step = float(profile.totals.get("active_steps") or 1)
-    times = ops.groupby("name")[metric].sum().astype(float) / per_step
-    calls = ops.groupby("name")["calls"].sum().astype(float) / per_step
-    key = (int(profile.step), int(profile.step))
-    index = pd.MultiIndex.from_tuples([key], names=["cycle", "step"])
+    sums = ops.groupby("name")[[metric, "calls"]].sum().astype(float) / per_step
     total = float(profile.totals.get(metric, np.nan)) / per_step
     aten = profile.totals.get("aten_calls")
     return StepSamples(
-        [key],
-        pd.DataFrame([times.to_numpy()], index=index, columns=times.index),
-        pd.DataFrame([calls.to_numpy()], index=index, columns=calls.index),
-        np.array([total if not np.isnan(total) else times.sum()]),
+        [(int(profile.step), int(profile.step))],
+        pd.DataFrame(sums[metric].to_numpy()[None, :], columns=sums.index),
+        pd.DataFrame(sums["calls"].to_numpy()[None, :], columns=sums.index),
+        np.array([total if not np.isnan(total) else sums[metric].sum()]),
         None if aten is None else np.array([float(aten) / per_step]),
         profile.source,
     )

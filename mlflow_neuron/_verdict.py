@@ -99,14 +99,13 @@ def _largest_part_of_change(frame: pd.DataFrame, run: str) -> str:
     if not total_change or pd.isna(total_change):
         return ""
     wrappers = set(frame.attrs.get("wrappers", []))
-    ops = [op for op in frame.index if op != TOTAL and op not in wrappers]
-    if not ops:
+    run_times = np.nan_to_num(frame[(run, "time_us")].to_numpy(float))  # NaN: the op is not in that run
+    base_times = np.nan_to_num(frame[(base, "time_us")].to_numpy(float))
+    changes = (run_times - base_times) * np.sign(total_change)
+    best, best_change = None, 0.0
+    for op, change in zip(frame.index, changes):
+        if op != TOTAL and op not in wrappers and change > best_change:  # ties: the first, in frame order
+            best, best_change = op, change
+    if best is None:
         return ""
-    changes = (frame.loc[ops, (run, "time_us")].fillna(0) - frame.loc[ops, (base, "time_us")].fillna(0)) * np.sign(
-        total_change
-    )
-    op = changes.idxmax()  # the first of equal ones: the frame's order is deterministic
-    if changes[op] <= 0:
-        return ""
-    share = changes[op] / abs(total_change) * 100
-    return f"{short_name(op)} accounts for {share:.0f}% of the change"
+    return f"{short_name(best)} accounts for {best_change / abs(total_change) * 100:.0f}% of the change"
