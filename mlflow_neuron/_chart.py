@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from ._compare import FASTER, SLOWER, TOO_FEW
+from ._compare import FASTER, SLOWER, TOO_FEW, TOTAL
 
 VERDICT_COLORS = {FASTER: "#1a7f37", SLOWER: "#b3261e", TOO_FEW: "#c77c00"}
 _ROW_GAP = 1  # empty row between ops
@@ -20,7 +20,7 @@ def row_of(op_index: int, run_index: int, runs: int) -> float:
 
 
 def draw_samples(ax, frame, ops: list[str], runs: list[str], labels: dict[str, str]) -> None:
-    samples, steps = frame.attrs["samples"], frame.attrs["sample_steps"]
+    samples = frame.attrs["samples"]
     shown = [v for run in runs for op in ops for v in samples[run].get(op, []) if v > 0]
     floor = min(shown) / 2 if shown else 1.0
     outliers = {(o["run"], o["op"], o["cycle"], o["step"]): o for o in frame.attrs.get("outliers", [])}
@@ -39,7 +39,8 @@ def draw_samples(ax, frame, ops: list[str], runs: list[str], labels: dict[str, s
                 ax.scatter(*zip(*zeros), s=20, facecolors="none", edgecolors=f"C{j}")
             median = sorted(values)[len(values) // 2] if len(values) % 2 else _mid(sorted(values))
             ax.plot([max(median, floor)] * 2, [y - 0.38, y + 0.38], color="black", linewidth=2)
-            for (cycle, step), value, yy in zip(steps[run], values, spread):
+            steps = frame.attrs["sample_steps" if op == TOTAL else "op_sample_steps"][run]
+            for (cycle, step), value, yy in zip(steps, values, spread):
                 found = outliers.get((run, op, cycle, step))
                 if found:
                     ax.scatter([max(value, floor)], [yy], marker="x", s=60, color="#b3261e", zorder=3)

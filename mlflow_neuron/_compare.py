@@ -15,7 +15,9 @@ profiler step, over all of a run's active steps (see `_samples`):
 `frame.attrs` (JSON-serializable) adds: the metric and any fallback, the baseline, runs, n,
 samples sources, ATen calls per step, `outliers` (each one named: run, op, cycle, step, value,
 times the median), `sentences` (the verdict in words, per run), `verdicts` (the TOTAL's), and
-`samples` / `sample_steps` (the samples of the TOTAL and the top ops, for plots).
+`samples` (of the TOTAL and the top ops, for plots) with their (cycle, step) in `sample_steps`
+(the TOTAL's) and `op_sample_steps` (the ops'; they differ only where per-op samples are cycle
+averages).
 
 Device time is compared when every run has some; otherwise all runs are compared on self CPU time
 and the frame says so in `attrs`: device and CPU microseconds are never mixed in one table.
@@ -157,6 +159,7 @@ def compare(
         outliers=_outliers(samples, order),
         samples={label: _plotted(s, order[:PLOTTED_OPS]) for label, s in samples.items()},
         sample_steps={label: [list(key) for key in s.steps] for label, s in samples.items()},
+        op_sample_steps={label: [list(key) for key in s.op_keys] for label, s in samples.items()},
     )
     return frame
 
@@ -230,7 +233,7 @@ def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base:
         cols["share"].append(median / total_median if total_median else np.nan)
         cols["delta_us"].append(median - base_median)
         cols["speedup"].append(base_median / median if median else np.nan)
-        cols["n"].append(run.n)
+        cols["n"].append(run.n if op == TOTAL else len(run.op_keys))
         cols["outliers"].append(int(_stats.outlier_mask(values).sum()) if values is not None else 0)
         cols["ratio"].append(estimate.ratio if estimate else np.nan)
         cols["ratio_low"].append(estimate.low if estimate and estimate.has_interval else np.nan)
@@ -288,13 +291,14 @@ def _row_numbers(frame: pd.DataFrame, run: str, op: str) -> tuple[float, ...]:
 def _outliers(samples: dict[str, StepSamples], order: list[str]) -> list[dict]:
     found = []
     for label, run in samples.items():
-        if run.n < _stats.MIN_OUTLIER_SAMPLES:
-            continue
         times = _columns(run.ops)
-        for op, values in [*((op, times[op]) for op in order if op in times), (TOTAL, run.total)]:
+        series = [*((op, times[op], run.op_keys) for op in order if op in times), (TOTAL, run.total, run.steps)]
+        for op, values, keys in series:
+            if len(values) < _stats.MIN_OUTLIER_SAMPLES:
+                continue
             median = _median(values)
             for index in np.flatnonzero(_stats.outlier_mask(values)):
-                cycle, step = run.steps[index]
+                cycle, step = keys[index]
                 found.append({
                     "run": label, "op": op, "cycle": cycle, "step": step,
                     "value_us": round(float(values[index]), 3), "median_us": round(median, 3),

@@ -18,23 +18,35 @@ import pandas as pd
 if TYPE_CHECKING:
     from ._compare import RunProfile
 
+SAMPLES_FROM_METRICS = "metrics"  # as in _compare (imported there from here would be a cycle)
+
 WRAPPER_PREFIXES = ("ProfilerStep", "Torch-Compiled Region", "## ")
 
 
 @dataclass(frozen=True)
 class StepSamples:
-    """Per-step values of one metric for one run; every frame has one row per kept step."""
+    """Per-step values of one metric for one run.
 
-    steps: list[tuple[int, int]]  # (cycle, ProfilerStep number) of each row
+    `ops` and `calls` have one row per entry of `op_steps`; `total` and `aten_calls` one per entry
+    of `steps`. The two differ only for runs whose per-op samples are cycle averages (samples
+    from metrics: per-step totals, one per-op sample per cycle).
+    """
+
+    steps: list[tuple[int, int]]  # (cycle, ProfilerStep number) of each total
     ops: pd.DataFrame  # columns: op names; values: the metric in that step
     calls: pd.DataFrame  # columns: op names; values: calls in that step
     total: np.ndarray
     aten_calls: np.ndarray | None
     source: str | None
+    op_steps: list[tuple[int, int]] | None = None  # None: the same as `steps`
 
     @property
     def n(self) -> int:
         return len(self.steps)
+
+    @property
+    def op_keys(self) -> list[tuple[int, int]]:
+        return self.steps if self.op_steps is None else self.op_steps
 
 
 def step_samples(profile: "RunProfile", metric: str, skip_steps: int = 0) -> StepSamples:
@@ -43,13 +55,17 @@ def step_samples(profile: "RunProfile", metric: str, skip_steps: int = 0) -> Ste
     table = profile.samples
     totals = profile.step_totals
     keyed = totals if totals is not None and len(totals) else table
-    keys = sorted({(int(c), int(s)) for c, s in zip(keyed["cycle"], keyed["step"])})
+    keys = _keys(keyed)
     if skip_steps >= len(keys):
         raise ValueError(
             f"skip_steps={skip_steps} leaves no samples of run {profile.label} (it has {len(keys)} steps)"
         )
     keys = keys[skip_steps:]
-    index = pd.MultiIndex.from_tuples(keys, names=["cycle", "step"])
+    op_keys = keys
+    if profile.source == SAMPLES_FROM_METRICS:  # one per-op sample per cycle, with any kept step
+        kept_cycles = {cycle for cycle, _ in keys}
+        op_keys = [key for key in _keys(table) if key[0] in kept_cycles]
+    index = pd.MultiIndex.from_tuples(op_keys, names=["cycle", "step"])
 
     def per_step(column: str) -> pd.DataFrame:
         wide = table.pivot_table(index=["cycle", "step"], columns="name", values=column, aggfunc="sum")
@@ -64,12 +80,16 @@ def step_samples(profile: "RunProfile", metric: str, skip_steps: int = 0) -> Ste
     aten = None
     if totals is not None and len(totals):
         by_step = totals.assign(cycle=totals["cycle"].astype(int), step=totals["step"].astype(int))
-        by_step = by_step.groupby(["cycle", "step"]).last().reindex(index)
+        by_step = by_step.groupby(["cycle", "step"]).last().reindex(pd.MultiIndex.from_tuples(keys))
         if metric in by_step and by_step[metric].notna().all():
             total = by_step[metric].to_numpy(float)
         if "aten_calls" in by_step and by_step["aten_calls"].notna().all():
             aten = by_step["aten_calls"].to_numpy(float)
-    return StepSamples(keys, ops, calls, total, aten, profile.source)
+    return StepSamples(keys, ops, calls, total, aten, profile.source, None if op_keys is keys else op_keys)
+
+
+def _keys(table: pd.DataFrame) -> list[tuple[int, int]]:
+    return sorted({(int(c), int(s)) for c, s in zip(table["cycle"], table["step"])})
 
 
 def is_wrapper(name: str, annotation: bool | None = None) -> bool:

@@ -79,6 +79,23 @@ def test_an_old_run_counts_per_step_by_its_active_steps():
     assert frame.loc["x", ("old", "time_us")] == 100.0 and frame.attrs["aten_calls"] == {"old": 2}
 
 
+def test_runs_whose_per_op_samples_are_cycle_averages_keep_per_step_totals():
+    # Samples from metrics (steps.json gone): one per-op sample per cycle, totals per step.
+    def run(label, scale):
+        samples = pd.DataFrame([{"cycle": c, "step": c - 1, "name": "k", "calls": 1.0, "self_device_time_us": 50.0 * scale * (1 + (c == 10) * 0.04),
+                                 "self_cpu_time_us": 1.0} for c in (5, 10)])  # fmt: skip
+        totals = pd.DataFrame([{"cycle": c, "step": s, "self_device_time_us": 50.0 * scale * j, "self_cpu_time_us": 1.0,
+                                "aten_calls": 1.0} for c in (5, 10) for s, j in zip(range(c - 5, c), JITTER)])  # fmt: skip
+        return RunProfile(label, label, 10, samples.assign(kind="op"), {}, "neuron", "present",
+                          samples=samples, step_totals=totals, source="metrics")  # fmt: skip
+
+    frame = compare([run("a", 1.0), run("b", 1.5)], skip_steps=1)
+    assert frame.loc["k", ("b", "time_us")] == pytest.approx(76.5) and frame.loc["k", ("b", "n")] == 2  # not diluted by zeros
+    assert frame.loc[TOTAL, ("b", "n")] == 9 and frame.loc[TOTAL, ("b", "verdict")] == "slower"
+    assert frame.loc["k", ("b", "verdict")] == "too few samples"
+    assert frame.attrs["op_sample_steps"]["b"] == [[5, 4], [10, 9]] and len(frame.attrs["sample_steps"]["b"]) == 9
+
+
 def test_a_run_without_device_time_switches_every_run_to_cpu_time_and_says_so():
     frame = compare([profile_of("a", {"x": 100.0}), profile_of("b", {"x": 50.0}, device_time="missing")])
     assert frame.attrs["metric"] == "self_cpu_time_us"
