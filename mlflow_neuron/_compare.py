@@ -168,8 +168,8 @@ def regressions(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> lis
     """Ops (and the TOTAL) whose whole 95% interval of run / baseline lies above +`percent`.
 
     A point estimate over the line is not enough: per-step noise and stalls move it, and the
-    interval says by how much. Ops under `min_us` (median) in both runs are left out; the TOTAL
-    is always checked. Rows with too few samples for an interval never fail (see `unchecked`).
+    interval says by how much. Ops under `min_us` (median) in both runs, and wrapper ranges, are
+    left out; the TOTAL is always checked. Rows with too few samples for an interval never fail (see `unchecked`).
     """
     found = []
     for run, op, row in _gated_rows(frame, min_us):
@@ -270,11 +270,15 @@ def _judge(base_values, values, is_base: bool, noise_pct: float) -> tuple[_stats
 
 
 def _gated_rows(frame: pd.DataFrame, min_us: float):
-    base = frame.attrs["baseline"]
+    """Rows the gate checks: real ops and the TOTAL. Wrapper ranges (ProfilerStep*, compiled
+    regions, user annotations) are left out: their own time is bookkeeping, and the TOTAL has it."""
+    base, wrappers = frame.attrs["baseline"], set(frame.attrs.get("wrappers", []))
     for run in frame.columns.get_level_values("run").unique():
         if run == base:
             continue
         for op in frame.index:
+            if op in wrappers:
+                continue
             row = frame[run].loc[op]
             largest = np.fmax(row["time_us"], frame.loc[op, (base, "time_us")])  # NaN: not in that run
             if op != TOTAL and not largest >= min_us:

@@ -2,7 +2,10 @@
 
 Tags (`perf.*`, string values: registry tags are searchable with `=`/`LIKE`) and a short markdown
 table in the description, between markers, so re-annotating replaces its own block and leaves
-the user's text alone. Annotating twice gives the same version.
+the user's text alone. Annotating twice gives the same version. Numbers are medians per profiled
+step; `perf.top_op` names a real op, never a wrapper range. With a baseline run the version also
+gets `perf.verdict` and the verdict in words. `describe_run` puts a comparison's verdicts into a
+run's description the same way.
 """
 
 from __future__ import annotations

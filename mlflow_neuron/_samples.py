@@ -94,10 +94,11 @@ def _keys(table: pd.DataFrame) -> list[tuple[int, int]]:
 
 def is_wrapper(name: str, annotation: bool | None = None) -> bool:
     """A range that wraps real ops (a profiler step, a compiled region, a user annotation): never
-    the answer to "which op took the time". Uses ops.json's `annotation` flag when it has one."""
-    if annotation is not None and not pd.isna(annotation):
-        return bool(annotation) or str(name).startswith(WRAPPER_PREFIXES[:2])
-    return str(name).startswith(WRAPPER_PREFIXES)
+    the answer to "which op took the time". ops.json's `annotation` flag, where it has one, adds
+    to the name patterns; it does not replace them (torch.compile's `## Call CompiledFxGraph ##`
+    ranges come through unflagged)."""
+    flagged = annotation is not None and not pd.isna(annotation) and bool(annotation)
+    return flagged or str(name).startswith(WRAPPER_PREFIXES)
 
 
 def wrapper_names(ops: pd.DataFrame) -> set[str]:

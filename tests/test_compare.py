@@ -222,13 +222,15 @@ def test_renderings_are_self_contained_and_show_samples_and_outliers(tmp_path):
 
 
 def test_wrappers_are_never_named_as_the_op_behind_a_change():
-    ops = pd.DataFrame({"name": ["ProfilerStep#3", "aten::mm", "my_block"], "annotation": [None, False, True]})
-    assert wrapper_names(ops) == {"ProfilerStep#3", "my_block"}
+    ops = pd.DataFrame({"name": ["ProfilerStep#3", "aten::mm", "my_block", "## Call CompiledFxGraph x ##"],
+                        "annotation": [None, False, True, False]})  # fmt: skip
+    assert wrapper_names(ops) == {"ProfilerStep#3", "my_block", "## Call CompiledFxGraph x ##"}
     assert is_wrapper("## Call CompiledFxGraph abc ##") and is_wrapper("Torch-Compiled Region: 0/0")
     assert not is_wrapper("aten::mul")
     frame = compare([stepped("a", {"Torch-Compiled Region: 0/0": [500.0] * 4, "aten::mm": [50.0] * 4}),
                      stepped("b", {"Torch-Compiled Region: 0/0": [900.0] * 4, "aten::mm": [60.0] * 4})])
     assert top_ops(frame, "b") == ["aten::mm"]
+    assert {r.op for r in regressions(frame, 10)} == {"aten::mm", TOTAL}  # the region is in the TOTAL
     assert "aten::mm accounts for 2% of the change" in frame.attrs["sentences"]["b"]
 
 
