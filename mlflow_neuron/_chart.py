@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from matplotlib.ticker import FuncFormatter
+
 from ._compare import FASTER, SLOWER, TOO_FEW, TOTAL
 
 VERDICT_COLORS = {FASTER: "#1a7f37", SLOWER: "#b3261e", TOO_FEW: "#c77c00"}
@@ -40,13 +42,16 @@ def draw_samples(ax, frame, ops: list[str], runs: list[str], labels: dict[str, s
             median = sorted(values)[len(values) // 2] if len(values) % 2 else _mid(sorted(values))
             ax.plot([max(median, floor)] * 2, [y - 0.38, y + 0.38], color="black", linewidth=2)
             steps = frame.attrs["sample_steps" if op == TOTAL else "op_sample_steps"][run]
-            for (cycle, step), value, yy in zip(steps, values, spread):
-                found = outliers.get((run, op, cycle, step))
-                if found:
-                    ax.scatter([max(value, floor)], [yy], marker="x", s=60, color="#b3261e", zorder=3)
-                    size = f"{found['times_median']:g}x" if found["times_median"] else "median 0"
-                    ax.annotate(f"step {step}: {size}", (max(value, floor), yy), fontsize=7, color="#b3261e",
-                                xytext=(4, 3), textcoords="offset points")  # fmt: skip
+            marked = [(value, yy, outliers[(run, op, *key)]) for key, value, yy in zip(map(tuple, steps), values, spread)
+                      if (run, op, *key) in outliers]  # fmt: skip
+            for value, yy, _ in marked:
+                ax.scatter([max(value, floor)], [yy], marker="x", s=60, color="#b3261e", zorder=3)
+            if marked:  # one label per row (its largest outlier) stays readable; the HTML lists all
+                value, yy, found = max(marked, key=lambda m: m[0])
+                size = f"{found['times_median']:g}x" if found["times_median"] else "median 0"
+                more = f" (+{len(marked) - 1})" if len(marked) > 1 else ""
+                ax.annotate(f"step {found['step']}: {size}{more}", (max(value, floor), yy), fontsize=7,
+                            color="#b3261e", xytext=(4, 3), textcoords="offset points")  # fmt: skip
     _op_ticks(ax, ops, runs, labels)
     ax.set_xscale("log")
     ax.margins(x=0.12)  # room for the outlier labels
@@ -75,6 +80,10 @@ def draw_ratios(ax, frame, ops: list[str], runs: list[str]) -> None:
             ax.annotate(f"{run} {ratio:.2f} {row['verdict']}", (ratio, y), fontsize=7, color=color,
                         xytext=(5, -9), textcoords="offset points")  # fmt: skip
     ax.set_xscale("log")
+    plain = FuncFormatter(lambda x, _: f"{x:g}")  # "2", not "2x10^0"
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.set_xlabel(f"run / {base} (95% interval; grey band: +-noise)")
     ax.set_title("ratio to the baseline", fontsize=10)
 

@@ -49,7 +49,7 @@ class StepSamples:
         return self.steps if self.op_steps is None else self.op_steps
 
 
-def step_samples(profile: "RunProfile", metric: str, skip_steps: int = 0) -> StepSamples:
+def step_samples(profile: RunProfile, metric: str, skip_steps: int = 0) -> StepSamples:
     if profile.samples is None:
         return _single_sample(profile, metric)
     table = profile.samples
@@ -107,7 +107,7 @@ def wrapper_names(ops: pd.DataFrame) -> set[str]:
     return {name for name, flag in zip(ops["name"], flags) if is_wrapper(name, flag)}
 
 
-def _single_sample(profile: "RunProfile", metric: str) -> StepSamples:
+def _single_sample(profile: RunProfile, metric: str) -> StepSamples:
     ops = profile.ops[profile.ops["kind"] == "op"] if "kind" in profile.ops else profile.ops
     per_step = float(profile.totals.get("active_steps") or 1)
     sums = ops.groupby("name")[[metric, "calls"]].sum().astype(float) / per_step
