@@ -263,18 +263,21 @@ def _resolve_one(client: MlflowClient, name: str, experiment_id: str | None) -> 
             return client.get_run(client.get_model_version(parts[0], parts[1]).run_id)
         except MlflowException as error:
             raise RunNotFound(f"{name}: {error.message}") from error
-    if _RUN_ID.match(name):
+    looks_like_id = bool(_RUN_ID.match(name))
+    if looks_like_id:
         try:
             return client.get_run(name)
         except MlflowException:
             pass  # a run *named* like an id: look it up by name below
     if experiment_id is None:
+        if looks_like_id:
+            raise RunNotFound(f"no such run: {name}")
         raise RunNotFound(f"run {name!r} is not a run id; give --experiment to look it up by name")
     found = client.search_runs(
         [experiment_id], filter_string=f"attributes.run_name = '{_quote(name)}'", order_by=["attributes.start_time DESC"]
     )
     if not found:
-        raise RunNotFound(f"no run named {name!r} in the experiment")
+        raise RunNotFound(f"no such run: {name}" if looks_like_id else f"no run named {name!r} in the experiment")
     return found[0]
 
 

@@ -1,7 +1,10 @@
 """A comparison frame for people: text, markdown, CSV, JSON, a PNG chart, a self-contained HTML page.
 
-The HTML page inlines its data, styles and chart (a data URI), with no scripts or links: the MLflow
-UI shows HTML artifacts in a sandboxed iframe where links to other artifacts do not resolve.
+Tables show medians per step, the ratio to the baseline with its 95% interval, the verdict, n and
+outliers; below them every outlier by name and the verdict in words. Displays shorten generated
+names (`CompiledFxGraph f7xp…`); CSV and JSON keep the full names. The HTML page inlines its data,
+styles and chart (a data URI), with no scripts or links: the MLflow UI shows HTML artifacts in a
+sandboxed iframe where links to other artifacts do not resolve.
 """
 
 from __future__ import annotations
@@ -14,35 +17,77 @@ from pathlib import Path
 
 import pandas as pd
 
-from ._compare import TOTAL, flat, summary
+from ._compare import FASTER, NO_CHANGE, SLOWER, TOO_FEW, TOTAL, flat
+from ._verdict import short_names
+
+SHOWN_OUTLIERS = 20
+METHOD_NOTE = (
+    "Each run's samples are its profiled steps, over all cycles. Times are medians per step. "
+    "The ratio is run / baseline (Hodges–Lehmann: the median of all pairwise ratios), with a "
+    "distribution-free 95% interval (Moses, from the exact Mann–Whitney distribution). "
+    "Verdict: faster or slower when the whole interval is on one side of 1.0 and the change is at "
+    "least the noise threshold; no change otherwise; too few samples when no 95% interval exists "
+    "(fewer than 4 steps per run, or single samples from runs logged before per-step samples). "
+    "The gate (--fail-if-slower PCT) fails only when the whole interval lies above +PCT. "
+    "Outliers: steps outside [Q1 − 3·IQR, Q3 + 3·IQR] of their own run (IQR at least 1% of the "
+    "median); they stay in the samples and are named, never dropped."
+)
 
 
-def _number(value: float) -> str:
+def _number(value) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value:,.2f}"
 
 
+def _count(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def heading(frame: pd.DataFrame) -> str:
-    text = f"self {'device' if frame.attrs['metric'] == 'self_device_time_us' else 'CPU'} time (us) per op, baseline {frame.attrs['baseline']}"
+    what = "device" if frame.attrs["metric"] == "self_device_time_us" else "CPU"
+    text = f"median self {what} time per step (us) per op, baseline {frame.attrs['baseline']}"
+    if frame.attrs.get("skip_steps"):
+        text += f", first {frame.attrs['skip_steps']} step(s) of each run left out"
     return f"{text}; {frame.attrs['fallback']}" if frame.attrs.get("fallback") else text
 
 
+def table(frame: pd.DataFrame, top: int | None = 15) -> pd.DataFrame:
+    """The display table (strings): per op the baseline's median, and per run its median, ratio
+    with its 95% interval and verdict; then TOTAL, n, outliers and ATen calls per step."""
+    base = frame.attrs["baseline"]
+    runs = list(frame.columns.get_level_values("run").unique())
+    ops = [op for op in frame.index if op != TOTAL][:top]
+    outliers = {run: sum(1 for o in frame.attrs.get("outliers", []) if o["run"] == run) for run in runs}
+    columns: dict[str, list[str]] = {}
+    for run in runs:
+        columns[run] = [_number(frame.loc[op, (run, "time_us")]) for op in [*ops, TOTAL]]
+        columns[run] += [_count(frame.attrs["n"][run]), str(outliers[run]), _count(frame.attrs["aten_calls"][run])]
+        if run == base:
+            continue
+        columns[f"{run} ratio (95% CI)"] = [_ratio_cell(frame.loc[op, run]) for op in [*ops, TOTAL]] + ["", "", ""]
+        columns[f"{run} verdict"] = [str(frame.loc[op, (run, "verdict")]) for op in [*ops, TOTAL]] + ["", "", ""]
+    index = [*short_names(ops), TOTAL, "n (steps)", "outliers", "ATen calls per step"]
+    return pd.DataFrame(columns, index=index)
+
+
 def text(frame: pd.DataFrame, top: int | None = 15) -> str:
-    return f"{heading(frame)}\n{summary(frame, top).to_string(float_format=_number, na_rep='-')}"
+    return "\n".join([heading(frame), table(frame, top).to_string(), *_notes(frame)])
 
 
 def markdown(frame: pd.DataFrame, top: int | None = 15) -> str:
-    table = summary(frame, top)
+    shown = table(frame, top)
     lines = [
         f"_{heading(frame)}_",
         "",
-        "| op | " + " | ".join(map(str, table.columns)) + " |",
-        "|---|" + "---:|" * len(table.columns),
+        "| op | " + " | ".join(map(str, shown.columns)) + " |",
+        "|---|" + "---:|" * len(shown.columns),
     ]
-    for op, row in table.iterrows():
-        lines.append(f"| `{op}` | " + " | ".join(_number(v) for v in row) + " |")
-    return "\n".join(lines)
+    for op, row in shown.iterrows():
+        lines.append(f"| `{op}` | " + " | ".join(row) + " |")
+    return "\n".join([*lines, *_notes(frame)])
 
 
 def csv(frame: pd.DataFrame) -> str:
@@ -54,28 +99,59 @@ def as_json(frame: pd.DataFrame) -> str:
     return json.dumps({**frame.attrs, "rows": rows}, indent=1, default=str)
 
 
-def png(frame: pd.DataFrame, path: Path, top: int = 12) -> Path:
-    """Per-op time by run (grouped bars) and the runs' totals, rendered headless."""
+def outlier_lines(frame: pd.DataFrame, limit: int = SHOWN_OUTLIERS) -> list[str]:
+    """Every outlier by run, step and op, with its size against its run's median; largest first."""
+    found = sorted(frame.attrs.get("outliers", []), key=lambda o: -(o["times_median"] or math.inf))
+    names = dict(zip(frame.index, short_names(list(frame.index))))
+    lines = [
+        f"{o['run']} step {o['step']} (cycle {o['cycle']}) {names.get(o['op'], o['op'])}: {o['value_us']:,.3f} us, "
+        + (f"{o['times_median']:g}x its median {o['median_us']:,.3f} us" if o["times_median"] else "median 0")
+        for o in found[:limit]
+    ]
+    if len(found) > limit:
+        lines.append(f"... and {len(found) - limit} more (all in the JSON output)")
+    return lines
+
+
+def _notes(frame: pd.DataFrame) -> list[str]:
+    notes = []
+    outliers = outlier_lines(frame)
+    if outliers:
+        notes += ["", "outliers (kept in the samples):", *(f"  {line}" for line in outliers)]
+    if frame.attrs.get("sentences"):
+        notes += ["", *frame.attrs["sentences"].values()]
+    return notes
+
+
+def _ratio_cell(row: pd.Series) -> str:
+    if pd.isna(row["ratio"]):
+        return "-"
+    if row["verdict"] == TOO_FEW:
+        return f"{row['ratio']:.2f} [no CI]"
+    if row["ratio_low"] == row["ratio_high"]:
+        return f"{row['ratio']:.2f} [exact]"
+    return f"{row['ratio']:.2f} [{row['ratio_low']:.2f}–{row['ratio_high']:.2f}]"
+
+
+def png(frame: pd.DataFrame, path: Path, top: int = 8) -> Path:
+    """Left: every per-step sample (strip points) with the median, outliers marked and labelled,
+    on a log axis so one stall cannot squash the rest. Right: run / baseline with its 95%
+    interval per op, the noise band shaded."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    times = frame.xs("time_us", axis=1, level="field")
-    ops = times.drop(index=TOTAL).iloc[:top].iloc[::-1]
-    runs = list(times.columns)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(ops) + 2.5), width_ratios=[3, 1])
-    height = 0.8 / max(len(runs), 1)
-    for index, run in enumerate(runs):
-        positions = [i + index * height for i in range(len(ops))]
-        left.barh(positions, ops[run].fillna(0), height=height, label=run)
-    left.set_yticks([i + 0.4 - height / 2 for i in range(len(ops))], [_short(op) for op in ops.index], fontsize=8)
-    left.set_xlabel(f"{frame.attrs['metric']} (us)")
-    left.legend(fontsize=8)
-    left.set_title(f"top {len(ops)} ops", fontsize=10)
-    right.bar(runs, times.loc[TOTAL].fillna(0), color=[f"C{i}" for i in range(len(runs))])
-    right.set_title(f"total {frame.attrs['metric']} (us)", fontsize=10)
-    right.tick_params(axis="x", labelrotation=30, labelsize=8)
+    from ._chart import draw_ratios, draw_samples
+
+    runs = list(frame.columns.get_level_values("run").unique())
+    plotted = frame.attrs["samples"]
+    ops = [TOTAL] + [op for op in frame.index if op != TOTAL and any(op in plotted[r] for r in runs)][:top]
+    labels = dict(zip(ops, short_names(ops)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.3 * len(ops) * (len(runs) + 1) + 2.5),
+                                      width_ratios=[3, 2], sharey=True)  # fmt: skip
+    draw_samples(left, frame, ops, runs, labels)
+    draw_ratios(right, frame, ops, runs)
     fig.suptitle(heading(frame), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -87,14 +163,22 @@ def html_page(frame: pd.DataFrame, png_path: Path | None = None, top: int | None
     chart = ""
     if png_path is not None:
         data = base64.b64encode(Path(png_path).read_bytes()).decode()
-        chart = f'<img alt="comparison chart" src="data:image/png;base64,{data}">'
+        chart = f'<img alt="comparison chart: samples per step and ratios with 95% intervals" src="data:image/png;base64,{data}">'
     runs = "".join(
         f"<li><b>{html.escape(label)}</b>: run {html.escape(run_id)}, step {frame.attrs['steps'][label]}, "
+        f"{frame.attrs['n'][label]} samples ({html.escape(str(frame.attrs['sources'][label]))}), "
         f"device {html.escape(str(frame.attrs['devices'][label]) or '?')}</li>"
         for label, run_id in frame.attrs["runs"].items()
     )
-    table = summary(frame, top).to_html(float_format=_number, na_rep="-", border=0, classes="compact")
-    full = flat(frame).to_html(index=False, float_format=_number, na_rep="-", border=0, classes="full")
+    sentences = "".join(f"<li>{html.escape(s)}</li>" for s in frame.attrs.get("sentences", {}).values())
+    outliers = "".join(f"<li>{html.escape(line)}</li>" for line in outlier_lines(frame, limit=100))
+    shown = table(frame, top)
+    rows = "".join(
+        f"<tr><td>{html.escape(str(op))}</td>" + "".join(f'<td class="{_css(v)}">{html.escape(v)}</td>' for v in row) + "</tr>"
+        for op, row in shown.iterrows()
+    )
+    header = "<tr><th>op</th>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns) + "</tr>"
+    full = flat(frame).to_html(index=False, float_format=lambda v: f"{v:,.3f}", na_rep="-", border=0, classes="full")
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>mlflow-neuron comparison</title>
 <style>
@@ -103,20 +187,26 @@ table {{ border-collapse: collapse; font-size: 13px; margin: 1em 0; }}
 th, td {{ padding: 3px 8px; border-bottom: 1px solid #ddd; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; font-family: monospace; }}
 img {{ max-width: 100%; }}
-.note {{ color: #8a4b00; }}
+.note {{ color: #8a4b00; }} .faster {{ color: #1a7f37; }} .slower {{ color: #b3261e; font-weight: bold; }}
+.nochange {{ color: #666; }} .toofew {{ color: #8a4b00; }}
 </style></head><body>
 <h2>{html.escape(heading(frame))}</h2>
 {f'<p class="note">{html.escape(frame.attrs["fallback"])}</p>' if frame.attrs.get("fallback") else ""}
+<ul class="verdicts">{sentences}</ul>
 <ul>{runs}</ul>
 {chart}
-{table}
-<details><summary>every op, every field</summary>{full}</details>
+<table class="compact">{header}{rows}</table>
+<h3>Outliers</h3>
+{f"<ul>{outliers}</ul>" if outliers else "<p>none</p>"}
+<h3>How to read this</h3>
+<p>{html.escape(METHOD_NOTE)}</p>
+<details><summary>every op, every field (full names)</summary>{full}</details>
 </body></html>
 """
 
 
-def _short(name: str, width: int = 48) -> str:
-    return name if len(name) <= width else name[: width - 1] + "…"
+def _css(cell: str) -> str:
+    return {FASTER: "faster", SLOWER: "slower", NO_CHANGE: "nochange", TOO_FEW: "toofew"}.get(cell, "")
 
 
 def cycle_table(profile) -> str:

@@ -18,6 +18,13 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__, _cli_checks, _outbox
+from ._cli_checks import (
+    EXIT_FAILED,
+    EXIT_OK,
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+)
 
 
 def sync(outbox: str, tracking_uri: str | None = None, out=None) -> tuple[int, int]:
@@ -66,15 +73,19 @@ def compare(args: argparse.Namespace, out=None) -> int:
     from pathlib import Path
 
     import mlflow
+    from mlflow.tracking import MlflowClient
 
     from . import _render
-    from ._compare import regressions
-    from ._mlflow_runs import attach_comparison, compare_runs
+    from ._compare import compare as compare_profiles
+    from ._mlflow_runs import attach_comparison, load_profiles, resolve_runs
+    from ._registry import describe_run
 
     out = out or sys.stdout
 
-    frame = compare_runs(args.runs or [], args.baseline, args.metric, args.step,
-                         experiment=args.experiment, tracking_uri=args.tracking_uri)  # fmt: skip
+    # compare_runs() in three steps, so the statistics options reach compare().
+    client = MlflowClient(args.tracking_uri)
+    profiles = load_profiles(client, resolve_runs(client, args.runs or [], args.experiment), args.step)
+    frame = compare_profiles(profiles, args.baseline, args.metric, skip_steps=args.skip_steps, noise_pct=args.noise_pct)
     rendered = {
         "table": lambda: _render.text(frame, args.top),
         "markdown": lambda: _render.markdown(frame, args.top),
@@ -83,21 +94,38 @@ def compare(args: argparse.Namespace, out=None) -> int:
     }[args.format]()
     print(rendered, file=out)
     if args.log_to:
+        uri = args.tracking_uri or mlflow.get_tracking_uri()
         with tempfile.TemporaryDirectory() as tmp:
             chart = _render.png(frame, Path(tmp, "comparison.png"))
             page = Path(tmp, "report.html")
             page.write_text(_render.html_page(frame, chart), encoding="utf-8")
-            attach_comparison(args.tracking_uri or mlflow.get_tracking_uri(), args.log_to, frame, [chart, page])
-        print(f"attached comparison/ops.json, comparison.png, report.html to run {args.log_to}", file=out)
+            attach_comparison(uri, args.log_to, frame, [chart, page])
+        describe_run(uri, args.log_to, frame)
+        print(f"attached comparison/ops.json, comparison.png, report.html and the verdicts to run {args.log_to}",
+              file=out)  # fmt: skip
     if args.fail_if_slower is None:
         return 0
-    slower = regressions(frame, args.fail_if_slower, args.min_time_us)
+    return _gate(frame, args.fail_if_slower, args.min_time_us, out)
+
+
+def _gate(frame, percent: float, min_us: float, out) -> int:
+    """Exit 1 only for a row whose whole 95% interval lies above +percent; print that interval."""
+    from ._compare import TOTAL, regressions, unchecked
+
+    base, slower = frame.attrs["baseline"], regressions(frame, percent, min_us)
     for r in slower:
-        print(f"REGRESSION {r.run}: {r.op} {r.baseline_us:,.2f} -> {r.run_us:,.2f} us (+{r.percent:.1f}% > "
-              f"{args.fail_if_slower}%) vs {frame.attrs['baseline']}", file=out)  # fmt: skip
+        print(f"REGRESSION {r.run}: {r.op} median {r.baseline_us:,.2f} -> {r.run_us:,.2f} us, ratio {r.ratio:.2f} "
+              f"(95% CI {r.ratio_low:.2f}\u2013{r.ratio_high:.2f}) > +{percent:g}% vs {base}", file=out)  # fmt: skip
+    not_checked: dict[str, list] = {}
+    for r in unchecked(frame, min_us):
+        not_checked.setdefault(r.run, []).append(r)
+    for run, rows in not_checked.items():  # one line per run: single-sample runs have a row per op
+        n, total = frame.attrs["n"], next((r for r in rows if r.op == TOTAL), rows[0])
+        print(f"NOT CHECKED {run}: {len(rows)} row(s), {n[run]} vs {n[base]} samples, too few for a 95% interval "
+              f"({total.op} point ratio {total.ratio:.2f})", file=out)  # fmt: skip
     if not slower:
-        print(f"no op or total is more than {args.fail_if_slower}% slower than {frame.attrs['baseline']}", file=out)
-    return 1 if slower else 0
+        print(f"no op or total is proven more than {percent:g}% slower than {base} (95% interval)", file=out)
+    return EXIT_FAILED if slower else EXIT_OK
 
 
 def annotate(args: argparse.Namespace, out=None) -> int:
@@ -105,7 +133,8 @@ def annotate(args: argparse.Namespace, out=None) -> int:
 
     out = out or sys.stdout
 
-    tags = annotate_model_version(args.model, args.version, args.run, step=args.step, tracking_uri=args.tracking_uri)
+    tags = annotate_model_version(args.model, args.version, args.run, step=args.step, tracking_uri=args.tracking_uri,
+                                  baseline_run_id=args.baseline, skip_steps=args.skip_steps)  # fmt: skip
     for key, value in tags.items():
         print(f"{key} = {value}", file=out)
     return 0
@@ -170,12 +199,17 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--runs", nargs="+", help="run ids, run names, parent runs, or models:/NAME/VERSION")
     cmp.add_argument("--baseline", help="run name or id to compare against (default: the first run)")
     cmp.add_argument("--metric", default="self_device_time_us", choices=["self_device_time_us", "self_cpu_time_us"])
-    cmp.add_argument("--step", type=int, help="profiler cycle to compare (default: each run's last)")
-    cmp.add_argument("--top", type=int, default=15, help="ops shown in table/markdown (default: %(default)s)")
+    cmp.add_argument("--step", type=non_negative_int, help="profiler cycle to compare (default: each run's last)")
+    cmp.add_argument("--skip-steps", type=non_negative_int, default=0, metavar="K",
+                     help="leave out each run's first K profiled steps (default: %(default)s)")
+    cmp.add_argument("--noise-pct", type=non_negative_float, default=2.0, metavar="PCT",
+                     help="changes smaller than this are 'no change' (default: %(default)s)")
+    cmp.add_argument("--top", type=positive_int, default=15, help="ops shown in table/markdown (default: %(default)s)")
     cmp.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"])
-    cmp.add_argument("--fail-if-slower", type=float, metavar="PCT", help="exit 1 if an op or the total is PCT%% slower")
-    cmp.add_argument("--min-time-us", type=float, default=0.0, metavar="US",
-                     help="the gate ignores ops below this time in both runs (the total is always checked)")
+    cmp.add_argument("--fail-if-slower", type=non_negative_float, metavar="PCT",
+                     help="exit 1 if the whole 95%% interval of an op or the total is above +PCT%%")
+    cmp.add_argument("--min-time-us", type=non_negative_float, default=0.0, metavar="US",
+                     help="the gate ignores ops below this median in both runs (the total is always checked)")
     cmp.add_argument("--log-to", metavar="RUN_ID", help="attach the table, a PNG chart and an HTML report to this run")
     cmp.add_argument("--tracking-uri")
 
@@ -220,7 +254,10 @@ def _parser() -> argparse.ArgumentParser:
     ann.add_argument("--model", required=True)
     ann.add_argument("--version", required=True)
     ann.add_argument("--run", required=True, help="the profiled run's id")
-    ann.add_argument("--step", type=int, help="profiler cycle (default: the run's last)")
+    ann.add_argument("--step", type=non_negative_int, help="profiler cycle (default: the run's last)")
+    ann.add_argument("--baseline", metavar="RUN_ID", help="also state the verdict against this run (perf.verdict)")
+    ann.add_argument("--skip-steps", type=non_negative_int, default=0, metavar="K",
+                     help="leave out the first K profiled steps of each run (default: %(default)s)")
     ann.add_argument("--tracking-uri")
     return parser
 

@@ -1,0 +1,86 @@
+"""Calibration of compare's statistics on simulated per-step samples: what the README quotes.
+
+    python benchmarks/stats_calibration.py [--pairs 1000] [--seed 0]
+
+A step's time is the sum of K kernels; each takes 100 us with uniform ±30% jitter and, with
+probability 2%, stalls 10x longer (see `mlflow_neuron._calibration`). Runs have 10 steps each
+unless stated. Printed per noise model:
+
+- coverage: share of 95% intervals that contain the true ratio (about 95% expected);
+- A/A false alarms: share of same-kernel pairs where `--fail-if-slower 10` would fire on that row;
+- A/B detection: share of pairs with kernels 30% slower where it fires on that row.
+
+Then the same through `compare()` and `regressions()` for runs whose steps run several ops, where
+the gate fires when any op or the TOTAL is proven slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from mlflow_neuron._calibration import Noise, rates
+from mlflow_neuron._compare import RunProfile, compare, regressions
+
+
+def row_rates(pairs: int, seed: int) -> None:
+    models = [
+        ("K=1, uniform ±30%, 2% stalls", Noise(), 10, 10),
+        ("K=1, uniform ±30%, no stalls", Noise(stall_p=0.0), 10, 10),
+        ("K=1, lognormal sigma 0.3, 2% stalls", Noise(lognormal=True), 10, 10),
+        ("K=4, uniform ±30%, 2% stalls", Noise(kernels=4), 10, 10),
+        ("K=8, uniform ±30%, 2% stalls", Noise(kernels=8), 10, 10),
+        ("K=8, uniform ±30%, no stalls", Noise(kernels=8, stall_p=0.0), 10, 10),
+        ("K=1, uniform ±30%, 2% stalls, 5 vs 12 steps", Noise(), 5, 12),
+        ("K=1, uniform ±30%, 2% stalls, 20 vs 20 steps", Noise(), 20, 20),
+    ]
+    print(f"one row (an op, or the TOTAL), {pairs} pairs each, gate at +10%")
+    print(f"{'noise model':<46}{'coverage':>9}{'A/A alarms':>12}{'A/B detected':>14}")
+    for name, noise, n, m in models:
+        same = rates(seed, pairs, noise, 1.0, n, m)
+        slower = rates(seed + 1, pairs, noise, 1.3, n, m)
+        coverage = (same.coverage + slower.coverage) / 2
+        print(f"{name:<46}{coverage:>9.1%}{same.gate:>12.1%}{slower.gate:>14.1%}")
+
+
+def profile(label: str, rng: np.random.Generator, ops: int, scale: float) -> RunProfile:
+    import pandas as pd
+
+    from mlflow_neuron._calibration import steps
+
+    rows = [{"cycle": 1 + step // 5, "step": step, "name": f"aten::op{i}", "calls": 1,
+             "self_device_time_us": value, "self_cpu_time_us": 1.0}
+            for i in range(ops) for step, value in enumerate(steps(rng, 10, Noise(), scale))]  # fmt: skip
+    samples = pd.DataFrame(rows)
+    table = samples.groupby("name", as_index=False)[["self_device_time_us", "self_cpu_time_us", "calls"]].sum()
+    return RunProfile(label, label, 1, table.assign(kind="op"), {}, "neuron", "present", samples=samples, source="steps")
+
+
+def gate_rates(pairs: int, seed: int) -> None:
+    print(f"\nthe whole gate (any op or the TOTAL), 10 vs 10 steps, ops of one kernel each, {pairs} pairs")
+    print(f"{'ops per step':<46}{'A/A alarms':>12}{'A/B detected':>14}")
+    for ops in (1, 4, 6, 8):
+        rng = np.random.default_rng(seed + ops)
+        fired = {1.0: 0, 1.3: 0}
+        for _ in range(pairs):
+            for scale in fired:
+                frame = compare([profile("base", rng, ops, 1.0), profile("new", rng, ops, scale)])
+                fired[scale] += bool(regressions(frame, 10))
+        print(f"{ops:<46}{fired[1.0] / pairs:>12.1%}{fired[1.3] / pairs:>14.1%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=1000, help="simulated pairs per noise model")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    row_rates(args.pairs, args.seed)
+    gate_rates(max(args.pairs // 5, 20), args.seed)
+    print(f"\n({time.perf_counter() - start:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

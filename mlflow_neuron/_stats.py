@@ -1,0 +1,137 @@
+"""Statistics for comparing per-step samples (pure: numpy arrays in, numbers out).
+
+**The ratio and its interval.** For a baseline with samples x (n of them) and a run with samples
+y (m), the estimate is the Hodges–Lehmann shift on log times, reported as a ratio: the median of
+the n·m pairwise ratios y_j / x_i. Its 95% interval is Moses' distribution-free interval: the
+pairwise ratios at ranks k and n·m + 1 − k, where k comes from the exact Mann–Whitney U
+distribution (largest k with P(U <= k − 1) <= 2.5%), or from its normal approximation when n·m is
+large. Why this method:
+
+- deterministic: the same samples always give the same answer (a bootstrap would not);
+- robust: one stalled step moves a pairwise median by one rank, not by its size;
+- multiplicative: kernels jitter by a percentage, so a ratio is the natural effect size;
+- honest about size: when no 95% interval exists (3 vs 3 samples, or single samples), it says
+  so instead of guessing.
+
+Log differences and pairwise ratios have the same order, so the ratios are ranked directly; that
+keeps zeros (an op absent in a step) usable: x = 0 ranks as +inf, 0 / 0 as 1. Samples with no
+spread on both sides (n, m >= 2; common for device time) compare exactly: the interval is the
+point. The interval assumes the runs differ by a scale factor; `tests/test_stats.py` and
+`benchmarks/stats_calibration.py` check its coverage by simulation.
+
+**Outliers.** A sample is an outlier when it lies outside [Q1 − 3·IQR, Q3 + 3·IQR] of its own
+run's samples (n >= 4), with the IQR floored at 1% of the median (and at 1 ns), so samples that
+are all equal do not flag the nanosecond of jitter that a timer adds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+CONFIDENCE = 0.95
+OUTLIER_IQRS = 3.0
+MIN_OUTLIER_SAMPLES = 4
+_IQR_FLOOR_OF_MEDIAN = 0.01
+_IQR_FLOOR_US = 0.001  # 1 ns: the resolution of profiler timestamps
+_EXACT_MAX_COMBINATIONS = 2**61  # int64 q-binomial coefficients (and twice them) stay exact
+_Z = {0.90: 1.6448536269514722, 0.95: 1.959963984540054, 0.99: 2.5758293035489004}
+
+
+@dataclass(frozen=True)
+class RatioEstimate:
+    """run / baseline: the point estimate and its interval (None where no interval exists)."""
+
+    ratio: float
+    low: float | None
+    high: float | None
+    exact: bool = False  # both runs had zero spread: the interval is the point
+
+    @property
+    def has_interval(self) -> bool:
+        return self.low is not None
+
+
+def ratio_interval(baseline: np.ndarray, run: np.ndarray, confidence: float = CONFIDENCE) -> RatioEstimate:
+    """Hodges–Lehmann ratio run / baseline with Moses' distribution-free interval.
+
+    Example::
+
+        ratio_interval(np.array([10.0, 11, 10.5, 9.8]), np.array([13.0, 12.9, 13.4, 13.1]))
+        # RatioEstimate(ratio=1.25..., low=1.17..., high=1.36...)
+    """
+    x, y = np.asarray(baseline, float), np.asarray(run, float)
+    if len(x) == 0 or len(y) == 0:
+        raise ValueError("ratio_interval needs at least one sample on each side")
+    if len(x) >= 2 and len(y) >= 2 and np.ptp(x) == 0 and np.ptp(y) == 0:
+        point = float(_ratio(x[:1], y[:1])[0, 0])
+        return RatioEstimate(point, point, point, exact=True)
+    ratios = np.sort(_ratio(x, y).ravel())
+    point = _middle(ratios)
+    k = moses_rank(len(x), len(y), confidence)
+    if k < 1:
+        return RatioEstimate(point, None, None)
+    return RatioEstimate(point, float(ratios[k - 1]), float(ratios[len(ratios) - k]))
+
+
+def moses_rank(n: int, m: int, confidence: float = CONFIDENCE) -> int:
+    """The 1-based rank k of the lower bound among n·m ordered pairwise differences; 0 when no
+    interval at this confidence exists for so few samples."""
+    alpha_half = (1 - confidence) / 2
+    if math.comb(n + m, n) <= _EXACT_MAX_COMBINATIONS:
+        cumulative = np.cumsum(_u_counts(n, m)) / math.comb(n + m, n)
+        return int(np.searchsorted(cumulative, alpha_half, side="right"))  # count of P(U <= u) <= alpha/2
+    z = _Z.get(round(confidence, 2))
+    if z is None:
+        raise ValueError(f"confidence must be one of {sorted(_Z)} for large samples; got {confidence}")
+    return max(0, math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12)))
+
+
+def outlier_mask(samples: np.ndarray) -> np.ndarray:
+    """True for samples outside [Q1 − 3·IQR, Q3 + 3·IQR] (IQR floored; see the module docstring)."""
+    values = np.asarray(samples, float)
+    if len(values) < MIN_OUTLIER_SAMPLES:
+        return np.zeros(len(values), bool)
+    q1, median, q3 = np.percentile(values, [25, 50, 75])
+    iqr = max(q3 - q1, _IQR_FLOOR_OF_MEDIAN * abs(median), _IQR_FLOOR_US)
+    return (values < q1 - OUTLIER_IQRS * iqr) | (values > q3 + OUTLIER_IQRS * iqr)
+
+
+def _ratio(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Every y_j / x_i, with 0/0 = 1 (both absent: no change) and y/0 = +inf."""
+    xs, ys = x[:, None], y[None, :]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = ys / xs
+    return np.where((xs == 0) & (ys == 0), 1.0, out)
+
+
+def _middle(ordered: np.ndarray) -> float:
+    """The median on the log scale: the geometric mean of the two middle values when even."""
+    half = len(ordered) // 2
+    if len(ordered) % 2:
+        return float(ordered[half])
+    a, b = float(ordered[half - 1]), float(ordered[half])
+    if a == b:
+        return a
+    if a == 0:
+        return 1.0 if math.isinf(b) else 0.0  # half the pairs say "gone", half say "new" or "less"
+    return b if math.isinf(b) else math.sqrt(a * b)
+
+
+@lru_cache(maxsize=256)
+def _u_counts(n: int, m: int) -> np.ndarray:
+    """How many of the C(n+m, n) orderings give each Mann–Whitney U = 0..n·m: the coefficients of
+    the Gaussian binomial [n+m choose n]_q, built one factor (1 − q^(m+i)) / (1 − q^i) at a time
+    so every intermediate is itself a q-binomial and stays small."""
+    counts = np.zeros(n * m + 1, np.int64)
+    counts[0] = 1
+    for i in range(1, n + 1):
+        shift = m + i
+        if shift <= n * m:
+            counts[shift:] -= counts[:-shift].copy()
+        for residue in range(i):  # divide by (1 − q^i): a running sum along each residue class
+            counts[residue::i] = np.cumsum(counts[residue::i])
+    return counts
