@@ -209,8 +209,11 @@ def manifest(
     trace_source: str | None,
     max_file_bytes: int,
     rank: int,
+    attribution: dict | None = None,
 ) -> dict:
-    return {
+    """manifest.json: where the cycle's files went; with `attribution` (ingest: how device events
+    were linked to ops, and how much device time no op carries) when given."""
+    document = {
         "rank": rank,
         "profile_output_dir": output_dir,
         "max_file_bytes": max_file_bytes,
@@ -226,3 +229,6 @@ def manifest(
             for f in found
         ],
     }
+    if attribution is not None:
+        document["attribution"] = attribution
+    return document
