@@ -248,6 +248,7 @@ def _link(start: list, end: list, thread: tuple, role: tuple, target: tuple, ext
         if correlation[i] > 0:
             launch_of.setdefault(correlation[i], i)
     enclosing = _innermost_enclosing(start, end, thread, [i for i in range(n) if target[i]], launches)
+    enclosing = {call: op for call, op in enclosing.items() if external[op] > 0}  # no id: nothing links to it
     if dialect is None:
         dialect = _detect(start, end, thread, role, external, correlation, ops, launches)
 
@@ -298,18 +299,20 @@ def _detect(start: list, end: list, thread: tuple, role: tuple, external: tuple,
 
 def _innermost_enclosing(start: list, end: list, thread: tuple, ops: list, queries: list) -> dict[int, int]:
     """For each query row, the op row that encloses it on its thread and started last (the shortest
-    one among those starting together); queries that no op encloses are left out.
+    one among those starting together, the last recorded among equal ones); queries that no op
+    encloses are left out.
 
     One sweep per thread in (start, -end) order, ops before queries at the same start: the stack
     holds every op that may still be open; the first one from the top that reaches the query's
     end encloses it.
     """
     found: dict[int, int] = {}
-    items = sorted([(thread[i], start[i], 0, -end[i], -i, i) for i in ops]
-                   + [(thread[i], start[i], 1, -end[i], -i, i) for i in queries])  # fmt: skip
+    # Ops that start and end together nest in recording order (torch's stack): the later is inner.
+    items = sorted([(thread[i], start[i], 0, -end[i], i) for i in ops]
+                   + [(thread[i], start[i], 1, -end[i], i) for i in queries])  # fmt: skip
     stack: list[int] = []
     current = None
-    for th, s, kind, _, _, i in items:
+    for th, s, kind, _, i in items:
         if th != current:
             stack, current = [], th
         while stack and end[stack[-1]] < s:
