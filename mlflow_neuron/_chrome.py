@@ -70,7 +70,9 @@ _CHROME_CLASSES = {
     **{c: DEVICE_OTHER for c in ("mtia_insight", "mtia_counters", "hpu_op")},
 }  # fmt: skip
 # Host calls that launch device work and carry its correlation id: the bridge to the op.
-_LAUNCH_CATEGORIES = frozenset(c for c, k in _CHROME_CLASSES.items() if k == HOST and c.endswith(("_runtime", "_driver")))
+_LAUNCH_CATEGORIES = frozenset(
+    c for c, k in _CHROME_CLASSES.items() if k == HOST and c.endswith(("_runtime", "_driver"))
+)
 
 # Roles of a row for linking.
 _OP, _LAUNCH, _DEVICE, _OTHER_HOST = 0, 1, 2, 3

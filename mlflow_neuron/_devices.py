@@ -1,4 +1,5 @@
-"""Everything that differs between Neuron, CUDA and CPU lives here.
+"""Everything that differs between Neuron, CUDA and CPU lives here, and the device names that
+traces made elsewhere are tagged with (ROCm, XPU, MTIA: ingest only).
 
 The rest of the package asks this module which device a profiler recorded, how to read device
 time from a torch event, how to synchronize, and what the Neuron profiler writes to disk. No other
@@ -299,7 +300,8 @@ def _is_rocm(trace: dict, events: list) -> bool:
         isinstance(p, dict) and re.search(r"\b(AMD|Radeon|Instinct)\b", str(p.get("name", ""))) for p in properties
     ):
         return True
-    return any(str(e.get("name", "")).startswith("hip") for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver"))
+    calls = (e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver"))
+    return any(str(e.get("name", "")).startswith("hip") for e in calls)
 
 
 # neuron-explorer replaced neuron-profile (same sub-commands); either may be on PATH.

@@ -18,6 +18,9 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import os
+import subprocess
+import sys
 from collections import defaultdict
 from decimal import Decimal
 from functools import lru_cache
@@ -114,7 +117,8 @@ def independent_attribution(trace: dict) -> tuple[dict[str, float], float, float
 
 def compared_names(trace: dict) -> set[str]:
     names = {e["name"] for e in trace["traceEvents"] if isinstance(e, dict) and e.get("cat") == "cpu_op"}
-    annotations = {e["name"] for e in trace["traceEvents"] if isinstance(e, dict) and e.get("cat") == "user_annotation"}
+    events = [e for e in trace["traceEvents"] if isinstance(e, dict)]
+    annotations = {e["name"] for e in events if e.get("cat") == "user_annotation"}
     return names - annotations
 
 
@@ -262,3 +266,14 @@ def test_ingest_warns_once_when_device_time_stays_unattributed_and_records_it(tr
 
 def _artifact_dirs(client, run_id):
     return [item.path for item in client.list_artifacts(run_id, "profiler") if item.is_dir]
+
+
+def test_the_reader_is_pure_and_still_importable_from_raw():
+    import mlflow_neuron._chrome as chrome
+    import mlflow_neuron._raw as raw
+
+    assert raw.raw_events_from_chrome_trace is chrome.raw_events_from_chrome_trace
+    code = "import sys; sys.modules['mlflow'] = None\nimport mlflow_neuron._chrome\n"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
