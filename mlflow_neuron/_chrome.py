@@ -24,7 +24,12 @@ Which one a trace uses is read from its runtime events: in the External-id diale
 id names an op that encloses them. Within the External-id dialect, a device event whose id names
 no op, or disagrees with its runtime launch's, is linked through the launch instead (MTIA traces
 carry only correlation ids). An op that launched nothing never gets device time through a
-coincidental id.
+coincidental id, and runtime calls get no id of their own to take kernels with.
+
+The bridge ends at a `cpu_op`, not at a `record_function` range: a launch inside a range but in
+no op (MTIA inference traces have many) stays unattributed, where torch's correlation stack would
+have named the range. Counting ranges would put device time on `ProfilerStep*`-like rows that
+enclose everything, which is what the per-op numbers must not do.
 
 Device classes (`_CHROME_CLASSES`) follow torch's `deviceTypeFromActivity`, with one choice of our
 own: MTIA device events (`mtia_ccp_events`) are attached to the op that launched them, as CUDA,
