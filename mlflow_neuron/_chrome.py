@@ -28,8 +28,8 @@ coincidental id, and runtime calls get no id of their own to take kernels with.
 
 The bridge ends at a `cpu_op`, not at a `record_function` range: a launch inside a range but in
 no op (MTIA inference traces have many) stays unattributed, where torch's correlation stack would
-have named the range. Counting ranges would put device time on `ProfilerStep*`-like rows that
-enclose everything, which is what the per-op numbers must not do.
+have named the range. Ranges as targets would, for example, put the wait of a step's
+`torch.cuda.synchronize()` (a `cuda_sync` event) on `ProfilerStep*`; it stays unattributed instead.
 
 Device classes (`_CHROME_CLASSES`) follow torch's `deviceTypeFromActivity`, with one choice of our
 own: MTIA device events (`mtia_ccp_events`) are attached to the op that launched them, as CUDA,
