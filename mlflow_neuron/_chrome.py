@@ -21,9 +21,9 @@ own id. Kineto traces say who launched a device event in two ways:
   event with that `correlation` -> the innermost `cpu_op` enclosing it on its thread.
 
 Which one a trace uses is read from its runtime events: in the External-id dialect their External
-id names an op that encloses them. Within the External-id dialect, a device event whose id names
-no op, or disagrees with its runtime launch's, is linked through the launch instead (MTIA traces
-carry only correlation ids). An op that launched nothing never gets device time through a
+id names an op that encloses them. Traces whose events carry correlation ids only (MTIA) are
+linked through the launch too. Within the External-id dialect, a device event whose id names no
+op, or disagrees with its runtime launch's, is linked through the launch instead. An op that launched nothing never gets device time through a
 coincidental id, and runtime calls get no id of their own to take kernels with.
 
 The bridge ends at a `cpu_op`, not at a `record_function` range: a launch inside a range but in
@@ -291,7 +291,8 @@ def _link(start: list, end: list, thread: tuple, role: tuple, target: tuple, ext
 def _detect(start: list, end: list, thread: tuple, role: tuple, external: tuple, correlation: tuple, ops: dict,
             launches: list) -> str:  # fmt: skip
     """EXTERNAL_ID when runtime launches name an op that encloses them (modern Kineto), else
-    CORRELATION; with no launch that has both ids, when device ids are not their own correlation ids."""
+    CORRELATION. With no launch that has both ids: CORRELATION when device events carry
+    correlation ids and no External ids (MTIA) or External ids equal to them, else EXTERNAL_ID."""
     named = [i for i in launches if external[i] > 0 and correlation[i] > 0]
     if named:
         inside = 0
@@ -299,9 +300,12 @@ def _detect(start: list, end: list, thread: tuple, role: tuple, external: tuple,
             op = ops.get(external[i])
             inside += op is not None and thread[op] == thread[i] and start[op] <= start[i] and end[i] <= end[op]
         return EXTERNAL_ID if 2 * inside >= len(named) else CORRELATION
-    device = [i for i in range(len(role)) if role[i] == _DEVICE and external[i] > 0 and correlation[i] > 0]
-    same = sum(external[i] == correlation[i] for i in device)
-    return CORRELATION if device and 2 * same > len(device) else EXTERNAL_ID
+    device = [i for i in range(len(role)) if role[i] == _DEVICE and correlation[i] > 0]
+    named = [i for i in device if external[i] > 0]
+    if not named:
+        return CORRELATION if device else EXTERNAL_ID
+    same = sum(external[i] == correlation[i] for i in named)
+    return CORRELATION if 2 * same > len(named) else EXTERNAL_ID
 
 
 def _innermost_enclosing(start: list, end: list, thread: tuple, ops: list, queries: list) -> dict[int, int]:

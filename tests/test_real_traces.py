@@ -48,13 +48,13 @@ FIXTURES = {
     "hta_rocm62_mi250_minitoy.json.gz": ("rocm", PRESENT, EXTERNAL_ID),
     "tracelens_rocm_mi300_normalization.json.gz": ("rocm", PRESENT, EXTERNAL_ID),
     "tracelens_cuda_h100_bert_small.json.gz": ("cuda", PRESENT, EXTERNAL_ID),
-    "hta_mtia_rank_0.json.gz": ("mtia", PRESENT, EXTERNAL_ID),
+    "hta_mtia_rank_0.json.gz": ("mtia", PRESENT, CORRELATION),
     # Every launch here sits in a record_function range, inside no cpu_op: nothing is attributable,
     # and the check is that nothing is invented.
-    "hta_mtia_inference_rank_0.json.gz": ("mtia", PRESENT, EXTERNAL_ID),
+    "hta_mtia_inference_rank_0.json.gz": ("mtia", PRESENT, CORRELATION),
 }
 NOTHING_ATTRIBUTABLE = {"hta_mtia_inference_rank_0.json.gz"}
-MODERN = [name for name, (_, _, linking) in FIXTURES.items() if linking == EXTERNAL_ID and "mtia" not in name]
+MODERN = [name for name, (_, _, linking) in FIXTURES.items() if linking == EXTERNAL_ID]
 
 
 @lru_cache(maxsize=2)
