@@ -1,4 +1,5 @@
-"""Everything that differs between Neuron, CUDA and CPU lives here.
+"""Everything that differs between Neuron, CUDA and CPU lives here, and the device names that
+traces made elsewhere are tagged with (ROCm, XPU, MTIA: ingest only).
 
 The rest of the package asks this module which device a profiler recorded, how to read device
 time from a torch event, how to synchronize, and what the Neuron profiler writes to disk. No other
@@ -25,6 +26,10 @@ from torch.profiler import ProfilerActivity
 NEURON = "neuron"
 CUDA = "cuda"
 CPU = "cpu"
+# Only read from traces made elsewhere (ingest): the device tag of an AMD GPU, Intel GPU, Meta MTIA.
+ROCM = "rocm"
+XPU = "xpu"
+MTIA = "mtia"
 
 # Device rows of key_averages(); compared as enum members because a PrivateUse1 rename changes
 # their printed names ("NEURON") but not their identity.
@@ -275,22 +280,57 @@ def _parameters(cls: type) -> set[str]:
 
 
 # Chrome-trace categories of device activity, and of host-side runtime/driver calls to a device.
-DEVICE_TRACE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
-RUNTIME_TRACE_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver", "privateuse1_runtime", "privateuse1_driver"})
+# ROCm traces file HIP calls as cuda_runtime (torch's Kineto build maps roctracer onto the CUDA
+# activity types); hip_* is accepted too.
+DEVICE_TRACE_CATEGORIES = frozenset({
+    "kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation", "cuda_sync", "cuda_profiler_range",
+    "mtia_ccp_events", "mtia_insight", "mtia_counters", "hpu_op",
+})  # fmt: skip
+_RUNTIME_DEVICE = {
+    "mtia_runtime": MTIA,
+    "xpu_runtime": XPU, "xpu_driver": XPU,
+    "privateuse1_runtime": NEURON, "privateuse1_driver": NEURON,
+    "hip_runtime": ROCM, "hip_driver": ROCM,
+    "cuda_runtime": CUDA, "cuda_driver": CUDA,
+}  # fmt: skip  # first match wins
+RUNTIME_TRACE_CATEGORIES = frozenset(_RUNTIME_DEVICE)
+_ROCM_TRACE_KEYS = ("roctracer_version", "hip_runtime_version", "hip_driver_version")
 
 
 def device_of_trace(trace: dict) -> tuple[str, bool]:
-    """(device, device activity profiled) of a chrome trace.
+    """(device, device activity profiled) of a chrome trace, from what it holds.
 
-    CUDA traces carry CUDA runtime events or `deviceProperties`; PrivateUse1 activity is taken to
-    be TorchNeuron's, the backend this package is for.
+    Devices: "cuda", "rocm" (AMD GPUs: HIP calls, roctracer metadata or an AMD device in
+    `deviceProperties`), "xpu", "mtia", "neuron" (PrivateUse1 activity is taken to be TorchNeuron's,
+    the backend this package is for; so are device events with no runtime calls and no
+    `deviceProperties`), or "cpu" when the trace holds no device or runtime event. A trace with device
+    events is always profiled: when no op carries their time the state is "missing", never
+    "not_profiled".
     """
-    categories = {e.get("cat") for e in trace.get("traceEvents", ()) if isinstance(e, dict)}
+    events = [e for e in trace.get("traceEvents", ()) if isinstance(e, dict)]
+    categories = {e.get("cat") for e in events}
     if not categories & (DEVICE_TRACE_CATEGORIES | RUNTIME_TRACE_CATEGORIES):
         return CPU, False
-    if categories & {"cuda_runtime", "cuda_driver"} or trace.get("deviceProperties"):
-        return CUDA, True
-    return NEURON, True
+    if categories & {"mtia_ccp_events", "mtia_insight", "mtia_counters"}:
+        return MTIA, True
+    device = next((d for c, d in _RUNTIME_DEVICE.items() if c in categories), None)
+    if device in (CUDA, None) and _is_rocm(trace, events):
+        return ROCM, True
+    if device is None:
+        return (CUDA if trace.get("deviceProperties") else NEURON), True
+    return device, True
+
+
+def _is_rocm(trace: dict, events: list) -> bool:
+    if any(k in trace for k in _ROCM_TRACE_KEYS):
+        return True
+    properties = trace.get("deviceProperties")
+    if isinstance(properties, list) and any(
+        isinstance(p, dict) and re.search(r"\b(AMD|Radeon|Instinct)\b", str(p.get("name", ""))) for p in properties
+    ):
+        return True
+    calls = (e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver"))
+    return any(str(e.get("name", "")).startswith("hip") for e in calls)
 
 
 # neuron-explorer replaced neuron-profile (same sub-commands); either may be on PATH.

@@ -15,16 +15,22 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _devices, _files, _raw, _record
+from . import _chrome, _devices, _files, _raw, _record
 from ._extract import CycleProfile
 from ._keys import OpKeys
 from ._mlflow_io import RunLogger
 from ._record import CycleRecord, RunRef
+from ._report import MLflowNeuronWarning
 
 TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+# Above this share of a cycle's device time left on no op, ingest warns: per-op numbers then miss
+# more than rounding, and the reason is in the trace (launches outside ops, device events without
+# a launch), not in the numbers.
+WEAK_ATTRIBUTION_SHARE = 0.05
 _STEP_EVENT = re.compile(r"^ProfilerStep#(\d+)$")
 
 
@@ -81,12 +87,32 @@ def load_trace(path: Path) -> dict:
 
 
 def profile_of(trace: dict, source: Path, last_step: int = 0) -> CycleProfile:
+    return linked_profile_of(trace, source, last_step)[0]
+
+
+def linked_profile_of(trace: dict, source: Path, last_step: int = 0) -> tuple[CycleProfile, _chrome.Linking]:
+    """The cycle's profile, and how its device events were linked to ops. `last_step` numbers
+    the cycle's step when the trace has no ProfilerStep ranges."""
     device, device_profiled = _devices.device_of_trace(trace)
-    raw = _raw.raw_events_from_chrome_trace(trace)
+    raw, linking = _chrome.read_chrome_trace(trace)
     profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step)
     if not profile.ops:
         raise ValueError(f"{source}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
-    return profile
+    return profile, linking
+
+
+def weak_attribution(linking: _chrome.Linking) -> str | None:
+    """A sentence on device time that no op carries, when it is more than WEAK_ATTRIBUTION_SHARE."""
+    if linking.unattributed_share <= WEAK_ATTRIBUTION_SHARE:
+        return None
+    if linking.unlinked and not (linking.by_external_id or linking.through_runtime):
+        cause = "no device event could be linked to a launching op"
+    else:
+        cause = f"{linking.unlinked} of {linking.device_events} device events have no launch inside a host op"
+    return (f"{linking.unattributed_device_time_us:,.0f} of {linking.device_time_us:,.0f} us of device time "
+            f"({linking.unattributed_share:.1%}) is attributed to no op: {cause} (device events without a "
+            f"correlation id or runtime launch, launches from threads or code outside torch ops, or a trace "
+            f"cut mid-step); per-op device time covers the rest")  # fmt: skip
 
 
 def step_of(trace: dict, fallback: int) -> int:
@@ -103,8 +129,14 @@ def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int, out
     for index, cycle in enumerate(cycles, 1):
         trace = load_trace(cycle.trace)
         step = step_of(trace, index)
-        profile = profile_of(trace, cycle.trace, last_step=max(step - 1, 0))
-        record = _record_for(cycle, trace, profile, step, keys, top_k, max_file_bytes, first=index == 1)
+        profile, linking = linked_profile_of(trace, cycle.trace, last_step=max(step - 1, 0))
+        attribution = linking.as_dict()
+        weak = weak_attribution(linking)
+        if weak:
+            attribution["warning"] = weak
+            warnings.warn(f"mlflow-neuron: {cycle.trace}: {weak}", MLflowNeuronWarning, stacklevel=2)
+        record = _record_for(cycle, trace, profile, step, keys, top_k, max_file_bytes, first=index == 1,
+                             attribution=attribution)  # fmt: skip
         delivery = record.materialize()
         print(f"[{index}/{len(cycles)}] {cycle.trace} -> step {step}: {len(profile.ops)} ops, "
               f"{len(record.uploads)} file(s), {_size(sum(Path(p).stat().st_size for p, _ in record.uploads))}",
@@ -117,7 +149,7 @@ def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int, out
 
 
 def _record_for(cycle: TraceCycle, trace: dict, profile: CycleProfile, step: int, keys: OpKeys, top_k: int,
-                max_file_bytes: int, first: bool) -> CycleRecord:  # fmt: skip
+                max_file_bytes: int, first: bool, attribution: dict | None = None) -> CycleRecord:  # fmt: skip
     step_dir = f"profiler/step_{step}"
     staged = Path(tempfile.mkdtemp(prefix="mlflow-neuron-ingest-"))
     found = []
@@ -152,7 +184,8 @@ def _record_for(cycle: TraceCycle, trace: dict, profile: CycleProfile, step: int
         _files.link_or_copy(cycle.trace, record.raw_trace)
         trace_source = str(cycle.trace)
     record.manifest = _record.manifest(found, neuron_dir=f"{step_dir}/neuron", output_dir=str(cycle.root or ""),
-                                       trace_source=trace_source, max_file_bytes=max_file_bytes, rank=0)
+                                       trace_source=trace_source, max_file_bytes=max_file_bytes, rank=0,
+                                       attribution=attribution)
     summary_tool = _devices.neuron_summary_tool()
     if cycle.files and _devices.is_neuron_session([f.name for f in cycle.files]):
         record.summary_tool, record.summary_sessions = summary_tool, (str(cycle.trace.parent),)

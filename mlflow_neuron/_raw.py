@@ -36,8 +36,7 @@ allow 1e-6 relative). Pure: no MLflow, no files.
 from __future__ import annotations
 
 import itertools
-import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
 from typing import Any
@@ -248,129 +247,6 @@ def _uncovered_memory(memory: tuple, start: np.ndarray, end: np.ndarray, host: n
     zeros = np.zeros(k, np.int64)
     return (ids[order], at[order], at[order], thread[order], np.full(k, HOST, np.int8), zeros, zeros,
             np.zeros(k, bool), np.zeros(k, bool), np.zeros(k))  # fmt: skip
-
-
-def raw_events_from_chrome_trace(trace: Mapping[str, Any]) -> RawEvents:
-    """The events of a chrome trace (Kineto's `export_chrome_trace` JSON, a tensorboard_trace_handler
-    file, or `use_python_export=True` output), loaded with `json.load`.
-
-    Read: `ph: "X"` events whose `cat` torch turns into host rows (`cpu_op`, `user_annotation`,
-    `python_function`, the `*_runtime`/`*_driver` families, `overhead`, ...) or device rows
-    (`kernel`, `gpu_memcpy`, `gpu_memset`, `gpu_user_annotation`, `cuda_sync`, ...), and `[memory]`
-    / `[OutOfMemory]` instant events. Other categories and phases (metadata, flows, the `Trace` spans)
-    are ignored. Host ops carry their own id in `args["External id"]`; activities carry the id of the
-    op they link to there (Kineto writes none for unlinked kernels, copies and runtime calls).
-    `ts`/`dur` are microseconds with three decimals, i.e. whole nanoseconds, so times are exact.
-
-    What a chrome trace cannot say: which events were async (none are treated so); the profiler's
-    `use_device` (taken as set when the trace has device rows; device time is 0 otherwise, as in
-    torch); legacy fallback device time. Per-op numbers agree with `extract_cycle(prof.events())`
-    of the same cycle to 1e-9 relative (Kineto JSON: exactly).
-
-    Raises:
-        ValueError: `trace` is not a chrome trace, or an event lacks a usable ts/dur/name.
-    """
-    if not isinstance(trace, Mapping) or not isinstance(trace.get("traceEvents"), list):
-        raise ValueError("not a chrome trace: expected a JSON object with a 'traceEvents' list")
-    rows, memory, trace_start_us = [], [], None
-    threads: dict[Any, int] = {}
-    for index, event in enumerate(trace["traceEvents"]):
-        if not isinstance(event, Mapping):
-            raise ValueError(f"traceEvents[{index}] is {type(event).__name__}, not an object")
-        phase, cat, name = event.get("ph"), event.get("cat"), event.get("name")
-        if name in (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME) and phase in ("i", "I", "X"):
-            ts, _, name = _checked(event, index, "ts")  # Kineto writes instants, the Python exporter X
-            thread = threads.setdefault((event.get("pid"), event.get("tid")), len(threads))
-            memory.append((name, ts, thread))
-        elif phase == "X" and cat in _CHROME_CLASSES:
-            ts, dur, name = _checked(event, index, "ts", "dur")
-            args = event.get("args") or {}
-            if isinstance(args, Mapping) and str(args.get("hidden", "")) == "1":
-                continue  # Kineto's "hidden" metadata: torch drops these events
-            external = _int_arg(args, "External id", index)
-            device_class = _CHROME_CLASSES[cat]
-            thread = threads.setdefault((event.get("pid"), event.get("tid")), len(threads))
-            if device_class != HOST:
-                own, linked = 0, external
-            elif cat in _TORCH_OP_CATEGORIES:
-                own, linked = external, 0
-            else:  # a runtime-like activity: External id names the op it links to
-                own, linked = _int_arg(args, "correlation", index), external
-            rows.append((name, ts, dur, thread, device_class, own, linked, cat in _ANNOTATION_CATEGORIES))
-        elif phase == "X" and cat == "Trace" and str(event.get("name", "")).startswith("PyTorch Profiler"):
-            trace_start_us = _checked(event, index, "ts")[0]  # Kineto's span starts at trace_start_ns
-    return _chrome_columns(rows, memory, trace_start_us)
-
-
-# Kineto activity categories as torch 2.13's deviceTypeFromActivity files them.
-_TORCH_OP_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
-_ANNOTATION_CATEGORIES = frozenset({"user_annotation", "gpu_user_annotation"})
-_CHROME_CLASSES = {
-    **{c: HOST for c in _TORCH_OP_CATEGORIES},
-    **{c: HOST for c in ("cuda_runtime", "cuda_driver", "xpu_runtime", "xpu_driver", "mtia_runtime",
-                         "privateuse1_runtime", "privateuse1_driver", "glow_runtime", "overhead",
-                         "external_correlation")},
-    **{c: DEVICE_KERNEL for c in ("kernel", "gpu_memcpy", "gpu_memset", "cuda_sync", "gpu_user_annotation",
-                                  "cuda_profiler_range")},
-    **{c: DEVICE_OTHER for c in ("mtia_ccp_events", "mtia_insight", "mtia_counters", "hpu_op")},
-}  # fmt: skip
-
-
-def _checked(event: Mapping, index: int, *keys: str) -> tuple:
-    """(ts, dur or None, name) of an event that has them, else a ValueError saying which is wrong."""
-    name = event.get("name")
-    if not isinstance(name, str):
-        raise ValueError(f"traceEvents[{index}] ({event.get('cat')}) has no string 'name': {name!r}")
-    values = []
-    for key in keys:
-        value = event.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"traceEvents[{index}] ({event.get('cat')} {name!r}) has no numeric {key!r}: {value!r}")
-        values.append(float(value))
-    if len(values) > 1 and values[1] < 0:
-        raise ValueError(f"traceEvents[{index}] ({event.get('cat')} {name!r}) has a negative 'dur': {values[1]}")
-    return values[0], values[1] if len(values) > 1 else None, name
-
-
-def _int_arg(args: Any, key: str, index: int) -> int:
-    value = args.get(key, 0) if isinstance(args, Mapping) else 0
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"traceEvents[{index}] args[{key!r}] is not an integer: {value!r}")
-    return value
-
-
-def _ns(us: np.ndarray) -> np.ndarray:
-    """Whole nanoseconds from microsecond floats written with three decimals (exact below 2**43 µs)."""
-    whole = np.floor(us)
-    return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
-
-
-def _chrome_columns(rows: list, memory: list, trace_start_us: float | None) -> RawEvents:
-    if not rows and not memory:
-        return _empty(None)
-    names, ts, dur, thread, device_class, own, linked, annotation = zip(*rows) if rows else [()] * 8
-    start = _ns(np.array(ts, np.float64))
-    end = start + np.rint(np.array(dur, np.float64) * 1000).astype(np.int64)
-    mem_start = _ns(np.array([r[1] for r in memory], np.float64))
-    if trace_start_us is not None:
-        origin = _ns(np.array([trace_start_us]))[0]
-    else:  # the Python exporter writes no trace start: the first event stands in (floats differ in the last bits)
-        origin = min(a.min() for a in (start, mem_start) if len(a))
-    raw_names, name_id = _factorize(list(names) + [r[0] for r in memory])
-    m = len(rows)
-    device_class = np.array(device_class, np.int8)
-    columns = [name_id[:m], start - origin, end - origin, np.array(thread, np.int64), device_class,
-               np.array(own, np.int64), np.array(linked, np.int64), np.zeros(m, bool),
-               np.array(annotation, bool), np.zeros(m)]  # fmt: skip
-    if memory:
-        oom = np.array([r[0] == OUT_OF_MEMORY_EVENT_NAME for r in memory], bool)
-        records = (name_id[m:], mem_start - origin, np.array([r[2] for r in memory], np.int64), oom)
-        extra = _uncovered_memory(records, columns[1], columns[2], device_class == HOST)
-        columns = [np.concatenate([c, x]) for c, x in zip(columns, extra)]
-    use_device = "device" if (device_class != HOST).any() else None
-    return RawEvents(tuple(raw_names), *columns, use_device=use_device)
 
 
 def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_step: int = 0) -> CycleProfile:
@@ -696,3 +572,12 @@ _CLASS_OF.update({int(t): DEVICE_KERNEL for t in _ATTACHED})
 def _empty(use_device: str | None) -> RawEvents:
     i, b = np.zeros(0, np.int64), np.zeros(0, bool)
     return RawEvents((), i, i, i, i, np.zeros(0, np.int8), i, i, b, b, np.zeros(0), use_device=use_device)
+
+
+def __getattr__(name: str) -> Any:
+    # The chrome-trace reader lives in `_chrome` (which imports this module); kept importable here.
+    if name == "raw_events_from_chrome_trace":
+        from ._chrome import raw_events_from_chrome_trace
+
+        return raw_events_from_chrome_trace
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

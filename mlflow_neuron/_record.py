@@ -262,7 +262,10 @@ def manifest(
     trace_source: str | None,
     max_file_bytes: int,
     rank: int,
+    attribution: dict | None = None,
 ) -> dict:
+    """manifest.json: where the cycle's files went, each NTFF with its NEFF; with `attribution`
+    (ingest: how device events were linked to ops, and how much device time no op carries)."""
     views = neuron_explorer_views(found, neuron_dir)
     neff_of = {pair["ntff"]: pair["neff"] for pair in views["neuron_pairs"]}
     files = []
@@ -277,7 +280,7 @@ def manifest(
         if entry["artifact_path"] in neff_of:  # a device trace names the NEFF it can be read with
             entry["neff"] = neff_of[entry["artifact_path"]]
         files.append(entry)
-    return {
+    document = {
         "rank": rank,
         "profile_output_dir": output_dir,
         "max_file_bytes": max_file_bytes,
@@ -285,6 +288,9 @@ def manifest(
         "files": files,
         **views,
     }
+    if attribution is not None:
+        document["attribution"] = attribution
+    return document
 
 
 def neuron_explorer_views(found: list[_files.FoundFile], neuron_dir: str) -> dict:
