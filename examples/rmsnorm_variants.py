@@ -1,18 +1,22 @@
 """RMSNorm three ways, profiled into MLflow: naive ATen ops, fused `torch.rms_norm`, `torch.compile`.
 
 One parent run and one child run per variant (`naive`, `fused`, `compiled`) in experiment
-`rmsnorm-variants`; ends with a side-by-side table read back from MLflow.
+`rmsnorm-variants`. Each variant is profiled for 10 steps (two cycles of 5 active steps), so the
+comparison read back from MLflow has 10 samples per variant: medians, 95% intervals, outliers
+and a verdict per variant, which also lands in the parent run's description.
 
     python examples/rmsnorm_variants.py                       # Neuron, else CUDA, else CPU
-    python examples/rmsnorm_variants.py --device cpu --steps 8 --shape 8,4096 --dtype float32
+    python examples/rmsnorm_variants.py --device cpu --shape 8,4096 --dtype float32
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from collections.abc import Callable
 
@@ -34,6 +38,10 @@ from mlflow_neuron import (
 
 EXPERIMENT = "rmsnorm-variants"
 EPS = 1e-6
+# Two cycles of 5 active steps: 10 samples per variant. warmup=2 keeps torch.compile's first
+# calls and cache fills out of the samples.
+WAIT, WARMUP, ACTIVE, REPEAT = 1, 2, 5, 2
+STEPS = (WAIT + WARMUP + ACTIVE) * REPEAT
 
 
 def rms_norm_naive(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -66,10 +74,10 @@ def profile_variant(name: str, fn: Callable, args: argparse.Namespace, device: s
         with MLflowProfilerCallback(*setup.handlers, run_id=run.info.run_id) as callback:
             with profile(
                 **setup.profiler_kwargs(),
-                schedule=schedule(wait=2, warmup=1, active=1),
+                schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=REPEAT),
                 on_trace_ready=callback,
             ) as prof:
-                for _ in range(args.steps):
+                for _ in range(STEPS):
                     fn(x, weight)
                     synchronize(device)
                     prof.step()
@@ -78,7 +86,7 @@ def profile_variant(name: str, fn: Callable, args: argparse.Namespace, device: s
 
 def attach_comparison_to(parent_run_id: str, run_ids: dict[str, str]) -> pd.DataFrame:
     """Compares the variants against naive and attaches table, PNG and HTML to the parent run."""
-    frame = compare_runs(list(run_ids.values()), baseline="naive")
+    frame = compare_runs(list(run_ids.values()), baseline="naive", skip_steps=0)
     with tempfile.TemporaryDirectory() as tmp:
         chart = render.png(frame, Path(tmp, "comparison.png"))
         page = Path(tmp, "report.html")
@@ -90,26 +98,49 @@ def attach_comparison_to(parent_run_id: str, run_ids: dict[str, str]) -> pd.Data
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", help="neuron, cuda or cpu (default: the first available)")
-    parser.add_argument("--steps", type=int, default=4, help="profiler steps per variant (default 4)")
     parser.add_argument("--shape", default="4,512", help="input shape (default 4,512)")
     parser.add_argument("--dtype", default="bfloat16", help="torch dtype name (default bfloat16)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="host threads for torch on CPU (default 1: see the note it prints; 0 keeps torch's)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: MLflow's, sqlite:///mlflow.db)")
     parser.add_argument("--profile-dir", default="neuron_profile", help="Neuron profile output folder")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show MLflow's own INFO messages")
     args = parser.parse_args(argv)
-    if args.steps < 4:
-        parser.error("--steps must be at least 4 (schedule wait=2, warmup=1, active=1)")
+    if args.threads < 0:
+        parser.error(f"--threads must be >= 0; got {args.threads}")
+    try:
+        shape = tuple(int(n) for n in args.shape.split(","))
+    except ValueError:
+        parser.error(f"--shape must be integers separated by commas, such as 4,512; got {args.shape!r}")
+    if not shape or min(shape) < 1:
+        parser.error(f"--shape must be positive sizes; got {args.shape!r}")
+    if not isinstance(getattr(torch, args.dtype, None), torch.dtype):
+        parser.error(f"--dtype must be a torch dtype name such as bfloat16 or float32; got {args.dtype!r}")
+    try:
+        device = pick_device(args.device)
+    except ValueError as error:
+        parser.error(str(error))
 
+    if not args.verbose:
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events")  # expected: one cycle at a time
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if args.tracking_uri:
         mlflow.set_tracking_uri(args.tracking_uri)
-    device = pick_device(args.device)
+    if device == "cpu" and args.threads:
+        # A 4x512 RMSNorm needs no thread pool; on a shared 2-core machine OpenMP workers that
+        # wait for a core add stalls of 5-24 ms to single steps, noise that says nothing about
+        # the kernels.
+        torch.set_num_threads(args.threads)
+        print(f"host noise: torch uses {args.threads} CPU thread(s) (--threads 0 keeps torch's default)")
     mlflow.set_experiment(EXPERIMENT)
     with mlflow.start_run(run_name=f"rmsnorm-{device}") as parent:
-        mlflow.log_params({"device": device, "shape": args.shape, "dtype": args.dtype, "steps": args.steps})
+        mlflow.log_params({"device": device, "shape": args.shape, "dtype": args.dtype, "steps": STEPS,
+                           "threads": args.threads or torch.get_num_threads()})  # fmt: skip
         run_ids = {name: profile_variant(name, fn, args, device) for name, fn in variants(device).items()}
 
     frame = attach_comparison_to(parent.info.run_id, run_ids)
-    print(f"\nRMSNorm variants on {device}, shape {args.shape} {args.dtype}")
+    print(f"\nRMSNorm variants on {device}, shape {args.shape} {args.dtype}, {ACTIVE * REPEAT} profiled steps each")
     print(render.text(frame, top=8))
     print(f"\nParent run {parent.info.run_id} in experiment '{EXPERIMENT}' holds the comparison (table, PNG, HTML).")
     print(f"Compare from the shell: mlflow-neuron compare --experiment {EXPERIMENT} --baseline naive")

@@ -244,7 +244,10 @@ def _named_by_key(profile: RunProfile) -> RunProfile:
 
 def attach_comparison(tracking_uri: str, run_id: str, frame: pd.DataFrame, files: list[Path]) -> None:
     """Logs the comparison table (shown as a table in the UI) and its rendered files under
-    `comparison/`, replacing an earlier comparison there."""
+    `comparison/`, replacing an earlier comparison there, and puts the verdicts in words into
+    the run's description (its page shows them)."""
+    from ._registry import describe_run  # _registry reads runs through this module
+
     with tempfile.TemporaryDirectory() as tmp:
         write_table(flat(frame), Path(tmp, COMPARISON_TABLE))
         for path in files:
@@ -252,6 +255,7 @@ def attach_comparison(tracking_uri: str, run_id: str, frame: pd.DataFrame, files
         delivery = Delivery(step=0, timestamp_ms=0, artifact_dir=COMPARISON_DIR, files_dir=tmp,
                             table=f"{COMPARISON_DIR}/{COMPARISON_TABLE}")
         RunLogger(RunRef(tracking_uri, run_id)).deliver(delivery)
+    describe_run(tracking_uri, run_id, frame)
 
 
 def _resolve_one(client: MlflowClient, name: str, experiment_id: str | None) -> Run:

@@ -78,7 +78,6 @@ def compare(args: argparse.Namespace, out=None) -> int:
     from . import _render
     from ._compare import compare as compare_profiles
     from ._mlflow_runs import attach_comparison, load_profiles, resolve_runs
-    from ._registry import describe_run
 
     out = out or sys.stdout
 
@@ -100,7 +99,6 @@ def compare(args: argparse.Namespace, out=None) -> int:
             page = Path(tmp, "report.html")
             page.write_text(_render.html_page(frame, chart), encoding="utf-8")
             attach_comparison(uri, args.log_to, frame, [chart, page])
-        describe_run(uri, args.log_to, frame)
         print(f"attached comparison/ops.json, comparison.png, report.html and the verdicts to run {args.log_to}",
               file=out)  # fmt: skip
     if args.fail_if_slower is None:

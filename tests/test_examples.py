@@ -39,8 +39,13 @@ def test_rmsnorm_variants_leaves_three_child_runs_and_prints_the_table(tmp_path)
         assert CONTRACT_TOTALS <= set(run.data.metrics)
         assert run.data.tags["mlflow_neuron.device"] == "cpu"
         aten_calls[name] = run.data.metrics["profiler/total/aten_calls"]
-    # What fusion does to dispatched ATen calls (measured on CPU; see the issue).
-    assert aten_calls == {"naive": 6, "fused": 1, "compiled": 0}
+    # What fusion does to dispatched ATen calls (measured on CPU; see the issue), 5 steps a cycle.
+    assert aten_calls == {"naive": 30, "fused": 5, "compiled": 0}
+    for name in ("naive", "fused", "compiled"):  # 10 samples: two cycles of 5 steps
+        steps = client.get_metric_history(runs[name].info.run_id, "profiler/step/self_cpu_time_us")
+        assert sorted(p.step for p in steps) == [3, 4, 5, 6, 7, 11, 12, 13, 14, 15]
+    description = runs["rmsnorm-cpu"].data.tags["mlflow.note.content"]
+    assert "fused vs naive: " in description and "compiled vs naive: " in description
     assert "profiler/calls/aten.mul" in runs["naive"].data.metrics
     assert "profiler/calls/aten._fused_rms_norm" in runs["fused"].data.metrics
     lines = out.splitlines()
@@ -50,6 +55,16 @@ def test_rmsnorm_variants_leaves_three_child_runs_and_prints_the_table(tmp_path)
     assert any(line.startswith("fused vs naive: ") for line in lines)
     assert any(line.startswith("compiled vs naive: ") for line in lines)
     assert f"mlflow ui --backend-store-uri {uri}" in out
+    assert "host noise: torch uses 1 CPU thread(s)" in out
+
+
+def test_rmsnorm_variants_rejects_a_device_it_cannot_use_in_one_line(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "rmsnorm_variants.py"), "--device", "neuron"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and "neuron" in result.stderr.splitlines()[-1]
 
 
 def test_train_loop_puts_loss_and_three_profiler_cycles_in_one_run(tmp_path):
