@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 import urllib.error
 import urllib.request
 from dataclasses import replace
@@ -24,6 +25,59 @@ from ._record import Delivery, RunRef
 
 RUN_KEY_TAG = "mlflow_neuron.run_key"
 PROBE_TIMEOUT_S = 3.0
+
+# Answers that sending the same data again can never change: the run or experiment is missing or
+# deleted, access is denied, or a value is refused. Anything else (no answer, timeouts, 5xx,
+# rate limits) may pass on a later try.
+PERMANENT_ERROR_CODES = frozenset({
+    "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "INVALID_STATE", "BAD_REQUEST",
+    "PERMISSION_DENIED", "UNAUTHENTICATED", "CUSTOMER_UNAUTHORIZED",
+})  # fmt: skip
+
+
+def is_permanent(error: BaseException) -> bool:
+    """True when the server answered with a refusal that a retry cannot change."""
+    return getattr(error, "error_code", None) in PERMANENT_ERROR_CODES and not is_unreachable(error)
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """True when the server did not answer at all: refused, reset, DNS, or timed out.
+
+    MLflow wraps these in an MlflowException whose context holds the requests/urllib3 error."""
+    import requests
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (ConnectionError, TimeoutError, requests.exceptions.ConnectionError,
+                              requests.exceptions.Timeout)):  # fmt: skip
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def reason(error: BaseException) -> str:
+    """One line saying why a delivery failed, for warnings and the outbox's `reason` files."""
+    code = getattr(error, "error_code", None)
+    message = getattr(error, "message", None) or str(error)
+    first = " ".join(str(message).split())[:300]
+    return f"{code}: {first}" if code else f"{type(error).__name__}: {first}"
+
+
+def check_tracking_uri(tracking_uri: str) -> None:
+    """Raises ValueError naming the schemes MLflow knows when `tracking_uri` is not one of them.
+
+    MLflow's own error for this talks about the model registry, which hides the real mistake."""
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry as registry
+    from mlflow.utils.uri import get_uri_scheme
+
+    known = set(registry._registry) - {""}
+    scheme = tracking_uri if tracking_uri in {"databricks", "databricks-uc", "uc"} else get_uri_scheme(tracking_uri)
+    if scheme and scheme not in known:
+        raise ValueError(
+            f"tracking_uri {tracking_uri!r} has an unknown scheme {scheme!r}; expected one of "
+            f"{', '.join(sorted(known))} (e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db)"
+        )
 
 
 def check_reachable(tracking_uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
@@ -40,12 +94,15 @@ def check_reachable(tracking_uri: str, timeout: float = PROBE_TIMEOUT_S) -> None
     except urllib.error.HTTPError:
         return
     except (OSError, ValueError) as error:
-        raise ConnectionError(f"tracking server {tracking_uri} is not reachable: {error}") from error
+        cause = getattr(error, "reason", error)  # URLError wraps the socket error
+        why = f"no answer within {timeout:g} s" if isinstance(cause, TimeoutError) else str(cause)
+        raise ConnectionError(f"tracking server {tracking_uri} is not reachable ({why})") from error
 
 
 def current_run_ref(run_id: str | None, tracking_uri: str | None, **new_run: str | None) -> RunRef:
     """The run to log into: `run_id`, else the active run, else `MLFLOW_RUN_ID`, else a new one."""
     uri = tracking_uri or mlflow.get_tracking_uri()
+    check_tracking_uri(uri)
     if run_id is None:
         active = mlflow.active_run()
         run_id = active.info.run_id if active else os.environ.get("MLFLOW_RUN_ID") or None
@@ -138,3 +195,24 @@ class RunLogger:
                 break
             self._tables.remove(ours[0])
         return json.dumps(self._tables)
+
+
+def sent_files(delivery: Delivery, vanished: list[str] = ()) -> dict[str, int]:
+    """{path: bytes} of every file a delivery uploads: the generated ones and the profile's own."""
+    files = {}
+    if delivery.files_dir and os.path.isdir(delivery.files_dir):
+        for path in Path(delivery.files_dir).rglob("*"):
+            if path.is_file():
+                files[str(path)] = path.stat().st_size
+    for source, _ in delivery.uploads:
+        if source not in vanished and os.path.isfile(source):
+            files[source] = os.path.getsize(source)
+    return files
+
+
+def human_size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"
