@@ -158,6 +158,8 @@ class Sender:
         for attempt in range(self.retries + 1):
             if attempt and self._stop.wait(self.retry_wait_s * 2 ** (attempt - 1)):
                 break  # closing: the record goes to the outbox now
+            if self._settled.get(id(record)) == "abandoned":
+                return  # the budget ran out and the record went to the outbox meanwhile
             try:
                 delivery = record.materialize()
                 clashes, vanished = self.logger.deliver(delivery)
@@ -261,12 +263,13 @@ class Sender:
             self.rejected.append(path)
         outbox = path.parent.parent
         what = f"profiler step {step}" if step is not None else f"outbox record {path.name}"
-        self.reporter.problem(
+        if self.reporter.strict:
+            raise error
+        self.reporter.problem(  # the cause is in `why` already: no error detail appended
             "rejected",
             f"{what} was refused by {self.logger.run.tracking_uri} for run {self.logger.run.run_id} ({why}); "
             f"retrying cannot help, so it is not retried: it is kept in {path.parent}. Once the cause is "
             f"fixed, `mlflow-neuron sync --outbox {outbox} --retry-rejected [--run-id ID]` sends it",
-            error,
         )
 
     def _report_outbox(self) -> None:
