@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-import urllib.error
-import urllib.request
 from dataclasses import replace
 
 import mlflow
@@ -21,10 +19,10 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
+from ._probe import PROBE_TIMEOUT_S, check_reachable, is_unreachable  # noqa: F401 - re-exported
 from ._record import Delivery, RunRef
 
 RUN_KEY_TAG = "mlflow_neuron.run_key"
-PROBE_TIMEOUT_S = 3.0
 
 # Answers that sending the same data again can never change: the run or experiment is missing or
 # deleted, access is denied, or a value is refused. Anything else (no answer, timeouts, 5xx,
@@ -40,27 +38,13 @@ def is_permanent(error: BaseException) -> bool:
     return getattr(error, "error_code", None) in PERMANENT_ERROR_CODES and not is_unreachable(error)
 
 
-def is_unreachable(error: BaseException) -> bool:
-    """True when the server did not answer at all: refused, reset, DNS, or timed out.
-
-    MLflow wraps these in an MlflowException whose context holds the requests/urllib3 error."""
-    import requests
-
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, (ConnectionError, TimeoutError, requests.exceptions.ConnectionError,
-                              requests.exceptions.Timeout)):  # fmt: skip
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
 def reason(error: BaseException) -> str:
     """One line saying why a delivery failed, for warnings and the outbox's `reason` files."""
     code = getattr(error, "error_code", None)
     message = getattr(error, "message", None) or str(error)
     first = " ".join(str(message).split())[:300]
+    if code and first.startswith(f"{code}:"):
+        return first  # a REST error's message already starts with its code
     return f"{code}: {first}" if code else f"{type(error).__name__}: {first}"
 
 
@@ -78,25 +62,6 @@ def check_tracking_uri(tracking_uri: str) -> None:
             f"tracking_uri {tracking_uri!r} has an unknown scheme {scheme!r}; expected one of "
             f"{', '.join(sorted(known))} (e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db)"
         )
-
-
-def check_reachable(tracking_uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
-    """Raises ConnectionError fast when an HTTP tracking server does not answer at all.
-
-    MLflow's client retries a dead server for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES and
-    backoff, process-wide settings this library leaves alone); one short probe first lets the
-    sender go on to retry or the outbox instead. Any HTTP answer, even an error, counts as alive.
-    """
-    if not tracking_uri.startswith(("http://", "https://")):
-        return
-    try:
-        urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout).close()
-    except urllib.error.HTTPError:
-        return
-    except (OSError, ValueError) as error:
-        cause = getattr(error, "reason", error)  # URLError wraps the socket error
-        why = f"no answer within {timeout:g} s" if isinstance(cause, TimeoutError) else str(cause)
-        raise ConnectionError(f"tracking server {tracking_uri} is not reachable ({why})") from error
 
 
 def current_run_ref(run_id: str | None, tracking_uri: str | None, **new_run: str | None) -> RunRef:

@@ -16,8 +16,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ._files import link_or_copy
-from ._record import Delivery, RunRef
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # _record imports torch and pandas: the CLI loads this module before those
+    from ._record import Delivery, RunRef
 
 DEFAULT_OUTBOX = "mlflow-neuron-outbox"
 RECORD = "record.json"
@@ -39,6 +41,8 @@ def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_
     """Stores a delivery; raises OSError when the folder cannot be written.
 
     With `rejected` (the reason), the record goes to `<folder>/rejected/` with a `reason` file."""
+    from ._files import link_or_copy
+
     folder = Path(folder) / REJECTED if rejected is not None else Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):06d}"
@@ -113,6 +117,8 @@ def reason_of(record_dir: Path) -> str:
 
 def load(record_dir: Path) -> tuple[Delivery, RunRef]:
     """Reads a record; raises ValueError with the reason when it is not one this version reads."""
+    from ._record import Delivery, RunRef
+
     try:
         data = json.loads((record_dir / RECORD).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:

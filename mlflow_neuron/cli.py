@@ -400,26 +400,30 @@ def _check_server(args: argparse.Namespace) -> None:
 
     A command without --tracking-uri uses MLFLOW_TRACKING_URI (sync: each record's own server,
     probed as it goes)."""
-    from ._mlflow_io import check_reachable, check_tracking_uri
+    from ._probe import check_reachable
 
     uri = getattr(args, "tracking_uri", None)
     if uri is None and args.command != "sync":
         uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
+        check_reachable(uri)  # before torch and MLflow are imported: a dead server is known in a second
+        from ._mlflow_io import check_tracking_uri
+
         check_tracking_uri(uri)
-        check_reachable(uri)
 
 
 def _exit_for(error: BaseException) -> tuple[int | None, str]:
     """(exit code, one line) for errors a user can act on; (None, "") for bugs, which keep their traceback."""
+    from ._probe import is_unreachable
+
+    if isinstance(error, ConnectionError):  # the probe's own, which says which server and why
+        return EXIT_UNREACHABLE, str(error)
     from mlflow.exceptions import MlflowException
 
-    from ._mlflow_io import is_unreachable, reason
+    from ._mlflow_io import reason
     from ._mlflow_runs import RunNotFound
 
     if is_unreachable(error):
-        if isinstance(error, ConnectionError):
-            return EXIT_UNREACHABLE, str(error)
         return EXIT_UNREACHABLE, f"the tracking server did not answer ({reason(error)})"
     if isinstance(error, (RunNotFound, ValueError)):
         return EXIT_USAGE, str(error)
