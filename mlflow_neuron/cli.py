@@ -68,12 +68,12 @@ def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_reject
     """
     from dataclasses import replace
 
-    from ._mlflow_io import RunLogger, check_reachable, human_size, is_permanent, is_unreachable, reason, sent_files
-    from ._record import RunRef
-
     out, err = out or sys.stdout, err or sys.stderr
     result = SyncResult()
     records = _outbox.rejected(outbox) if retry_rejected else _outbox.pending(outbox)
+    if records:  # MLflow and torch load in seconds: only when there is something to send
+        from ._mlflow_io import RunLogger, check_reachable, human_size, is_permanent, is_unreachable, reason, sent_files
+        from ._record import RunRef
     loggers: dict[tuple, RunLogger] = {}
     unfinished: set[str | None] = set()  # run keys with a record left behind: not ended yet
     for index, record_dir in enumerate(records, 1):
@@ -145,6 +145,8 @@ def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_reject
 def _end_created_runs(loggers: dict, unfinished: set, outbox: str, out) -> None:
     """Ends, as FINISHED, runs that the callback created (known by a run key) once all their
     records are in: the status the callback's close() gives them. Runs already ended stay as they are."""
+    if not any(logger.run.run_key for logger in loggers.values()):
+        return
     from mlflow.entities import RunStatus
 
     left = set()
