@@ -96,7 +96,7 @@ def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_reject
         try:
             if key not in loggers:
                 check_reachable(run.tracking_uri)
-            logger = loggers.setdefault(key, RunLogger(run))
+            logger = loggers.get(key) or loggers.setdefault(key, RunLogger(run))
             _, vanished = logger.deliver(delivery)
         except Exception as error:  # noqa: BLE001 - report, keep the record, go on
             unfinished.add(run.run_key)
