@@ -22,7 +22,7 @@ from . import _render as render
 from ._distributed import broadcast_from_primary, current_rank
 from ._extract import MISSING, PRESENT, CycleProfile, extract_cycle
 from ._keys import OpKeys
-from ._mlflow_io import RunLogger, current_run_ref
+from ._mlflow_io import RunLogger, check_reachable, current_run_ref
 from ._record import RunRef
 from ._report import Reporter, logger
 from ._sender import Sender
@@ -72,7 +72,9 @@ class MLflowProfilerCallback:
         outbox: where unsent cycles are kept (default ``./mlflow-neuron-outbox``).
         max_pending: cycles that may wait in memory before the next goes to the outbox.
         retries, retry_wait_s: attempts after the first, and the first backoff (doubling).
-        flush_timeout_s: how long profiler stop and interpreter exit wait for pending cycles.
+        flush_timeout_s: one time budget, from the end of the loop to process exit, shared by
+            profiler stop, ``close()`` and interpreter exit; what is not sent within it goes to the
+            outbox.
         strict: re-raise errors instead of warning (default: env ``MLFLOW_NEURON_STRICT``).
         system_metrics: log ``system/neuron/...`` metrics from ``neuron-monitor`` while the run is
             active, where the tool is installed (default: MLflow's ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``).
@@ -108,6 +110,7 @@ class MLflowProfilerCallback:
         self.export_trace = export_trace
         self.all_ranks = all_ranks
         self.flush_timeout_s = flush_timeout_s
+        self._waited_s = 0.0  # of the shutdown budget: time flush points have waited since the last cycle
         self.profile_output_dir = os.fspath(profile_output_dir) if profile_output_dir else None
         self.reporter = Reporter(strict)
         self.rank = current_rank()
@@ -160,12 +163,13 @@ class MLflowProfilerCallback:
             self._hook_profiler_stop(prof)
             exported = self._run_handlers(prof)
             record = self._read_cycle(prof, exported)
+            self._waited_s = 0.0  # training went on: a later stop gets a whole budget again
             self._sender.submit(record)
         except Exception as error:  # noqa: BLE001 - nothing may escape into prof.step()
             self.reporter.problem("cycle", f"could not log profiler step {getattr(prof, 'step_num', '?')}", error)
             return
         if stopping:
-            self.flush(self.flush_timeout_s)  # the hook may have come too late for this stop()
+            self._flush_within_budget()  # the hook may have come too late for this stop()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits for pending cycles; False if `timeout` ran out first (they keep going)."""
@@ -176,17 +180,64 @@ class MLflowProfilerCallback:
             return False
 
     def close(self, timeout: float | None = None) -> None:
-        """Flushes, stores what is left in the outbox, and ends the run if this callback created it."""
-        timeout = self.flush_timeout_s if timeout is None else timeout
+        """Flushes, stores what is left in the outbox, and ends the run if this callback created it.
+
+        Without `timeout`, it uses what is left of the shutdown budget (`flush_timeout_s`, shared
+        with profiler stop and interpreter exit)."""
+        started = time.monotonic()
         try:
             if self._neuron_monitor is not None:
                 self._neuron_monitor.stop()
-            self._sender.close(timeout)
+            self._sender.close(self._budget_left() if timeout is None else timeout)
             if self._owns_run and self.rank.is_primary and self.run_id is not None:
-                self._owns_run = False
-                self._sender.logger.end_run()
+                self._end_run(self._budget_left(started) if timeout is None else max(timeout, 1.0))
         except Exception as error:  # noqa: BLE001
             self.reporter.problem("close", f"could not close run {self.run_id} cleanly", error)
+        finally:
+            self._waited_s += time.monotonic() - started
+
+    def _budget_left(self, since: float | None = None) -> float:
+        """Seconds left of the shutdown budget: flush_timeout_s less what flush points waited
+        (and, with `since`, what the current one has waited so far)."""
+        current = time.monotonic() - since if since is not None else 0.0
+        return max(self.flush_timeout_s - self._waited_s - current, 0.0)
+
+    def _flush_within_budget(self) -> None:
+        """Waits for pending cycles for what is left of the budget; the rest goes to the outbox."""
+        started = time.monotonic()
+        try:
+            if self.flush(self._budget_left()):
+                return
+        finally:
+            self._waited_s += time.monotonic() - started
+        try:
+            self._sender.spill(f"it was not sent within flush_timeout_s={self.flush_timeout_s:g} s")
+        except Exception as error:  # noqa: BLE001
+            self.reporter.problem("flush", "could not store pending cycles in the outbox", error)
+
+    def _end_run(self, seconds: float) -> None:
+        """Ends the run this callback created, waiting at most `seconds` for the server."""
+        if seconds <= 0:
+            self.reporter.problem("end_run", f"run {self.run_id} was left RUNNING: no time was left of "
+                                  f"flush_timeout_s={self.flush_timeout_s:g} s to end it")  # fmt: skip
+            return
+        errors: list[BaseException] = []
+
+        def end() -> None:
+            try:
+                check_reachable(self.tracking_uri, min(seconds, 3.0))
+                self._sender.logger.end_run()
+            except Exception as error:  # noqa: BLE001
+                errors.append(error)
+
+        ender = threading.Thread(target=end, name="mlflow-neuron-end-run", daemon=True)
+        ender.start()
+        ender.join(seconds)
+        if ender.is_alive() or errors:
+            why = errors[0] if errors else TimeoutError(f"no answer within {seconds:.1f} s")
+            self.reporter.problem("end_run", f"run {self.run_id} was left RUNNING: it could not be ended", why)
+            return
+        self._owns_run = False
 
     def __enter__(self) -> MLflowProfilerCallback:
         return self
@@ -220,7 +271,7 @@ class MLflowProfilerCallback:
             try:
                 return original(*args, **kwargs)
             finally:
-                self.flush(self.flush_timeout_s)
+                self._flush_within_budget()
 
         prof.stop = stop_then_flush
         prof._mlflow_neuron_flush = self

@@ -150,8 +150,19 @@ def neuron_available() -> bool:
 
 
 def pick_device(requested: str | None = None) -> str:
-    """The device to run on: `requested`, else Neuron, then CUDA, then CPU."""
+    """The device to run on: `requested`, else Neuron, then CUDA, then CPU.
+
+    Raises ValueError, with one line that says why, for a device this machine does not have.
+    """
     if requested:
+        available = {NEURON: neuron_available, CUDA: torch.cuda.is_available, CPU: lambda: True}
+        if requested not in available:
+            raise ValueError(f"unknown device {requested!r}; expected one of {', '.join(available)}")
+        if not available[requested]():
+            why = ("torch_neuronx is not installed or sees no NeuronCore" if requested == NEURON
+                   else "torch.cuda.is_available() is False")  # fmt: skip
+            raise ValueError(f"device {requested!r} is not available on this machine ({why}); "
+                             f"leave the device out to pick the best one present")  # fmt: skip
         return requested
     if neuron_available():
         return NEURON

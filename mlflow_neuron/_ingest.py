@@ -22,7 +22,7 @@ from pathlib import Path
 from . import _chrome, _devices, _files, _raw, _record
 from ._extract import CycleProfile
 from ._keys import OpKeys
-from ._mlflow_io import RunLogger
+from ._mlflow_io import RunLogger, human_size, sent_files
 from ._record import CycleRecord, RunRef
 from ._report import MLflowNeuronWarning
 
@@ -138,13 +138,14 @@ def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int, out
         record = _record_for(cycle, trace, profile, step, keys, top_k, max_file_bytes, first=index == 1,
                              attribution=attribution)  # fmt: skip
         delivery = record.materialize()
-        print(f"[{index}/{len(cycles)}] {cycle.trace} -> step {step}: {len(profile.ops)} ops, "
-              f"{len(record.uploads)} file(s), {_size(sum(Path(p).stat().st_size for p, _ in record.uploads))}",
-              file=out, flush=True)  # fmt: skip
         try:
-            logger.deliver(delivery)
+            _, vanished = logger.deliver(delivery)
+            files = sent_files(delivery, vanished)  # what was uploaded: generated files and the profile's own
         finally:
             shutil.rmtree(record.staged_dir, ignore_errors=True)
+        print(f"[{index}/{len(cycles)}] {cycle.trace} -> step {step}: {len(profile.ops)} ops, "
+              f"{len(delivery.metrics)} metrics, {len(files)} file(s), {human_size(sum(files.values()))}",
+              file=out, flush=True)  # fmt: skip
     return logger.run.run_id, len(cycles)
 
 
@@ -207,10 +208,3 @@ def _tensorboard_time(path: Path) -> tuple[int, str]:
     number = stem.rsplit(".", 1)[-1]
     return (int(number) if number.isdigit() else 0, path.name)
 
-
-def _size(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count} B"

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
+from pathlib import Path
 from dataclasses import replace
 
 import mlflow
@@ -20,32 +19,55 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
+from ._probe import PROBE_TIMEOUT_S, check_reachable, is_unreachable  # noqa: F401 - re-exported
 from ._record import Delivery, RunRef
 
 RUN_KEY_TAG = "mlflow_neuron.run_key"
-PROBE_TIMEOUT_S = 3.0
+
+# Answers that sending the same data again can never change: the run or experiment is missing or
+# deleted, access is denied, or a value is refused. Anything else (no answer, timeouts, 5xx,
+# rate limits) may pass on a later try.
+PERMANENT_ERROR_CODES = frozenset({
+    "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "INVALID_STATE", "BAD_REQUEST",
+    "PERMISSION_DENIED", "UNAUTHENTICATED", "CUSTOMER_UNAUTHORIZED",
+})  # fmt: skip
 
 
-def check_reachable(tracking_uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
-    """Raises ConnectionError fast when an HTTP tracking server does not answer at all.
+def is_permanent(error: BaseException) -> bool:
+    """True when the server answered with a refusal that a retry cannot change."""
+    return getattr(error, "error_code", None) in PERMANENT_ERROR_CODES and not is_unreachable(error)
 
-    MLflow's client retries a dead server for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES and
-    backoff, process-wide settings this library leaves alone); one short probe first lets the
-    sender go on to retry or the outbox instead. Any HTTP answer, even an error, counts as alive.
-    """
-    if not tracking_uri.startswith(("http://", "https://")):
-        return
-    try:
-        urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout).close()
-    except urllib.error.HTTPError:
-        return
-    except (OSError, ValueError) as error:
-        raise ConnectionError(f"tracking server {tracking_uri} is not reachable: {error}") from error
+
+def reason(error: BaseException) -> str:
+    """One line saying why a delivery failed, for warnings and the outbox's `reason` files."""
+    code = getattr(error, "error_code", None)
+    message = getattr(error, "message", None) or str(error)
+    first = " ".join(str(message).split())[:300]
+    if code and first.startswith(f"{code}:"):
+        return first  # a REST error's message already starts with its code
+    return f"{code}: {first}" if code else f"{type(error).__name__}: {first}"
+
+
+def check_tracking_uri(tracking_uri: str) -> None:
+    """Raises ValueError naming the schemes MLflow knows when `tracking_uri` is not one of them.
+
+    MLflow's own error for this talks about the model registry, which hides the real mistake."""
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry as registry
+    from mlflow.utils.uri import get_uri_scheme
+
+    known = set(registry._registry) - {""}
+    scheme = tracking_uri if tracking_uri in {"databricks", "databricks-uc", "uc"} else get_uri_scheme(tracking_uri)
+    if scheme and scheme not in known:
+        raise ValueError(
+            f"tracking_uri {tracking_uri!r} has an unknown scheme {scheme!r}; expected one of "
+            f"{', '.join(sorted(known))} (e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db)"
+        )
 
 
 def current_run_ref(run_id: str | None, tracking_uri: str | None, **new_run: str | None) -> RunRef:
     """The run to log into: `run_id`, else the active run, else `MLFLOW_RUN_ID`, else a new one."""
     uri = tracking_uri or mlflow.get_tracking_uri()
+    check_tracking_uri(uri)
     if run_id is None:
         active = mlflow.active_run()
         run_id = active.info.run_id if active else os.environ.get("MLFLOW_RUN_ID") or None
@@ -139,3 +161,24 @@ class RunLogger:
                 break
             self._tables.remove(ours[0])
         return json.dumps(self._tables)
+
+
+def sent_files(delivery: Delivery, vanished: list[str] = ()) -> dict[str, int]:
+    """{path: bytes} of every file a delivery uploads: the generated ones and the profile's own."""
+    files = {}
+    if delivery.files_dir and os.path.isdir(delivery.files_dir):
+        for path in Path(delivery.files_dir).rglob("*"):
+            if path.is_file():
+                files[str(path)] = path.stat().st_size
+    for source, _ in delivery.uploads:
+        if source not in vanished and os.path.isfile(source):
+            files[source] = os.path.getsize(source)
+    return files
+
+
+def human_size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"

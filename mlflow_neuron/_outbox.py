@@ -16,11 +16,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ._files import link_or_copy
-from ._record import Delivery, RunRef
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # _record imports torch and pandas: the CLI loads this module before those
+    from ._record import Delivery, RunRef
 
 DEFAULT_OUTBOX = "mlflow-neuron-outbox"
 RECORD = "record.json"
+REJECTED = "rejected"  # records the server refused for good; sync leaves them unless asked
+REASON = "reason"  # in a rejected record: one line saying why
 FORMAT = 1
 DEFAULT_COPY_MAX_BYTES = 64 * 1024**2
 
@@ -32,9 +36,14 @@ def fallback_folder() -> Path:
     return Path(tempfile.gettempdir()) / f"mlflow-neuron-outbox-{os.getuid() if hasattr(os, 'getuid') else 0}"
 
 
-def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_bytes: int) -> Path:
-    """Stores a delivery; raises OSError when the folder cannot be written."""
-    folder = Path(folder)
+def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_bytes: int,
+        rejected: str | None = None) -> Path:  # fmt: skip
+    """Stores a delivery; raises OSError when the folder cannot be written.
+
+    With `rejected` (the reason), the record goes to `<folder>/rejected/` with a `reason` file."""
+    from ._files import link_or_copy
+
+    folder = Path(folder) / REJECTED if rejected is not None else Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):06d}"
     partial = folder / f".{name}.partial"
@@ -65,6 +74,8 @@ def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_
             "missing_files": missing,
         }
         (partial / RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+        if rejected is not None:
+            (partial / REASON).write_text(rejected + "\n", encoding="utf-8")
         final = folder / name
         os.rename(partial, final)
         return final
@@ -81,8 +92,33 @@ def pending(folder: str | os.PathLike) -> list[Path]:
     return sorted(p for p in folder.iterdir() if not p.name.startswith(".") and (p / RECORD).is_file())
 
 
+def rejected(folder: str | os.PathLike) -> list[Path]:
+    """Records the server refused for good, oldest first."""
+    return pending(Path(folder) / REJECTED)
+
+
+def reject(record_dir: Path, why: str) -> Path:
+    """Moves a pending record to `rejected/`, or updates the reason of one already there."""
+    if record_dir.parent.name != REJECTED:
+        target = record_dir.parent / REJECTED / record_dir.name
+        target.parent.mkdir(exist_ok=True)
+        os.rename(record_dir, target)
+        record_dir = target
+    (record_dir / REASON).write_text(why + "\n", encoding="utf-8")
+    return record_dir
+
+
+def reason_of(record_dir: Path) -> str:
+    try:
+        return (record_dir / REASON).read_text(encoding="utf-8").strip() or "no reason recorded"
+    except OSError:
+        return "no reason recorded"
+
+
 def load(record_dir: Path) -> tuple[Delivery, RunRef]:
     """Reads a record; raises ValueError with the reason when it is not one this version reads."""
+    from ._record import Delivery, RunRef
+
     try:
         data = json.loads((record_dir / RECORD).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:

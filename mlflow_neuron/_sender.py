@@ -6,6 +6,10 @@ bounded: when `max_pending` cycles wait, the next one goes straight to the outbo
 is empty the worker replays what it stored, so a server that was only slow or briefly gone needs
 no manual sync. At close, what is still queued or in flight is stored rather than dropped
 (sending it again later is harmless: a delivery sent twice leaves its data once).
+
+A refusal that no retry can change (the run does not exist or was deleted, permission denied, an
+invalid value) is not retried: the record goes to the outbox's `rejected/` folder with its reason,
+where `mlflow-neuron sync` leaves it unless asked (`--retry-rejected`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections import deque
 from pathlib import Path
 
 from . import _outbox
-from ._mlflow_io import RunLogger
+from ._mlflow_io import RunLogger, is_permanent, reason
 from ._record import CycleRecord
 from ._report import Reporter
 
@@ -45,6 +49,8 @@ class Sender:
         self.copy_max_bytes = copy_max_bytes
         self.delivered = 0
         self.stored: list[Path] = []  # outbox records written by this sender and not replayed yet
+        self.rejected: list[Path] = []  # records the server refused for good, under <outbox>/rejected
+        self._stored_steps: list[int] = []  # every step this sender put in the outbox to send again
         self._replay_at = 0.0  # monotonic time of the next replay attempt
         self._replay_wait_s = retry_wait_s
         self._replay_blocked = False  # the last replay failed: flush() does not wait for replays
@@ -91,6 +97,15 @@ class Sender:
         """Flushes, then stores whatever is still queued or in flight in the outbox."""
         self.flush(timeout)
         self._stop.set()
+        self.spill("it was still being sent when the callback closed")
+        self._report_outbox()
+        self.raise_worker_errors()
+
+    def spill(self, why: str) -> int:
+        """Stores every queued or in-flight cycle in the outbox now; returns how many.
+
+        The worker may finish sending an in-flight cycle anyway; sync sending it again later
+        leaves its data once."""
         with self._cond:
             left = list(self._queue)
             self._queue.clear()
@@ -100,8 +115,8 @@ class Sender:
                 left.insert(0, inflight)
             self._cond.notify_all()
         for record in left:
-            self._store(record, "it was still being sent when the callback closed")
-        self.raise_worker_errors()
+            self._store(record, why)
+        return len(left)
 
     def raise_worker_errors(self) -> None:
         if self._worker_errors:
@@ -143,11 +158,17 @@ class Sender:
         for attempt in range(self.retries + 1):
             if attempt and self._stop.wait(self.retry_wait_s * 2 ** (attempt - 1)):
                 break  # closing: the record goes to the outbox now
+            if self._settled.get(id(record)) == "abandoned":
+                return  # the budget ran out and the record went to the outbox meanwhile
             try:
                 delivery = record.materialize()
                 clashes, vanished = self.logger.deliver(delivery)
             except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, bad data
                 error = caught
+                if is_permanent(caught):
+                    if self._claim(record):
+                        self._reject(record, caught)
+                    return
                 continue
             if self._claim(record):
                 self._delivered_live()
@@ -168,7 +189,10 @@ class Sender:
         try:
             delivery, _ = _outbox.load(path)
             self.logger.deliver(delivery)
-        except Exception:  # noqa: BLE001 - still unreachable, or a damaged record: sync reports it
+        except Exception as error:  # noqa: BLE001 - still unreachable, or a damaged record: sync reports it
+            if is_permanent(error):
+                self._reject_stored(path, error)
+                return
             with self._cond:
                 self._replay_blocked = True
                 self._replay_at = time.monotonic() + self._replay_wait_s
@@ -210,6 +234,63 @@ class Sender:
 
     # -- outbox -----------------------------------------------------------------------------------
 
+    def _reject(self, record: CycleRecord, error: Exception) -> None:
+        why = reason(error)
+        try:
+            path = _outbox.put(self.outbox, record.materialize(), self.logger.run,
+                               copy_max_bytes=self.copy_max_bytes, rejected=why)  # fmt: skip
+        except Exception as lost:  # noqa: BLE001
+            self.reporter.problem("lost", f"profiler step {record.step} was refused by the server ({why}) and "
+                                  "could not be stored; its data is lost", lost)  # fmt: skip
+            return
+        finally:
+            _cleanup(record)
+        self._rejected(path, record.step, why, error)
+
+    def _reject_stored(self, path: Path, error: Exception) -> None:
+        why = reason(error)
+        try:
+            moved = _outbox.reject(path, why)
+        except OSError:
+            moved = path
+        with self._cond:
+            self.stored.remove(path)
+            self._cond.notify_all()
+        self._rejected(moved, None, why, error)
+
+    def _rejected(self, path: Path, step: int | None, why: str, error: Exception) -> None:
+        with self._cond:
+            self.rejected.append(path)
+        outbox = path.parent.parent
+        what = f"profiler step {step}" if step is not None else f"outbox record {path.name}"
+        if self.reporter.strict:
+            raise error
+        self.reporter.problem(  # the cause is in `why` already: no error detail appended
+            "rejected",
+            f"{what} was refused by {self.logger.run.tracking_uri} for run {self.logger.run.run_id} ({why}); "
+            f"retrying cannot help, so it is not retried: it is kept in {path.parent}. Once the cause is "
+            f"fixed, `mlflow-neuron sync --outbox {outbox} --retry-rejected [--run-id ID]` sends it",
+        )
+
+    def _report_outbox(self) -> None:
+        """At close, one line for everything the outbox got, when the first warning named only one."""
+        with self._cond:
+            stored, rejected, steps = list(self.stored), list(self.rejected), list(self._stored_steps)
+        if len(steps) > 1 and stored:
+            folders = sorted({str(p.parent) for p in stored})
+            self.reporter.problem(
+                "outbox_summary",
+                f"{len(steps)} profiler cycle(s) (steps {', '.join(map(str, steps))}) went to the outbox; "
+                f"{len(stored)} of them are still in {', '.join(folders)}: run "
+                f"`mlflow-neuron sync --outbox {folders[0]}` when the server answers",
+            )
+        if len(rejected) > 1:
+            self.reporter.problem(
+                "rejected_summary",
+                f"{len(rejected)} profiler cycle(s) were refused by the server and are kept in "
+                f"{rejected[0].parent} (see the reason file in each)",
+            )
+
     def _store(self, record: CycleRecord, why: str, error: Exception | None = None) -> None:
         try:
             path = self._put(record)
@@ -222,6 +303,7 @@ class Sender:
             _cleanup(record)
         with self._cond:
             self.stored.append(path)
+            self._stored_steps.append(record.step)
             self._cond.notify_all()
         self.reporter.problem(
             "stored_in_outbox",

@@ -3,69 +3,178 @@
     mlflow-neuron compare --experiment NAME [--runs ...] [--baseline RUN] [--fail-if-slower PCT] ...
     mlflow-neuron annotate --model NAME --version V --run RUN_ID
     mlflow-neuron ingest PATH [--run-id ID | --experiment NAME --run-name NAME]
-    mlflow-neuron sync [--outbox DIR] [--tracking-uri URI]
+    mlflow-neuron sync [--outbox DIR] [--tracking-uri URI] [--retry-rejected [--run-id ID]]
     mlflow-neuron open RUN_ID [--step N] [--dest DIR] [--no-launch]
 
-Exit codes: 0 done; 1 the gate failed (compare) or some records were kept (sync); 2 usage error
-(bad arguments, or a run, experiment or model version that does not exist).
+Exit codes: 0 done; 1 the gate failed (compare) or deliverable records were kept (sync); 2 usage
+error (bad arguments, or a run, experiment, model version or folder that does not exist); 3 the
+tracking server is down, refuses connections, or does not answer in time.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from . import __version__, _cli_checks, _outbox
+from . import __version__, _outbox
 from ._cli_checks import (
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
     non_negative_float,
     non_negative_int,
     positive_int,
 )
 
+# The CLI's own process gives up on a server that answers nothing in seconds, not minutes: MLflow's
+# defaults retry a dead server 7 times with exponential backoff (about 4 minutes). The user's
+# environment still wins.
+CLI_HTTP_SETTINGS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
+TRACKING_URI_HELP = ("MLflow tracking server or store, e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db "
+                     "(default: MLFLOW_TRACKING_URI, else ./mlflow.db)")  # fmt: skip
 
-def sync(outbox: str, tracking_uri: str | None = None, out=None) -> tuple[int, int]:
+
+@dataclass
+class SyncResult:
+    """What one `sync` did. Unpacks as (delivered, kept) like earlier versions."""
+
+    delivered: int = 0
+    kept: int = 0  # deliverable records still in the outbox (unreadable, or a transient failure)
+    rejected: int = 0  # records refused for good, now or earlier, left in <outbox>/rejected
+    unreachable: dict[str, str] = field(default_factory=dict)  # tracking URI -> why it did not answer
+
+    def __iter__(self):
+        return iter((self.delivered, self.kept))
+
+    @property
+    def exit_code(self) -> int:
+        if self.unreachable:
+            return EXIT_UNREACHABLE
+        return EXIT_FAILED if self.kept else EXIT_OK
+
+
+def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_rejected: bool = False,
+         run_id: str | None = None, err=None) -> SyncResult:  # fmt: skip
     """Replays outbox records into their runs, removing each one delivered.
 
     Idempotent: a record sent twice (a second sync, or one after a partial replay) leaves every
-    metric point and artifact once. Returns (delivered, kept).
+    metric point and artifact once. A record the server refuses for good (the run does not exist
+    or was deleted, permission denied, an invalid value) moves to `<outbox>/rejected/` with a
+    `reason` file; those are only sent again with `retry_rejected`, into `run_id` if given. A run
+    that the callback would have created and ended is ended (FINISHED) once all its records are in.
     """
     from dataclasses import replace
 
-    from ._mlflow_io import RunLogger
-
-    out = out or sys.stdout
-
-    records = _outbox.pending(outbox)
+    out, err = out or sys.stdout, err or sys.stderr
+    result = SyncResult()
+    records = _outbox.rejected(outbox) if retry_rejected else _outbox.pending(outbox)
+    if records:  # MLflow and torch load in seconds: only when there is something to send
+        from ._mlflow_io import RunLogger, check_reachable, human_size, is_permanent, is_unreachable, reason, sent_files
+        from ._record import RunRef
     loggers: dict[tuple, RunLogger] = {}
-    delivered = kept = 0
+    unfinished: set[str | None] = set()  # run keys with a record left behind: not ended yet
     for index, record_dir in enumerate(records, 1):
         prefix = f"[{index}/{len(records)}] {record_dir.name}"
         try:
             delivery, run = _outbox.load(record_dir)
-            if tracking_uri:
-                run = replace(run, tracking_uri=tracking_uri)
-            key = (run.tracking_uri, run.run_id, run.run_key)
-            logger = loggers.setdefault(key, RunLogger(run))
+        except ValueError as error:
+            result.kept += 1
+            print(f"{prefix}: kept, {error}", file=out, flush=True)
+            continue
+        if run_id:
+            run = RunRef(run.tracking_uri, run_id)
+        if tracking_uri:
+            run = replace(run, tracking_uri=tracking_uri)
+        key = (run.tracking_uri, run.run_id, run.run_key)
+        if run.tracking_uri in result.unreachable:
+            result.kept += 1
+            unfinished.add(run.run_key)
+            continue
+        try:
+            if key not in loggers:
+                check_reachable(run.tracking_uri)
+            logger = loggers.get(key) or loggers.setdefault(key, RunLogger(run))
             _, vanished = logger.deliver(delivery)
         except Exception as error:  # noqa: BLE001 - report, keep the record, go on
-            kept += 1
-            print(f"{prefix}: kept, {type(error).__name__}: {error}", file=out, flush=True)
+            unfinished.add(run.run_key)
+            if is_unreachable(error):
+                result.kept += 1
+                result.unreachable[run.tracking_uri] = str(error) if isinstance(error, ConnectionError) else (
+                    f"tracking server {run.tracking_uri} did not answer ({reason(error)})")  # fmt: skip
+                print(f"mlflow-neuron sync: error: {result.unreachable[run.tracking_uri]}; its records stay in "
+                      f"{outbox}", file=err, flush=True)  # fmt: skip
+            elif is_permanent(error):
+                result.rejected += 1
+                _outbox.reject(record_dir, reason(error))
+                print(f"{prefix}: rejected, not retried ({reason(error)})", file=out, flush=True)
+            else:
+                result.kept += 1
+                print(f"{prefix}: kept, {reason(error)}", file=out, flush=True)
             continue
+        files = sent_files(delivery, vanished)  # counted before the record's copies are removed
         _outbox.remove(record_dir)
-        delivered += 1
+        result.delivered += 1
         note = f" ({len(vanished)} file(s) had disappeared)" if vanished else ""
         print(
             f"{prefix}: step {delivery.step} -> run {logger.run.run_id} at {logger.run.tracking_uri}: "
-            f"{len(delivery.metrics)} metrics, {len(delivery.uploads)} files{note}",
+            f"{len(delivery.metrics)} metrics, {len(files)} file(s), {human_size(sum(files.values()))}{note}",
             file=out,
             flush=True,
         )
-    print(f"synced {delivered} of {len(records)} record(s) from {outbox}; {kept} kept", file=out, flush=True)
-    return delivered, kept
+    _end_created_runs(loggers, unfinished, outbox, out)
+    summary = f"synced {result.delivered} of {len(records)} record(s) from {outbox}; {result.kept} kept"
+    if retry_rejected:
+        print(f"{summary}; {result.rejected} still rejected", file=out, flush=True)
+        result.kept += result.rejected  # asked for, and not delivered
+        return result
+    print(summary + (f"; {result.rejected} rejected" if result.rejected else ""), file=out, flush=True)
+    refused = _outbox.rejected(outbox)
+    if refused:
+        result.rejected = len(refused)
+        why = Counter(_outbox.reason_of(r) for r in refused)
+        print(f"{len(refused)} record(s) in {Path(outbox) / _outbox.REJECTED} were refused by the server and are "
+              f"not retried: " + "; ".join(f"{n} x {text}" for text, n in why.most_common()), file=out)  # fmt: skip
+        print(f"  fix the cause, then `mlflow-neuron sync --outbox {outbox} --retry-rejected [--run-id ID]` "
+              "sends them again (--run-id: into another run)", file=out, flush=True)  # fmt: skip
+    return result
+
+
+def _end_created_runs(loggers: dict, unfinished: set, outbox: str, out) -> None:
+    """Ends, as FINISHED, runs that the callback created (known by a run key) once all their
+    records are in: the status the callback's close() gives them. Runs already ended stay as they are."""
+    if not any(logger.run.run_key for logger in loggers.values()):
+        return
+    from mlflow.entities import RunStatus
+
+    left = set()
+    for record_dir in _outbox.pending(outbox):
+        try:
+            run = _outbox.load(record_dir)[1]
+        except ValueError:
+            continue
+        left.add(run.run_key)
+    for logger in loggers.values():
+        run = logger.run
+        if run.run_key is None or run.run_id is None or run.run_key in unfinished | left:
+            continue
+        try:
+            if logger.client.get_run(run.run_id).info.status == RunStatus.to_string(RunStatus.RUNNING):
+                logger.end_run()
+                print(f"run {run.run_id} ended (FINISHED): all its records are in", file=out, flush=True)
+        except Exception as error:  # noqa: BLE001 - the data is in; the status is secondary
+            print(f"run {run.run_id} could not be ended: {type(error).__name__}: {error}", file=out, flush=True)
 
 
 def compare(args: argparse.Namespace, out=None) -> int:
@@ -154,7 +263,7 @@ def ingest(args: argparse.Namespace, out=None) -> int:
     else:
         client = MlflowClient(uri)
         experiment = client.get_experiment_by_name(args.experiment or "Default")
-        experiment_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment)
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment or "Default")
         run = RunRef(uri, None, experiment_id, args.run_name or Path(args.path).name, uuid.uuid4().hex)
     run_id, cycles = ingest_path(Path(args.path), run, top_k=args.top_k,
                                  max_file_bytes=int(args.max_file_mb * 1024**2), out=out)  # fmt: skip
@@ -172,19 +281,47 @@ def open_session(args: argparse.Namespace, out=None) -> int:
     return open_in_explorer(opened, launch=not args.no_launch, out=out)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (exit 2), pointing at --help instead of printing the usage."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _outbox_folder(text: str) -> str:
+    """An outbox given explicitly must be an existing folder: a typo is not an empty outbox."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} does not exist (the outbox is a folder the callback writes)")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder (the outbox is a folder the callback writes)")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mlflow-neuron", description="PyTorch profiler results as MLflow data.")
+    parser = _Parser(prog="mlflow-neuron", description="PyTorch profiler results as MLflow data.",
+                     epilog="exit codes: 0 done, 1 regression found (compare) or records kept (sync), "
+                     "2 usage error or unknown run/experiment/model version, 3 tracking server unreachable")  # fmt: skip
     parser.add_argument("--version", action="version", version=f"mlflow-neuron {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show MLflow's own INFO messages")
     commands = parser.add_subparsers(dest="command", required=True)
     sync_cmd = commands.add_parser(
         "sync",
         help="send cycles kept in the outbox to their runs",
-        description="Send profiler cycles kept in the outbox to their MLflow runs, then remove them.\n\n"
-        "example: mlflow-neuron sync --outbox ./mlflow-neuron-outbox",
+        description="Send profiler cycles kept in the outbox to their MLflow runs, then remove them.\n"
+        "Records the server refused for good (the run does not exist or was deleted, permission denied,\n"
+        "an invalid value) wait in <outbox>/rejected/ with a reason file; --retry-rejected sends them again.\n\n"
+        "example: mlflow-neuron sync --outbox ./mlflow-neuron-outbox\n"
+        "         mlflow-neuron sync --retry-rejected --run-id 0123abcd...   # refused records, into another run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    sync_cmd.add_argument("--outbox", default=_outbox.DEFAULT_OUTBOX, help="outbox folder (default: %(default)s)")
-    sync_cmd.add_argument("--tracking-uri", help="send to this server instead of the one each record names")
+    sync_cmd.add_argument("--outbox", type=_outbox_folder,
+                          help=f"outbox folder (default: ./{_outbox.DEFAULT_OUTBOX}, if there is one)")  # fmt: skip
+    sync_cmd.add_argument("--tracking-uri", help="send to this tracking server or store instead of the one each "
+                          "record names, e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db")  # fmt: skip
+    sync_cmd.add_argument("--retry-rejected", action="store_true",
+                          help="send the records in <outbox>/rejected/ again (nothing else)")  # fmt: skip
+    sync_cmd.add_argument("--run-id", help="with --retry-rejected: send them into this run instead")
 
     cmp = commands.add_parser(
         "compare",
@@ -196,8 +333,11 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--experiment", help="experiment name: its latest variants, and where run names are looked up")
     cmp.add_argument("--runs", nargs="+", help="run ids, run names, parent runs, or models:/NAME/VERSION")
     cmp.add_argument("--baseline", help="run name or id to compare against (default: the first run)")
-    cmp.add_argument("--metric", default="self_device_time_us", choices=["self_device_time_us", "self_cpu_time_us"])
-    cmp.add_argument("--step", type=non_negative_int, help="profiler cycle to compare (default: each run's last)")
+    cmp.add_argument("--metric", default="self_device_time_us", choices=["self_device_time_us", "self_cpu_time_us"],
+                     help="what to compare: device time (default; every run is compared on self CPU time "
+                     "instead when one has no device time, and the output says so) or self CPU time")
+    cmp.add_argument("--step", type=non_negative_int,
+                     help="only the profiler cycle logged at this step (default: the steps of every cycle)")
     cmp.add_argument("--skip-steps", type=non_negative_int, default=0, metavar="K",
                      help="leave out each run's first K profiled steps (default: %(default)s)")
     cmp.add_argument("--noise-pct", type=non_negative_float, default=2.0, metavar="PCT",
@@ -209,7 +349,7 @@ def _parser() -> argparse.ArgumentParser:
     cmp.add_argument("--min-time-us", type=non_negative_float, default=0.0, metavar="US",
                      help="the gate ignores ops below this median in both runs (the total is always checked)")
     cmp.add_argument("--log-to", metavar="RUN_ID", help="attach the table, a PNG chart and an HTML report to this run")
-    cmp.add_argument("--tracking-uri")
+    cmp.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
 
     ing = commands.add_parser(
         "ingest",
@@ -223,9 +363,11 @@ def _parser() -> argparse.ArgumentParser:
     target.add_argument("--run-id", help="log into this existing run")
     target.add_argument("--experiment", help="create a run in this experiment (created if missing)")
     ing.add_argument("--run-name", help="name of the created run (default: the folder's name)")
-    ing.add_argument("--top-k", type=int, default=50)
-    ing.add_argument("--max-file-mb", type=float, default=512, help="larger files are listed, not uploaded")
-    ing.add_argument("--tracking-uri")
+    ing.add_argument("--top-k", type=non_negative_int, default=50,
+                     help="ops that get per-op metrics (default: %(default)s); ops.json keeps every op")  # fmt: skip
+    ing.add_argument("--max-file-mb", type=non_negative_float, default=512,
+                     help="larger files are listed, not uploaded (default: %(default)s)")  # fmt: skip
+    ing.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
 
     opn = commands.add_parser(
         "open",
@@ -236,11 +378,11 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     opn.add_argument("run", help="the profiled run's id")
-    opn.add_argument("--step", type=_cli_checks.non_negative_int,
+    opn.add_argument("--step", type=non_negative_int,
                      help="profiler cycle (default: the last with Neuron files)")
     opn.add_argument("--dest", help="download folder (default: ./mlflow-neuron-open/<run id>/step_<N>)")
     opn.add_argument("--no-launch", action="store_true", help="download and print the command, do not run it")
-    opn.add_argument("--tracking-uri")
+    opn.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
 
     ann = commands.add_parser(
         "annotate",
@@ -256,31 +398,113 @@ def _parser() -> argparse.ArgumentParser:
     ann.add_argument("--baseline", metavar="RUN_ID", help="also state the verdict against this run (perf.verdict)")
     ann.add_argument("--skip-steps", type=non_negative_int, default=0, metavar="K",
                      help="leave out the first K profiled steps of each run (default: %(default)s)")
-    ann.add_argument("--tracking-uri")
+    ann.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
+
+    for command in commands.choices.values():  # -v also after the command name
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help="show MLflow's own INFO messages")  # fmt: skip
     return parser
 
 
+def sync_command(args: argparse.Namespace, out=None) -> int:
+    if args.run_id and not args.retry_rejected:
+        print("mlflow-neuron sync: error: --run-id goes with --retry-rejected (see mlflow-neuron sync --help)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    outbox = args.outbox or _outbox.DEFAULT_OUTBOX
+    if args.outbox is None and not Path(outbox).is_dir():
+        print(f"nothing to sync: no outbox at ./{outbox}", file=out or sys.stdout)
+        return EXIT_OK
+    result = sync(outbox, args.tracking_uri, out, retry_rejected=args.retry_rejected, run_id=args.run_id)
+    return result.exit_code
+
+
+# Each command: a function (args) -> exit code. Errors they raise are mapped to exit codes in main().
+COMMANDS = {"sync": sync_command, "compare": compare, "annotate": annotate, "ingest": ingest, "open": open_session}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # our own output stays readable
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command == "sync":
-        _, kept = sync(args.outbox, args.tracking_uri)
-        return 1 if kept else 0
+    args = _parser().parse_args(argv)
+    settings = {
+        "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",  # it would garble our own progress lines
+        "MLFLOW_LOGGING_LEVEL": "INFO" if args.verbose else "WARNING",
+        **CLI_HTTP_SETTINGS,
+    }
+    with _environment_defaults(settings, force={"MLFLOW_LOGGING_LEVEL"} if args.verbose else set()):
+        _quiet(verbose=args.verbose)
+        try:
+            _check_server(args)
+            return COMMANDS[args.command](args)
+        except Exception as error:  # noqa: BLE001 - mapped to an exit code and one line, or re-raised
+            code, message = _exit_for(error)
+            if code is None:
+                raise
+    print(f"mlflow-neuron {args.command}: error: {message}", file=sys.stderr)
+    return code
+
+
+@contextlib.contextmanager
+def _environment_defaults(values: dict[str, str], force: set[str]):
+    """Sets environment defaults for this command only (main() may run inside a bigger program)."""
+    saved = {name: os.environ.get(name) for name in values}
+    for name, value in values.items():
+        if name in force or name not in os.environ:
+            os.environ[name] = value
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _check_server(args: argparse.Namespace) -> None:
+    """Fails fast, before any work, when the command's tracking URI is unknown or its server is down.
+
+    A command without --tracking-uri uses MLFLOW_TRACKING_URI (sync: each record's own server,
+    probed as it goes)."""
+    from ._probe import check_reachable
+
+    uri = getattr(args, "tracking_uri", None)
+    if uri is None and args.command != "sync":
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        check_reachable(uri)  # before torch and MLflow are imported: a dead server is known in a second
+        from ._mlflow_io import check_tracking_uri
+
+        check_tracking_uri(uri)
+
+
+def _exit_for(error: BaseException) -> tuple[int | None, str]:
+    """(exit code, one line) for errors a user can act on; (None, "") for bugs, which keep their traceback."""
+    from ._probe import is_unreachable
+
+    if isinstance(error, ConnectionError):  # the probe's own, which says which server and why
+        return EXIT_UNREACHABLE, str(error)
     from mlflow.exceptions import MlflowException
 
+    from ._mlflow_io import reason
     from ._mlflow_runs import RunNotFound
 
-    try:
-        return {"compare": compare, "annotate": annotate, "ingest": ingest, "open": open_session}[args.command](args)
-    except (RunNotFound, ValueError) as error:
-        message = str(error)
-    except MlflowException as error:
-        if error.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            raise
-        message = error.message
-    print(f"mlflow-neuron {args.command}: error: {message}", file=sys.stderr)
-    return 2
+    if is_unreachable(error):
+        return EXIT_UNREACHABLE, f"the tracking server did not answer ({reason(error)})"
+    if isinstance(error, (RunNotFound, ValueError)):
+        return EXIT_USAGE, str(error)
+    if isinstance(error, MlflowException) and error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+        return EXIT_USAGE, " ".join(error.message.split())
+    return None, ""
+
+
+def _quiet(verbose: bool) -> None:
+    """MLflow's INFO chatter (database migrations, 'Created run ...') is hidden unless -v.
+
+    MLflow reads MLFLOW_LOGGING_LEVEL when it is imported; alembic's migration lines need their
+    own logger turned down."""
+    if verbose or "mlflow" in sys.modules:
+        return  # imported already (an embedding program): its logging is its own business
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 if __name__ == "__main__":

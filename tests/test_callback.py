@@ -114,11 +114,13 @@ def test_a_failing_handler_is_reported_once_and_the_cycle_still_logs(tracking_ur
 
 def test_an_mlflow_failure_never_reaches_the_training_loop(tracking_uri, tmp_path):
     callback = MLflowProfilerCallback(run_id="0123456789abcdef0123456789abcdef", retry_wait_s=0.01)  # no such run
-    with pytest.warns(MLflowNeuronWarning, match="profiler step 4 was not sent") as caught:
+    with pytest.warns(MLflowNeuronWarning, match=r"profiler step 4 was refused .*\(RESOURCE_DOES_NOT_EXIST") as caught:
         assert profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2) == 8
     assert sum(issubclass(w.category, MLflowNeuronWarning) for w in caught) == 1
-    assert callback.cycles_logged == 0 and callback.reporter.counts == {"stored_in_outbox": 2}
-    assert [p.parent for p in callback.outbox_records] == [tmp_path / "mlflow-neuron-outbox"] * 2
+    # A run that does not exist is a refusal no retry can change: set aside, not retried.
+    assert callback.cycles_logged == 0 and callback.reporter.counts == {"rejected": 2}
+    assert callback.outbox_records == []
+    assert [p.parent for p in callback._sender.rejected] == [tmp_path / "mlflow-neuron-outbox" / "rejected"] * 2
 
 
 def test_strict_mode_raises_out_of_the_step(tmp_path):

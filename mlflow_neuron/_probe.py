@@ -1,0 +1,46 @@
+"""Is the tracking server there at all? One short HTTP probe, with nothing heavier than urllib.
+
+The CLI asks this before it imports torch or MLflow, so a dead server is reported in a second.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+PROBE_TIMEOUT_S = 3.0
+
+
+def check_reachable(tracking_uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Raises ConnectionError fast when an HTTP tracking server does not answer at all.
+
+    MLflow's client retries a dead server for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES and
+    backoff, process-wide settings this library leaves alone); one short probe first lets the
+    sender go on to retry or the outbox instead. Any HTTP answer, even an error, counts as alive.
+    """
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    try:
+        urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return
+    except (OSError, ValueError) as error:
+        cause = getattr(error, "reason", error)  # URLError wraps the socket error
+        why = f"no answer within {timeout:g} s" if isinstance(cause, TimeoutError) else str(cause)
+        raise ConnectionError(f"tracking server {tracking_uri} is not reachable ({why})") from error
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """True when the server did not answer at all: refused, reset, DNS, or timed out.
+
+    MLflow wraps these in an MlflowException whose context holds the requests/urllib3 error."""
+    import requests
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (ConnectionError, TimeoutError, requests.exceptions.ConnectionError,
+                              requests.exceptions.Timeout)):  # fmt: skip
+            return True
+        error = error.__cause__ or error.__context__
+    return False
