@@ -223,9 +223,8 @@ def _select(raw, t: _Tree, root_name: str, cycle_step: int, origin_ns: int, max_
 
     # Keep: root, streams, steps; then the longest of the rest, ties to the shallower (earlier).
     duration = t.end - t.start
-    candidates = np.flatnonzero(t.present & ~t.is_step)
-    ranked = candidates[np.lexsort((candidates, -duration[candidates]))]
     mandatory = 1 + n_lanes + len(steps)
+    ranked = _longest(np.flatnonzero(t.present & ~t.is_step), duration, max(max_spans - mandatory, 0))
     full_parent = np.concatenate([parent, np.full(1 + n_lanes, -1, np.int64)])
     full_parent[n + 1:] = root
     total = n + 1 + n_lanes
@@ -234,7 +233,7 @@ def _select(raw, t: _Tree, root_name: str, cycle_step: int, origin_ns: int, max_
     kept[steps] = True
     budget = max(max_spans - mandatory, 0)
     take = min(budget, len(ranked))
-    while True:
+    while True:  # summaries count against the cap: a few rounds until they fit
         kept_now = kept.copy()
         kept_now[ranked[:take]] = True
         anchor, summarized = _summaries(full_parent, kept_now, t.present)
@@ -263,7 +262,7 @@ def _select(raw, t: _Tree, root_name: str, cycle_step: int, origin_ns: int, max_
             "stream": lane_name, "kernels": int(len(rows)),
             "device_us": _us(int((t.end[rows] - t.start[rows]).sum()))}))  # fmt: skip
     shapes = _shapes(input_shapes, t.order, ids, t.device)
-    launcher = _launchers(raw, t)
+    launcher = _launchers(raw, t, ids)
     step_of = dict(zip(steps.tolist(), step_nums))
     up = _nearest_kept(full_parent, kept)  # the parent itself, unless ties broke the closure
     for i in ids.tolist():
@@ -275,6 +274,15 @@ def _select(raw, t: _Tree, root_name: str, cycle_step: int, origin_ns: int, max_
     dropped = int(t.present.sum() - kept[:n].sum())
     spans[0].attributes["spans_dropped"] = dropped
     return Timeline(root_name, cycle_step, origin_ns, tuple(spans), int(len(present_rows) + 1 + n_lanes), dropped)
+
+
+def _longest(candidates: np.ndarray, duration: np.ndarray, k: int) -> np.ndarray:
+    """The k longest candidates, longest first, ties in tree order (a parent before its child)."""
+    key = -duration[candidates] * (len(duration) + 1) + candidates  # exact: ns * events < 2**63
+    if k < len(candidates):
+        top = np.argpartition(key, k)[:k] if k else np.zeros(0, np.int64)
+        candidates, key = candidates[top], key[top]
+    return candidates[np.argsort(key, kind="stable")]
 
 
 def _summaries(parent: np.ndarray, kept: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -354,13 +362,16 @@ def _event_span(raw, t: _Tree, i: int, parent: int, origin_ns: int, name: str, s
     return TimelineSpan(name, kind, origin_ns + s, origin_ns + e, parent, attrs)
 
 
-def _launchers(raw, t: _Tree) -> dict[int, str]:
-    """Correlation id -> name of the host op that carries it (for kernels' `launched_by`)."""
-    host = (raw.device_class == _raw.HOST) & (raw.linked_correlation_id == 0) & (raw.correlation_id > 0)
-    linked = raw.linked_correlation_id[raw.device_class != _raw.HOST]
-    wanted = np.flatnonzero(host & np.isin(raw.correlation_id, linked))
-    names = [_demangle(s) for s in raw.names]
-    return {int(c): names[k] for c, k in zip(raw.correlation_id[wanted].tolist(), raw.name_id[wanted].tolist())}
+def _launchers(raw, t: _Tree, ids: np.ndarray) -> dict[int, str]:
+    """Correlation id -> name of the host op that carries it, for the kept kernels."""
+    wanted = raw.linked_correlation_id[t.order[ids[t.device[ids]]]]
+    wanted = np.unique(wanted[wanted > 0])
+    if len(wanted) == 0:
+        return {}
+    host = np.flatnonzero((raw.device_class == _raw.HOST) & (raw.linked_correlation_id == 0)
+                          & np.isin(raw.correlation_id, wanted))  # fmt: skip
+    names = {k: _demangle(raw.names[k]) for k in np.unique(raw.name_id[host]).tolist()}
+    return {int(c): names[k] for c, k in zip(raw.correlation_id[host].tolist(), raw.name_id[host].tolist())}
 
 
 def _lanes(raw, t: _Tree, lanes: DeviceLanes | None) -> tuple[np.ndarray, tuple[str, ...]]:

@@ -1,0 +1,299 @@
+"""Issue 12: a cycle's timeline (`_timeline`), as an MLflow trace (`_mlflow_traces`) and as SVG.
+
+Layers: real torch.profiler cycles on CPU compared with torch's own tree (`prof.events()`); fake
+PrivateUse1 kernels in a subprocess; a 100k-op cycle against the cap; a real sqlite store,
+written from this process and from another one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import fake_device
+import numpy as np
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from workloads import inputs, rms_norm_naive
+
+from mlflow_neuron._raw import HOST, aggregate, raw_events_from_chrome_trace, raw_events_from_kineto
+from mlflow_neuron._timeline import (
+    CYCLE,
+    KERNEL,
+    OP,
+    STEP,
+    STREAM,
+    SUMMARY,
+    Timeline,
+    build_timeline,
+    timeline_inputs_from_chrome_trace,
+    timeline_inputs_from_kineto,
+)
+
+TESTS = Path(__file__).parent
+pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
+
+
+def assert_well_formed(timeline: Timeline, max_spans: int | None = None) -> None:
+    """Parents come first, children lie within their parent's time, one root."""
+    spans = timeline.spans
+    assert spans[0].kind == CYCLE and spans[0].parent == -1
+    assert sum(s.parent == -1 for s in spans) == 1
+    for i, s in enumerate(spans[1:], 1):
+        assert 0 <= s.parent < i, s
+        p = spans[s.parent]
+        assert s.start_ns <= s.end_ns
+        assert p.start_ns <= s.start_ns and s.end_ns <= p.end_ns, (p, s)
+    if max_spans is not None:
+        assert len(spans) <= max_spans
+    assert Timeline.from_json(timeline.to_json()) == timeline
+
+
+def profile_cpu_cycle(steps: int = 2, **kwargs):
+    """A cycle of naive RMSNorm steps; returns (timeline, prof.events() of the same cycle, origin)."""
+    x, w = inputs()
+    seen = {}
+
+    def on_cycle(prof):
+        raw = raw_events_from_kineto(prof)
+        timeline_inputs = timeline_inputs_from_kineto(prof, raw)
+        seen["timeline"] = build_timeline(raw, cycle_step=prof.step_num, inputs=timeline_inputs)
+        seen["events"] = list(prof.events())
+        seen["origin"] = timeline_inputs.origin_ns
+
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=steps),
+                 on_trace_ready=on_cycle, **kwargs) as prof:  # fmt: skip
+        for _ in range(steps + 1):
+            rms_norm_naive(x, w)
+            prof.step()
+    return seen["timeline"], seen["events"], seen["origin"]
+
+
+def test_spans_are_the_cycles_events_with_torchs_times_and_nesting():
+    timeline, events, origin = profile_cpu_cycle(steps=2, record_shapes=True)
+    assert_well_formed(timeline)
+    assert origin is not None and abs(origin - timeline.spans[0].start_ns) < 60 * 10**9  # epoch ns
+    spans = timeline.spans
+    assert spans[0].name == "profiler/step_3" and timeline.dropped == 0
+
+    def key(name, start_ns, end_ns):
+        return name, start_ns, end_ns
+
+    def event_key(e):  # FunctionEvent times are µs floats of whole ns relative to the trace start
+        return key(e.name, round(e.time_range.start * 1000), round(e.time_range.end * 1000))
+
+    by_key = {key(s.attributes["op_name"], s.start_ns - origin, s.end_ns - origin): i
+              for i, s in enumerate(spans) if s.kind in (OP, STEP)}  # fmt: skip
+    assert len(by_key) == sum(s.kind in (OP, STEP) for s in spans)
+    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    assert len(host) == len(by_key)
+    steps = [s for s in spans if s.kind == STEP]
+    assert [s.name for s in steps] == ["ProfilerStep#1", "ProfilerStep#2"]
+    for e in host:
+        span = spans[by_key[event_key(e)]]
+        if e.cpu_parent is None:  # the steps
+            assert span.kind == STEP and span.parent == 0
+        else:
+            assert span.parent == by_key[event_key(e.cpu_parent)], e.name
+        assert span.attributes["self_cpu_us"] == pytest.approx(e.self_cpu_time_total, abs=1e-3)
+        assert span.attributes["total_cpu_us"] == pytest.approx(e.cpu_time_total, abs=1e-3)
+        if e.input_shapes and any(e.input_shapes):
+            assert span.attributes["input_shapes"] == e.input_shapes, e.name
+    calls = Counter(e.name for e in host)
+    assert all(s.attributes["calls"] == calls[s.attributes["op_name"]] for s in spans if s.kind in (OP, STEP))
+    # the trace's times are the events' own: the cycle spans exactly its first to last event
+    assert spans[0].start_ns == min(s.start_ns for s in spans[1:])
+    assert spans[0].end_ns == max(s.end_ns for s in spans[1:])
+
+
+def test_a_chrome_trace_of_the_cycle_gives_the_same_timeline(tmp_path):
+    x, w = inputs()
+    seen = {}
+
+    def on_cycle(prof):
+        raw = raw_events_from_kineto(prof)
+        seen["kineto"] = build_timeline(raw, cycle_step=prof.step_num, inputs=timeline_inputs_from_kineto(prof, raw))
+        prof.export_chrome_trace(str(tmp_path / "trace.json"))
+
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2),
+                 on_trace_ready=on_cycle, record_shapes=True) as prof:  # fmt: skip
+        for _ in range(3):
+            rms_norm_naive(x, w)
+            prof.step()
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    raw = raw_events_from_chrome_trace(trace)
+    from_file = build_timeline(raw, cycle_step=3, inputs=timeline_inputs_from_chrome_trace(trace, raw))
+    want, got = seen["kineto"], from_file
+
+    def shape(t):
+        return [(s.name, s.kind, s.start_ns, s.end_ns, s.parent, s.attributes.get("input_shapes")) for s in t.spans]
+
+    # Kineto's JSON writes µs with three decimals: the same whole nanoseconds, the same tree.
+    assert shape(got) == shape(want)
+
+
+FAKE_SCENARIO = """
+import json, pathlib, sys
+import fake_device
+fake_device.activate(pathlib.Path(sys.argv[1]))
+from torch.profiler import ProfilerActivity, profile, schedule
+from workloads import inputs, rms_norm_naive
+from mlflow_neuron._raw import aggregate, raw_events_from_kineto
+from mlflow_neuron._timeline import build_timeline, timeline_inputs_from_kineto
+x, w = inputs()
+out = {}
+def on_cycle(prof):
+    raw = raw_events_from_kineto(prof)
+    inputs = timeline_inputs_from_kineto(prof, raw)
+    out["timelines"] = [build_timeline(raw, cycle_step=prof.step_num, max_spans=int(cap), inputs=inputs).to_json()
+                        for cap in sys.argv[2].split(",")]
+    p = aggregate(raw, device="neuron", device_profiled=True)
+    out["ops"] = {f"{o.kind}:{o.name}": o.self_device_time_us for o in p.ops}
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
+             schedule=schedule(wait=0, warmup=1, active=2), on_trace_ready=on_cycle) as prof:
+    for _ in range(3):
+        rms_norm_naive(x, w)
+        prof.step()
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def fake_profiler(tmp_path_factory):
+    try:
+        return fake_device.build(tmp_path_factory.mktemp("fake_device"))
+    except fake_device.FakeDeviceUnavailable as reason:
+        pytest.skip(f"fake PrivateUse1 profiler unavailable: {reason}")
+
+
+def fake_device_cycle(fake_profiler, tmp_path, caps=(2000,)):
+    """One fake-device cycle: its timeline at each cap, and its ops' self device time."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]),
+           "FAKE_NEURON_MODE": "kernels", "FAKE_NEURON_KERNELS": "aten::mul=785,aten::rsqrt=40,aten::add=20"}  # fmt: skip
+    result = subprocess.run([sys.executable, "-c", FAKE_SCENARIO, str(fake_profiler), ",".join(map(str, caps))],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    return [Timeline.from_json(t) for t in out["timelines"]], out["ops"]
+
+
+def test_kernels_sit_under_their_stream_with_their_ops_device_time(fake_profiler, tmp_path):
+    [timeline], ops = fake_device_cycle(fake_profiler, tmp_path)
+    assert_well_formed(timeline)
+    spans = timeline.spans
+    streams = [i for i, s in enumerate(spans) if s.kind == STREAM]
+    assert [spans[i].name for i in streams] == ["NEURON 0 stream 0"]  # the fake device's one stream
+    kernels = [s for s in spans if s.kind == KERNEL]
+    assert len(kernels) == 2 * (3 + 1 + 1) and all(s.parent == streams[0] for s in kernels)
+    assert spans[streams[0]].attributes["kernels"] == len(kernels)
+    # Each kernel names its launching op and links to it by correlation id.
+    ops_by_id = {s.attributes["correlation_id"]: s for s in spans if s.kind == OP and "correlation_id" in s.attributes}
+    device_us = defaultdict(float)
+    for k in kernels:
+        launcher = ops_by_id[k.attributes["correlation_id"]]
+        assert k.attributes["launched_by"] == launcher.name == k.name.removeprefix("neuron_kernel::")
+        assert k.attributes["device_us"] == (k.end_ns - k.start_ns) / 1000
+        assert launcher.attributes["self_device_us"] == pytest.approx(k.attributes["device_us"])
+        device_us[launcher.name] += k.attributes["device_us"]
+    # ... and the kernels' durations per op are the op's device time in the cycle's metrics.
+    assert dict(device_us) == pytest.approx({"aten::mul": 2 * 3 * 785, "aten::rsqrt": 2 * 40, "aten::add": 2 * 20})
+    assert dict(device_us) == pytest.approx({name: ops[f"op:{name}"] for name in device_us})
+    # An op above a launching op carries its children's device time in total, none itself.
+    step = next(s for s in spans if s.kind == STEP)
+    assert step.attributes["self_device_us"] == 0
+
+
+def test_small_caps_keep_every_step_and_summarize_the_rest(fake_profiler, tmp_path):
+    caps = (12, 30, 60)
+    (full, *capped), _ = fake_device_cycle(fake_profiler, tmp_path, caps=(2000, *caps))
+    assert full.dropped == 0 and len(full.spans) > 60
+    for cap, timeline in zip(caps, capped):
+        assert_well_formed(timeline, max_spans=cap)
+        assert_summaries_account_for_everything(timeline, full)
+
+
+def assert_summaries_account_for_everything(timeline: Timeline, full: Timeline) -> None:
+    """Kept spans are spans of the uncapped timeline; the summaries count every one left out, and
+    their times are the dropped spans' own (outermost ones only)."""
+    kinds = Counter(s.kind for s in timeline.spans)
+    assert kinds[STEP] == sum(s.kind == STEP for s in full.spans)
+    assert kinds[STREAM] == sum(s.kind == STREAM for s in full.spans)
+    key = lambda s: (s.name, s.start_ns, s.end_ns)  # noqa: E731
+    full_keys = {key(s): i for i, s in enumerate(full.spans)}
+    kept = {full_keys[key(s)] for s in timeline.spans if s.kind != SUMMARY}
+    summaries = [s for s in timeline.spans if s.kind == SUMMARY]
+    dropped = len(full.spans) - len(kept)
+    assert dropped == timeline.dropped == sum(s.attributes["dropped_spans"] for s in summaries)
+    assert timeline.events == len(full.spans)
+    # per kept parent: the time of dropped spans whose parent (in the full tree) is kept
+    want = defaultdict(int)
+    for i, s in enumerate(full.spans):
+        if i not in kept and s.parent in kept:
+            want[key(full.spans[s.parent])] += s.end_ns - s.start_ns
+    got = {key(timeline.spans[s.parent]): s.attributes["dropped_time_us"] for s in summaries}
+    assert got == pytest.approx({k: v / 1000 for k, v in want.items()})
+    for s in summaries:
+        assert s.name.startswith(f"\u2026 {s.attributes['dropped_spans']} more ")
+
+
+def test_a_100k_op_cycle_stays_within_the_cap():
+    a, b = torch.ones(4), torch.ones(4)
+    steps, per_step = 10, 10_000
+    seen = {}
+
+    def on_cycle(prof):
+        raw = raw_events_from_kineto(prof)
+        seen["raw"] = raw
+        seen["timeline"] = build_timeline(raw, cycle_step=prof.step_num)
+
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=steps),
+                 on_trace_ready=on_cycle) as prof:  # fmt: skip
+        for _ in range(steps):
+            for _ in range(per_step):
+                torch.add(a, b)
+            prof.step()
+    timeline, raw = seen["timeline"], seen["raw"]
+    assert_well_formed(timeline, max_spans=2000)
+    spans = timeline.spans
+    assert len(spans) == 2000 and sum(s.kind == STEP for s in spans) == steps
+    # Per step: kept adds plus the summary's count are the step's adds, and their times add up.
+    host = raw.device_class == HOST
+    names = np.array(raw.names, dtype=object)[raw.name_id]
+    add = host & (names == "aten::add")
+    assert add.sum() == steps * per_step
+    starts, durations = raw.start_ns[add], raw.end_ns[add] - raw.start_ns[add]
+    kept_longest = sorted((s.end_ns - s.start_ns for s in spans if s.kind == OP), reverse=True)
+    for step in (s for s in spans if s.kind == STEP):
+        index = spans.index(step)
+        children = [s for s in spans if s.parent == index]
+        ops = [s for s in children if s.kind == OP]
+        [summary] = [s for s in children if s.kind == SUMMARY]
+        inside = (starts >= step.start_ns) & (starts < step.end_ns)
+        assert len(ops) + summary.attributes["dropped_spans"] == inside.sum() == per_step
+        total_ns = int(durations[inside].sum())
+        kept_ns = sum(s.end_ns - s.start_ns for s in ops)
+        assert summary.attributes["dropped_time_us"] == pytest.approx((total_ns - kept_ns) / 1000)
+    # The longest ops are the ones kept.
+    shortest_kept = kept_longest[-1]
+    assert (durations > shortest_kept).sum() <= len(kept_longest)
+
+
+def test_cap_and_empty_cycles():
+    with pytest.raises(ValueError, match="max_spans"):
+        build_timeline(raw_events_from_chrome_trace({"traceEvents": []}), cycle_step=1, max_spans=0)
+    empty = build_timeline(raw_events_from_chrome_trace({"traceEvents": []}), cycle_step=7)
+    assert [s.name for s in empty.spans] == ["profiler/step_7"]
+
+
+def test_timeline_imports_without_mlflow():
+    code = "import sys; sys.modules['mlflow'] = None\nimport mlflow_neuron._timeline, mlflow_neuron._timeline_svg\n"
+    env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
