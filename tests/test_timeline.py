@@ -297,3 +297,103 @@ def test_timeline_imports_without_mlflow():
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+# -- the MLflow trace ----------------------------------------------------------------------------------
+
+
+def cycle_traces(client: MlflowClient, experiment_id: str, run_id: str) -> list:
+    return list(client.search_traces(locations=[experiment_id], run_id=run_id, flush=True))
+
+
+def test_the_trace_in_a_real_store_is_the_timeline_linked_to_the_run_once(tracking_uri):
+    from mlflow_neuron._mlflow_traces import COMPLETE_TAG, CYCLE_KEY_TAG, log_timeline
+
+    timeline, _, _ = profile_cpu_cycle(steps=2, record_shapes=True)
+    client = MlflowClient(tracking_uri)
+    experiment_id = client.create_experiment("timeline")
+    run_id = client.create_run(experiment_id, run_name="naive").info.run_id
+    trace_id = log_timeline(client, run_id, experiment_id, timeline, device="cpu", run_name="naive")
+    assert log_timeline(client, run_id, experiment_id, timeline, device="cpu", run_name="naive") == trace_id
+
+    [trace] = cycle_traces(client, experiment_id, run_id)  # linked to the run, and only once
+    assert trace.info.trace_id == trace_id
+    assert {k: v for k, v in trace.info.tags.items() if k.startswith("mlflow_neuron.")} == {
+        CYCLE_KEY_TAG: f"{run_id}/3", COMPLETE_TAG: "complete", "mlflow_neuron.run_id": run_id,
+        "mlflow_neuron.step": "3", "mlflow_neuron.device": "cpu", "mlflow_neuron.run_name": "naive",
+        "mlflow_neuron.spans": str(len(timeline.spans)), "mlflow_neuron.spans_dropped": "0",
+    }  # fmt: skip
+    assert trace.info.request_time == timeline.spans[0].start_ns // 1_000_000
+    # Every span comes back with its times, its parent and its attributes.
+    got = sorted(trace.data.spans, key=lambda s: int(s.span_id, 16))
+    assert len(got) == len(timeline.spans)
+    for i, (span, want) in enumerate(zip(got, timeline.spans)):
+        assert int(span.span_id, 16) == i + 1
+        assert (span.name, span.start_time_ns, span.end_time_ns) == (want.name, want.start_ns, want.end_ns)
+        assert span.parent_id == (None if want.parent < 0 else f"{want.parent + 1:016x}")
+        assert {k: span.attributes[k] for k in want.attributes} == want.attributes
+    assert got[0].name == "profiler/step_3" and got[1].name == "ProfilerStep#1"
+    mul = next(s for s in got if s.name == "aten::mul")
+    assert mul.attributes["input_shapes"] == [[4, 512], [4, 512]] and mul.attributes["calls"] == 6
+
+
+def test_a_partial_write_is_replaced_and_other_processes_find_the_complete_trace(tracking_uri, tmp_path):
+    from mlflow.entities import TraceInfo, TraceLocation, TraceState
+    from mlflow.tracing.client import TracingClient
+
+    from conftest import run_python
+    from mlflow_neuron._mlflow_traces import COMPLETE_TAG, CYCLE_KEY_TAG, mlflow_spans, trace_id_for
+
+    timeline, _, _ = profile_cpu_cycle(steps=1)
+    client = MlflowClient(tracking_uri)
+    experiment_id = client.create_experiment("timeline")
+    run_id = client.create_run(experiment_id).info.run_id
+    key = f"{run_id}/{timeline.cycle_step}"
+    # A process died mid-write: half the spans under the cycle's id, and an untagged-complete
+    # trace with the key under another id.
+    tracing = TracingClient(tracking_uri)
+    tracing.log_spans(experiment_id, mlflow_spans(timeline, trace_id_for(key))[: len(timeline.spans) // 2])
+    other = "tr-" + "0" * 31 + "1"
+    tracing.log_spans(experiment_id, mlflow_spans(timeline, other)[:3])
+    tracing.start_trace(TraceInfo(trace_id=other, trace_location=TraceLocation.from_experiment_id(experiment_id),
+                                  request_time=1, state=TraceState.OK, tags={CYCLE_KEY_TAG: key}))  # fmt: skip
+    client.link_traces_to_run([other], run_id)
+    assert len(cycle_traces(client, experiment_id, run_id)) == 1  # the half-written one is not linked
+
+    path = tmp_path / "timeline.json"
+    path.write_text(timeline.to_json())
+    code = f"""
+import pathlib
+from mlflow import MlflowClient
+from mlflow_neuron._timeline import Timeline
+from mlflow_neuron._mlflow_traces import log_timeline
+timeline = Timeline.from_json(pathlib.Path({str(path)!r}).read_text())
+print(log_timeline(MlflowClient({tracking_uri!r}), {run_id!r}, {experiment_id!r}, timeline))
+"""
+    for _ in range(2):  # `sync` twice, each a process of its own
+        result = run_python(code, tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.stdout.strip().splitlines()[-1] == trace_id_for(key)
+    [trace] = cycle_traces(client, experiment_id, run_id)
+    assert trace.info.trace_id == trace_id_for(key) and trace.info.tags[COMPLETE_TAG] == "complete"
+    assert len(trace.data.spans) == len(timeline.spans)
+    everything = client.search_traces(locations=[experiment_id], flush=True)
+    assert [t.info.trace_id for t in everything] == [trace_id_for(key)]
+
+
+def test_a_timeline_without_an_epoch_origin_ends_at_logging_time(tracking_uri):
+    import time
+
+    from mlflow_neuron._mlflow_traces import log_timeline
+
+    x = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mul", "ts": 10.0, "dur": 5.5, "pid": 1, "tid": 1}]}
+    timeline = build_timeline(raw_events_from_chrome_trace(x), cycle_step=1)
+    assert timeline.origin_ns == 0 and timeline.spans[1].end_ns - timeline.spans[1].start_ns == 5500
+    client = MlflowClient(tracking_uri)
+    experiment_id = client.create_experiment("timeline")
+    run_id = client.create_run(experiment_id).info.run_id
+    before = time.time_ns()
+    log_timeline(client, run_id, experiment_id, timeline)
+    [trace] = cycle_traces(client, experiment_id, run_id)
+    root = next(s for s in trace.data.spans if s.parent_id is None)
+    assert before <= root.end_time_ns <= time.time_ns() and root.end_time_ns - root.start_time_ns == 5500
