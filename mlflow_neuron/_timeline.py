@@ -324,7 +324,7 @@ def _summary_spans(t: _Tree, anchor, summarized, index, parent, origin_ns: int, 
     kernels = np.bincount(slot, weights=t.device[rows], minlength=len(summarized))
     spans = []
     for k, node in enumerate(summarized.tolist()):
-        what = "kernels" if kernels[k] == count[k] else "ops"
+        what = ("kernel" if kernels[k] == count[k] else "op") + ("s" if count[k] > 1 else "")
         us = _us(int(time_ns[k]))
         spans.append(TimelineSpan(f"{ELLIPSIS} {int(count[k])} more {what}, {us:g} \u00b5s", SUMMARY,
                                   origin_ns + int(first[k]), origin_ns + int(last[k]), int(index[node]),

@@ -55,10 +55,12 @@ def timeline_svg(timeline: Timeline, step: int | None = None, *, width: int = 96
             raise ValueError(f"step {step} is not in this timeline")
         top = matches[0]
     host = [i for i in _subtree(spans, kids, top) if i != 0]
+    # Device work: kernels the drawn ops launched, and device spans starting within the range
+    # (kernels whose launching op was summarized away; the stream's own summaries).
     ids = {spans[i].attributes.get("correlation_id") for i in host} - {None}
-    device = [i for i, s in enumerate(spans) if s.kind == KERNEL and (top == 0 or s.attributes.get("correlation_id") in ids)]
-    if top == 0:
-        device += [i for i, s in enumerate(spans) if s.kind == SUMMARY and spans[s.parent].kind == STREAM]
+    lo, hi = spans[top].start_ns, spans[top].end_ns
+    device = [i for i, s in enumerate(spans) if s.parent >= 0 and spans[s.parent].kind == STREAM
+              and (top == 0 or s.attributes.get("correlation_id") in ids or lo <= s.start_ns < hi)]  # fmt: skip
     drawn = host + device
     t0 = min(spans[i].start_ns for i in drawn)
     t1 = max(spans[i].end_ns for i in drawn)
@@ -71,8 +73,8 @@ def timeline_svg(timeline: Timeline, step: int | None = None, *, width: int = 96
         if i != top:
             depth[i] = depth[spans[i].parent] + 1
     for i in host:
-        thread = spans[i].attributes.get("thread", "")
-        by_thread.setdefault(f"thread {thread}" if thread != "" else "host", []).append((i, max(depth[i], 0)))
+        thread = _thread(spans, i)
+        by_thread.setdefault(f"thread {thread}" if thread is not None else "host", []).append((i, max(depth[i], 0)))
     for label, items in by_thread.items():
         rows.append((label, items))
     by_stream: dict[str, list[int]] = {}
@@ -85,7 +87,7 @@ def timeline_svg(timeline: Timeline, step: int | None = None, *, width: int = 96
     for label, items in rows:
         band = max(r for _, r in items) + 1
         parts.append(f'<text x="4" y="{y + 12}" class="l">{escape(_clip(label, _LABEL_W - 8))}</text>')
-        for i, r in items:
+        for i, r in sorted(items, key=lambda item: spans[item[0]].kind != SUMMARY):  # summaries beneath
             parts.append(_box(spans[i], _LABEL_W + (spans[i].start_ns - t0) * scale,
                               max((spans[i].end_ns - spans[i].start_ns) * scale, 0.5), y + r * row_height, row_height))  # fmt: skip
         y += band * row_height + _PAD
@@ -112,6 +114,15 @@ def _subtree(spans, kids: list[list[int]], top: int) -> list[int]:
     return out
 
 
+def _thread(spans, i: int):
+    """A span's thread: its own, else its nearest ancestor's (summaries, steps of other threads)."""
+    while i >= 0:
+        if "thread" in spans[i].attributes:
+            return spans[i].attributes["thread"]
+        i = spans[i].parent
+    return None
+
+
 def _pack(spans, items: list[int]) -> list[tuple[int, int]]:
     """Device spans into rows, greedily, so boxes on one row never overlap."""
     ends: list[int] = []
@@ -131,7 +142,7 @@ def _box(span, x: float, w: float, y: float, h: int) -> str:
     for key in ("self_cpu_us", "self_device_us", "device_us", "launched_by", "calls"):
         if key in span.attributes:
             tip.append(f"{key}: {span.attributes[key]}")
-    fill = "#c8c8c8" if span.kind == SUMMARY else _color(span.attributes.get("op_name", span.name))
+    fill = "#d4d4d4" if span.kind == SUMMARY else _color(span.attributes.get("op_name", span.name))
     label = _clip(span.name, w - 4)
     text = f'<text x="{x + 2:.1f}" y="{y + h - 4}">{escape(label)}</text>' if label else ""
     return (f'<g><title>{escape(" | ".join(tip))}</title><rect x="{x:.1f}" y="{y}" width="{w:.1f}" '

@@ -397,3 +397,44 @@ def test_a_timeline_without_an_epoch_origin_ends_at_logging_time(tracking_uri):
     [trace] = cycle_traces(client, experiment_id, run_id)
     root = next(s for s in trace.data.spans if s.parent_id is None)
     assert before <= root.end_time_ns <= time.time_ns() and root.end_time_ns - root.start_time_ns == 5500
+
+
+# -- the SVG timeline ----------------------------------------------------------------------------------
+
+
+def test_representative_step_is_the_one_closest_to_the_median():
+    from mlflow_neuron._timeline_svg import representative_step
+
+    assert representative_step({1: 10.0, 2: 50.0, 3: 11.0, 4: 12.0, 5: 13.0}) == 4
+    assert representative_step({7: 10.0, 8: 20.0}) == 7  # median 15: a tie, the lower step
+    assert representative_step({3: 5.0}) == 3
+    with pytest.raises(ValueError):
+        representative_step({})
+
+
+def test_svg_of_a_step_draws_its_ops_and_kernels_self_contained(fake_profiler, tmp_path):
+    import xml.etree.ElementTree as ET
+
+    from mlflow_neuron._timeline_svg import representative_step, step_durations_us, timeline_svg
+
+    [timeline], _ = fake_device_cycle(fake_profiler, tmp_path)
+    durations = step_durations_us(timeline)
+    assert sorted(durations) == [1, 2]
+    step = representative_step(durations)
+    svg = timeline_svg(timeline, step)
+    root = ET.fromstring(svg)  # well-formed XML
+    ns = "{http://www.w3.org/2000/svg}"
+    assert root.tag == f"{ns}svg"
+    assert not any(e.tag in (f"{ns}script", f"{ns}a", f"{ns}image", f"{ns}foreignObject") for e in root.iter())
+    assert "href" not in svg and "javascript" not in svg.lower() and "url(" not in svg
+    tips = [e.text for e in root.iter(f"{ns}title")]
+    [top] = [i for i, s in enumerate(timeline.spans) if s.kind == STEP and s.attributes["step"] == step]
+    in_step = {s.name for i, s in enumerate(timeline.spans) if s.parent == top}
+    assert in_step <= {t.split(" | ")[0] for t in tips}
+    labels = [e.text for e in root.iter(f"{ns}text")]
+    assert "thread" in " ".join(labels) and "NEURON 0 stream 0" in labels
+    assert sum(t.startswith("neuron_kernel::aten::mul") for t in tips) == 3  # the step's three muls
+    whole = ET.fromstring(timeline_svg(timeline))
+    assert sum((e.text or "").startswith("neuron_kernel::") for e in whole.iter(f"{ns}title")) == 10
+    with pytest.raises(ValueError, match="step 99"):
+        timeline_svg(timeline, 99)
