@@ -443,21 +443,48 @@ class TimelineInputs:
     input_shapes: ShapesReader | None = None
 
 
+def read_kineto_cycle(prof: Any) -> tuple[_raw.RawEvents, TimelineInputs] | None:
+    """`raw_events_from_kineto(prof)` and its `timeline_inputs_from_kineto`, from one read of
+    the Kineto events (building that list is most of a second read's cost); None where
+    `raw_events_from_kineto` gives None. Mirrors `raw_events_from_kineto`, step for step."""
+    inner, result = _raw.kineto_results_of(prof)
+    if result is None or getattr(getattr(inner, "experimental_config", None), "trace_only", False):
+        return None
+    try:
+        origin = int(result.trace_start_ns())
+        events = result.events()
+        kind = type(events[0]) if events else None
+        if kind is not None and not all(callable(getattr(kind, m, None)) for m in _raw._KINETO_METHODS):
+            return None
+        use_device = getattr(inner, "use_device", None)
+        legacy = _raw._legacy_reader(kind, inner, use_device) if kind is not None else None
+        raw = _raw._read_kineto(events, kind, origin, use_device, legacy)
+    except Exception:  # noqa: BLE001 - as raw_events_from_kineto: torch's parse handles it
+        return None
+    return raw, _inputs_from_events(events, raw, origin)
+
+
 def timeline_inputs_from_kineto(prof: Any, raw: _raw.RawEvents) -> TimelineInputs:
     """Origin, device streams (named `<DEVICE> <index> stream <id>`, e.g. `NEURON 0 stream 0`)
     and an input-shapes reader for `raw = raw_events_from_kineto(prof)`, from the same cycle's
     Kineto results (`prof` may be the snapshot `kineto_reader` holds). Pieces that cannot be
-    matched to `raw` are None."""
+    matched to `raw` are None. `read_kineto_cycle` gives both from one read."""
     _, result = _raw.kineto_results_of(prof)
-    origin = None
     try:
-        origin = int(result.trace_start_ns()) if result is not None else None
-        rows = _kineto_rows(result, raw, origin) if origin is not None else None
+        origin = int(result.trace_start_ns())
+        events = result.events()
+    except Exception:  # noqa: BLE001 - no results, or another torch's
+        return TimelineInputs()
+    return _inputs_from_events(events, raw, origin)
+
+
+def _inputs_from_events(events: list, raw: _raw.RawEvents, origin: int) -> TimelineInputs:
+    try:
+        kept = _kineto_rows(events, raw, origin)
     except Exception:  # noqa: BLE001 - another torch's events: no streams, no shapes
-        rows = None
-    if rows is None:
+        kept = None
+    if kept is None:
         return TimelineInputs(origin)
-    events, kept = rows
     kind = type(events[0])
     dev = np.flatnonzero(raw.device_class[: len(kept)] != _raw.HOST)
     lane = np.full(len(raw), -1, np.int64)
@@ -486,24 +513,34 @@ def _device_label(device_type: Any) -> str:
     return str(getattr(device_type, "name", device_type)).split(".")[-1].upper()
 
 
-def _kineto_rows(result: Any, raw: _raw.RawEvents, origin: int) -> tuple[list, np.ndarray] | None:
-    """(Kineto events, index of the event behind each of raw's first rows), as `_read_kineto`
-    keeps them; None when they do not line up (then raw came from somewhere else)."""
-    events = result.events()
+def _kineto_rows(events: list, raw: _raw.RawEvents, origin: int) -> np.ndarray | None:
+    """The index of the Kineto event behind each of raw's first rows, as `_read_kineto` keeps
+    them; None when they do not line up (then raw came from somewhere else)."""
     if not events:
         return None
     kind = type(events[0])
+    if len(events) <= len(raw):  # the usual case, nothing filtered: checked on a sample
+        kept = np.arange(len(events))
+        if _rows_match(events, kept, raw, origin):
+            return kept
     names, name_id = _raw._factorize(list(map(kind.name, events)))
     keep = ~np.array([_raw._is_filtered(s) for s in names], dtype=bool)[name_id]
     hidden = getattr(kind, "is_hidden_event", None)
     if hidden is not None:
         keep &= ~np.fromiter(map(hidden, events), dtype=bool, count=len(events))
     kept = np.flatnonzero(keep)
-    if len(kept) > len(raw):
-        return None
-    sample = np.arange(0, len(kept), max(1, len(kept) // 64))
-    start = np.fromiter((events[kept[i]].start_ns() for i in sample.tolist()), np.int64, len(sample))
-    return (events, kept) if np.array_equal(start - origin, raw.start_ns[sample]) else None
+    return kept if len(kept) <= len(raw) and _rows_match(events, kept, raw, origin) else None
+
+
+def _rows_match(events: list, kept: np.ndarray, raw: _raw.RawEvents, origin: int) -> bool:
+    """Whether ~256 evenly spread rows (and the last) have the kept events' names and times."""
+    sample = np.unique(np.append(np.linspace(0, len(kept) - 1, min(len(kept), 256)).astype(np.int64), len(kept) - 1))
+    for r in sample.tolist():
+        e = events[kept[r]]
+        if (e.start_ns() - origin != raw.start_ns[r] or e.end_ns() - origin != raw.end_ns[r]
+                or e.name() != raw.names[raw.name_id[r]]):  # fmt: skip
+            return False
+    return True
 
 
 def chrome_origin_ns(trace: dict) -> int | None:

@@ -253,8 +253,9 @@ def test_a_100k_op_cycle_stays_within_the_cap():
         seen["raw"] = raw
         seen["timeline"] = build_timeline(raw, cycle_step=prof.step_num)
 
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=steps),
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
                  on_trace_ready=on_cycle) as prof:  # fmt: skip
+        prof.step()  # an empty warmup step
         for _ in range(steps):
             for _ in range(per_step):
                 torch.add(a, b)
@@ -438,3 +439,36 @@ def test_svg_of_a_step_draws_its_ops_and_kernels_self_contained(fake_profiler, t
     assert sum((e.text or "").startswith("neuron_kernel::") for e in whole.iter(f"{ns}title")) == 10
     with pytest.raises(ValueError, match="step 99"):
         timeline_svg(timeline, 99)
+
+
+@pytest.mark.parametrize("settings", [{}, {"profile_memory": True, "record_shapes": True}])
+def test_read_kineto_cycle_reads_what_raw_events_from_kineto_reads(settings):
+    """One read for both; `[memory]` records (filtered, some re-added at the end) take the
+    name-matching path instead of the identity one."""
+    from dataclasses import fields
+
+    from mlflow_neuron._timeline import read_kineto_cycle
+
+    x, w = inputs()
+    seen = {}
+
+    def on_cycle(prof):
+        seen["want"] = raw_events_from_kineto(prof)
+        seen["got"] = read_kineto_cycle(prof)
+        seen["origin"] = prof.profiler.kineto_results.trace_start_ns()
+
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=1),
+                 on_trace_ready=on_cycle, **settings) as prof:  # fmt: skip
+        for _ in range(2):
+            rms_norm_naive(x, w)
+            prof.step()
+    want, (got, timeline_inputs) = seen["want"], seen["got"]
+    for f in fields(want):
+        a, b = getattr(got, f.name), getattr(want, f.name)
+        assert (np.array_equal(a, b) if isinstance(b, np.ndarray) else a == b), f.name
+    assert timeline_inputs.origin_ns == seen["origin"]
+    assert timeline_inputs.lanes is not None and timeline_inputs.input_shapes is not None
+    shapes = timeline_inputs.input_shapes(np.arange(len(got)))
+    names = [got.names[i] for i in got.name_id]
+    mul = [s for n, s in zip(names, shapes) if n == "aten::mul"]
+    assert mul == ([[[4, 512], [4, 512]], [[4, 512], [4, 1]], [[4, 512], [512]]] if settings else [None] * 3)
