@@ -10,7 +10,8 @@ medians over --reps fresh cycles, seconds:
   aggregate         `_raw.aggregate(raw)`: the same
   read + streams    `read_kineto_cycle(prof)`: the same read plus each device event's stream
   build             `build_timeline(raw, inputs=...)`
-  log               `log_timeline` into a local sqlite store (a fresh run per cycle)
+  log               `log_timeline` into a local sqlite store (a fresh run per cycle), spans as
+                    the trace's artifact (`--span-storage tracking_store`: in the span table)
 
 The timeline's own cost is (read + streams - read) + build, given against aggregate alone and
 against read + aggregate (the fast path); then with the logging. No assertions.
@@ -55,6 +56,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--max-spans", type=int, default=2000)
+    parser.add_argument("--span-storage", choices=["artifact", "tracking_store"], default="artifact")
     args = parser.parse_args()
 
     from extraction import activate_fake_device
@@ -93,7 +95,7 @@ def main() -> None:
             t4 = time.perf_counter()
             run_id = client.create_run(experiment).info.run_id
             t5 = time.perf_counter()
-            log_timeline(client, run_id, experiment, timeline, device=device)
+            log_timeline(client, run_id, experiment, timeline, device=device, span_storage=args.span_storage)
             t6 = time.perf_counter()
             for key, value in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t6 - t5)):
                 times[key].append(value)

@@ -307,14 +307,16 @@ def cycle_traces(client: MlflowClient, experiment_id: str, run_id: str) -> list:
     return list(client.search_traces(locations=[experiment_id], run_id=run_id, flush=True))
 
 
-def test_the_trace_in_a_real_store_is_the_timeline_linked_to_the_run_once(tracking_uri):
+@pytest.mark.parametrize("span_storage", ["artifact", "tracking_store"])
+def test_the_trace_in_a_real_store_is_the_timeline_linked_to_the_run_once(tracking_uri, span_storage):
     from mlflow_neuron._mlflow_traces import COMPLETE_TAG, CYCLE_KEY_TAG, log_timeline
 
     timeline, _, _ = profile_cpu_cycle(steps=2, record_shapes=True)
     client = MlflowClient(tracking_uri)
     experiment_id = client.create_experiment("timeline")
     run_id = client.create_run(experiment_id, run_name="naive").info.run_id
-    trace_id = log_timeline(client, run_id, experiment_id, timeline, device="cpu", run_name="naive")
+    trace_id = log_timeline(client, run_id, experiment_id, timeline, device="cpu", run_name="naive",
+                            span_storage=span_storage)  # fmt: skip
     assert log_timeline(client, run_id, experiment_id, timeline, device="cpu", run_name="naive") == trace_id
 
     [trace] = cycle_traces(client, experiment_id, run_id)  # linked to the run, and only once
@@ -325,6 +327,8 @@ def test_the_trace_in_a_real_store_is_the_timeline_linked_to_the_run_once(tracki
         "mlflow_neuron.spans": str(len(timeline.spans)), "mlflow_neuron.spans_dropped": "0",
     }  # fmt: skip
     assert trace.info.request_time == timeline.spans[0].start_ns // 1_000_000
+    in_store = trace.info.tags.get("mlflow.trace.spansLocation") == "TRACKING_STORE"
+    assert in_store == (span_storage == "tracking_store")
     # Every span comes back with its times, its parent and its attributes.
     got = sorted(trace.data.spans, key=lambda s: int(s.span_id, 16))
     assert len(got) == len(timeline.spans)
