@@ -145,8 +145,8 @@ import fake_device
 fake_device.activate(pathlib.Path(sys.argv[1]))
 from torch.profiler import ProfilerActivity, profile, schedule
 from workloads import inputs, rms_norm_naive
-from mlflow_neuron._raw import aggregate, raw_events_from_kineto
-from mlflow_neuron._timeline import build_timeline, timeline_inputs_from_kineto
+from mlflow_neuron._raw import aggregate, raw_events_from_chrome_trace, raw_events_from_kineto
+from mlflow_neuron._timeline import build_timeline, timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
 x, w = inputs()
 out = {}
 def on_cycle(prof):
@@ -155,6 +155,11 @@ def on_cycle(prof):
     out["timelines"] = [build_timeline(raw, cycle_step=prof.step_num, max_spans=int(cap), inputs=inputs).to_json()
                         for cap in sys.argv[2].split(",")]
     p = aggregate(raw, device="neuron", device_profiled=True)
+    prof.export_chrome_trace("trace.json")
+    trace = json.loads(pathlib.Path("trace.json").read_text())
+    raw = raw_events_from_chrome_trace(trace)
+    out["from_file"] = build_timeline(raw, cycle_step=prof.step_num,
+                                      inputs=timeline_inputs_from_chrome_trace(trace, raw)).to_json()
     out["ops"] = {f"{o.kind}:{o.name}": o.self_device_time_us for o in p.ops}
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
              schedule=schedule(wait=0, warmup=1, active=2), on_trace_ready=on_cycle) as prof:
@@ -174,18 +179,19 @@ def fake_profiler(tmp_path_factory):
 
 
 def fake_device_cycle(fake_profiler, tmp_path, caps=(2000,)):
-    """One fake-device cycle: its timeline at each cap, and its ops' self device time."""
+    """One fake-device cycle: its timeline at each cap, its ops' self device time, and the
+    timeline of its chrome trace."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]),
            "FAKE_NEURON_MODE": "kernels", "FAKE_NEURON_KERNELS": "aten::mul=785,aten::rsqrt=40,aten::add=20"}  # fmt: skip
     result = subprocess.run([sys.executable, "-c", FAKE_SCENARIO, str(fake_profiler), ",".join(map(str, caps))],
                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    return [Timeline.from_json(t) for t in out["timelines"]], out["ops"]
+    return [Timeline.from_json(t) for t in out["timelines"]], out["ops"], Timeline.from_json(out["from_file"])
 
 
 def test_kernels_sit_under_their_stream_with_their_ops_device_time(fake_profiler, tmp_path):
-    [timeline], ops = fake_device_cycle(fake_profiler, tmp_path)
+    [timeline], ops, from_file = fake_device_cycle(fake_profiler, tmp_path)
     assert_well_formed(timeline)
     spans = timeline.spans
     streams = [i for i, s in enumerate(spans) if s.kind == STREAM]
@@ -205,6 +211,15 @@ def test_kernels_sit_under_their_stream_with_their_ops_device_time(fake_profiler
     # ... and the kernels' durations per op are the op's device time in the cycle's metrics.
     assert dict(device_us) == pytest.approx({"aten::mul": 2 * 3 * 785, "aten::rsqrt": 2 * 40, "aten::add": 2 * 20})
     assert dict(device_us) == pytest.approx({name: ops[f"op:{name}"] for name in device_us})
+    # The cycle's chrome trace gives the same trace (ingest): its stream is named by the trace.
+    renamed = {spans[streams[0]].name: from_file.spans[streams[0]].name}
+    assert renamed[spans[streams[0]].name].endswith("stream 0")
+
+    def shape(t, rename=None):
+        return [((rename or {}).get(s.name, s.name), s.kind, s.start_ns, s.end_ns, s.parent,
+                 {k: v for k, v in s.attributes.items() if k not in ("thread", "stream")}) for s in t.spans]  # fmt: skip
+
+    assert shape(from_file) == shape(timeline, renamed)
     # An op above a launching op carries its children's device time in total, none itself.
     step = next(s for s in spans if s.kind == STEP)
     assert step.attributes["self_device_us"] == 0
@@ -212,7 +227,7 @@ def test_kernels_sit_under_their_stream_with_their_ops_device_time(fake_profiler
 
 def test_small_caps_keep_every_step_and_summarize_the_rest(fake_profiler, tmp_path):
     caps = (12, 30, 60)
-    (full, *capped), _ = fake_device_cycle(fake_profiler, tmp_path, caps=(2000, *caps))
+    (full, *capped), _, _ = fake_device_cycle(fake_profiler, tmp_path, caps=(2000, *caps))
     assert full.dropped == 0 and len(full.spans) > 60
     for cap, timeline in zip(caps, capped):
         assert_well_formed(timeline, max_spans=cap)
@@ -422,7 +437,7 @@ def test_svg_of_a_step_draws_its_ops_and_kernels_self_contained(fake_profiler, t
 
     from mlflow_neuron._timeline_svg import representative_step, step_durations_us, timeline_svg
 
-    [timeline], _ = fake_device_cycle(fake_profiler, tmp_path)
+    [timeline], _, _ = fake_device_cycle(fake_profiler, tmp_path)
     durations = step_durations_us(timeline)
     assert sorted(durations) == [1, 2]
     step = representative_step(durations)
