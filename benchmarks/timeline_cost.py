@@ -70,14 +70,16 @@ def main() -> None:
 
     from mlflow_neuron._mlflow_traces import log_timeline
     from mlflow_neuron._raw import aggregate, raw_events_from_kineto
-    from mlflow_neuron._timeline import build_timeline, read_kineto_cycle
+    from mlflow_neuron._timeline import build_timeline
+    from mlflow_neuron._timeline_sources import read_kineto_cycle
 
     store = pathlib.Path(tempfile.mkdtemp(prefix="timeline_cost_"))
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     experiment = client.create_experiment("timeline-cost", artifact_location=str(store / "artifacts"))
 
     header = ("ops/cycle", "events", "read s", "aggregate s", "read + streams s", "build s", "log s", "spans",
-              "dropped", "timeline / aggregate", "timeline / (read + aggregate)", "with log / (read + aggregate)")  # fmt: skip
+              "dropped", "timeline / aggregate", "timeline / (read + aggregate)",
+              "with log / (read + aggregate)")  # fmt: skip
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for ops in args.ops:

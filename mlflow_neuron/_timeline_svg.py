@@ -88,8 +88,9 @@ def timeline_svg(timeline: Timeline, step: int | None = None, *, width: int = 96
         band = max(r for _, r in items) + 1
         parts.append(f'<text x="4" y="{y + 12}" class="l">{escape(_clip(label, _LABEL_W - 8))}</text>')
         for i, r in sorted(items, key=lambda item: spans[item[0]].kind != SUMMARY):  # summaries beneath
-            parts.append(_box(spans[i], _LABEL_W + (spans[i].start_ns - t0) * scale,
-                              max((spans[i].end_ns - spans[i].start_ns) * scale, 0.5), y + r * row_height, row_height))  # fmt: skip
+            x = _LABEL_W + (spans[i].start_ns - t0) * scale
+            w = max((spans[i].end_ns - spans[i].start_ns) * scale, 0.5)
+            parts.append(_box(spans[i], x, w, y + r * row_height, row_height))
         y += band * row_height + _PAD
         parts.append(f'<line x1="0" x2="{width}" y1="{y - _PAD / 2:.1f}" y2="{y - _PAD / 2:.1f}" class="g"/>')
     height = y + 4

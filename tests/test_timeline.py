@@ -33,9 +33,8 @@ from mlflow_neuron._timeline import (
     SUMMARY,
     Timeline,
     build_timeline,
-    timeline_inputs_from_chrome_trace,
-    timeline_inputs_from_kineto,
 )
+from mlflow_neuron._timeline_sources import timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
 
 TESTS = Path(__file__).parent
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
@@ -146,7 +145,8 @@ fake_device.activate(pathlib.Path(sys.argv[1]))
 from torch.profiler import ProfilerActivity, profile, schedule
 from workloads import inputs, rms_norm_naive
 from mlflow_neuron._raw import aggregate, raw_events_from_chrome_trace, raw_events_from_kineto
-from mlflow_neuron._timeline import build_timeline, timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
+from mlflow_neuron._timeline import build_timeline
+from mlflow_neuron._timeline_sources import timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
 x, w = inputs()
 out = {}
 def on_cycle(prof):
@@ -309,7 +309,8 @@ def test_cap_and_empty_cycles():
 
 
 def test_timeline_imports_without_mlflow():
-    code = "import sys; sys.modules['mlflow'] = None\nimport mlflow_neuron._timeline, mlflow_neuron._timeline_svg\n"
+    code = ("import sys; sys.modules['mlflow'] = None\n"
+            "import mlflow_neuron._timeline, mlflow_neuron._timeline_sources, mlflow_neuron._timeline_svg\n")
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -466,7 +467,7 @@ def test_read_kineto_cycle_reads_what_raw_events_from_kineto_reads(settings):
     name-matching path instead of the identity one."""
     from dataclasses import fields
 
-    from mlflow_neuron._timeline import read_kineto_cycle
+    from mlflow_neuron._timeline_sources import read_kineto_cycle
 
     x, w = inputs()
     seen = {}
