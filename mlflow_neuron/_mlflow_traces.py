@@ -16,10 +16,11 @@ Why not `MlflowClient.start_trace`/`start_span`/`end_span` (checked with MLflow 
 those spans go through the process-wide tracer, which exports to `mlflow.get_tracking_uri()`, not
 to the client's store; it exports asynchronously (a search right after `end_trace` misses the
 trace); and on a sqlite store it writes every span in a transaction of its own (2,000 spans: ~10 s).
-Here the finished spans are built as `mlflow.entities.Span`s and written the way MLflow's own
-exporter writes them: `TracingClient(uri).start_trace(TraceInfo)`, then the spans as the trace's
-data artifact (as for stores without span logging), or with `span_storage="tracking_store"`
-`log_spans` in one batch first. That is synchronous and goes only to `client`'s store.
+Here the finished spans are written the way MLflow's own exporter writes them:
+`TracingClient(uri).start_trace(TraceInfo)`, then the spans as the trace's data artifact (as
+for stores without span logging), or with `span_storage="tracking_store"` as `Span`s through
+`log_spans` in one batch first. That is synchronous and goes only to `client`'s store. Checked
+with MLflow 3.17.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mlflow.entities import Span, TraceData, TraceInfo, TraceLocation, TraceState
+from mlflow.entities import Span, TraceInfo, TraceLocation, TraceState
+from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.tracing.client import TracingClient
+from mlflow.tracing.utils.artifact_utils import get_artifact_uri_for_trace
 
 from ._timeline import Timeline
 
@@ -101,11 +104,13 @@ def log_timeline(
     if span_storage not in SPAN_STORAGE:
         raise ValueError(f"span_storage must be one of {', '.join(SPAN_STORAGE)}, got {span_storage!r}")
     shift = 0 if timeline.origin_ns else time.time_ns() - timeline.spans[0].end_ns
-    spans = mlflow_spans(timeline, trace_id, shift)
+    dicts = span_dicts(timeline, trace_id, shift)
     tracing = TracingClient(client.tracking_uri)
+    in_store = False
     if span_storage == "tracking_store":
         try:
-            tracing.log_spans(experiment_id, spans)
+            tracing.log_spans(experiment_id, [Span.from_dict(d) for d in dicts])
+            in_store = True
         except NotImplementedError:
             pass  # stores without span logging keep the spans in an artifact (below)
     root = timeline.spans[0]
@@ -130,8 +135,11 @@ def log_timeline(
         tags=all_tags,
     )
     stored = tracing.start_trace(info)
-    if stored.tags.get(_SPANS_IN_STORE[0]) != _SPANS_IN_STORE[1]:
-        tracing._upload_trace_data(stored, TraceData(spans=spans))  # as MLflow's exporter does
+    if not in_store or stored.tags.get(_SPANS_IN_STORE[0]) != _SPANS_IN_STORE[1]:
+        # What MLflow's exporter uploads (`TraceData.to_dict()` as JSON), written from the dicts:
+        # building 2,000 `Span`s only to dump them again costs more than the rest of the write.
+        repo = get_artifact_repository(get_artifact_uri_for_trace(stored))
+        repo.upload_trace_data(json.dumps({"spans": dicts}, separators=(",", ":")))
     client.link_traces_to_run([trace_id], run_id)
     client.set_trace_tag(trace_id, COMPLETE_TAG, COMPLETE)
     return trace_id
@@ -139,13 +147,19 @@ def log_timeline(
 
 def mlflow_spans(timeline: Timeline, trace_id: str, shift_ns: int = 0) -> list[Span]:
     """The timeline's spans as MLflow `Span`s of `trace_id` (span ids: position + 1)."""
+    return [Span.from_dict(d) for d in span_dicts(timeline, trace_id, shift_ns)]
+
+
+def span_dicts(timeline: Timeline, trace_id: str, shift_ns: int = 0) -> list[dict]:
+    """The timeline's spans in the dict form `Span.from_dict` reads (attribute values JSON-encoded,
+    as MLflow stores them; ids as hex)."""
     request_id = json.dumps(trace_id)
     out = []
     for i, s in enumerate(timeline.spans):
         attributes = {"mlflow.traceRequestId": request_id, "mlflow.spanType": '"UNKNOWN"',
                       "kind": json.dumps(s.kind)}  # fmt: skip
         attributes.update((k, json.dumps(v)) for k, v in s.attributes.items())
-        out.append(Span.from_dict({
+        out.append({
             "trace_id": trace_id,
             "span_id": f"{i + 1:016x}",
             "parent_span_id": f"{s.parent + 1:016x}" if s.parent >= 0 else "",
@@ -154,7 +168,8 @@ def mlflow_spans(timeline: Timeline, trace_id: str, shift_ns: int = 0) -> list[S
             "end_time_unix_nano": s.end_ns + shift_ns,
             "status": {"code": "STATUS_CODE_OK", "message": ""},
             "attributes": attributes,
-        }))  # fmt: skip
+            "events": [],
+        })  # fmt: skip
     return out
 
 
