@@ -70,13 +70,14 @@ def _inputs_from_events(events: list, raw: _raw.RawEvents, origin: int) -> Timel
     names: tuple[str, ...] = ()
     if len(dev):
         dev_events = [events[k] for k in kept[dev].tolist()]
-        cols = [np.fromiter(map(int, map(kind.device_type, dev_events)), np.int64, len(dev)),
-                np.fromiter(map(kind.device_index, dev_events), np.int64, len(dev)),
+        # (device index, stream): one profile's device events come from one backend, so the
+        # device type is read once per stream, for its name.
+        cols = [np.fromiter(map(kind.device_index, dev_events), np.int64, len(dev)),
                 np.fromiter(map(kind.device_resource_id, dev_events), np.int64, len(dev))]  # fmt: skip
         keys, first, slot = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
         lane[dev] = slot.reshape(-1)
         names = tuple(f"{_device_label(kind.device_type(dev_events[f]))} {d} stream {r}"
-                      for f, (_, d, r) in zip(first.tolist(), keys.tolist()))  # fmt: skip
+                      for f, (d, r) in zip(first.tolist(), keys.tolist()))  # fmt: skip
 
     def read_shapes(raw_rows: np.ndarray) -> list:
         out = []
