@@ -250,8 +250,10 @@ def _select(raw, t: _Tree, root_name: str, cycle_step: int, origin_ns: int, max_
         take = max(0, min(take - 1, budget - len(summarized)))
     kept = kept_now
 
-    # Spans: parents before children (root, streams, then events by start).
+    # Spans: parents before children: root, streams, steps, then the other events in tree order
+    # (a parent starts no later than its child; an op of another thread may start with its step).
     ids = np.flatnonzero(kept[:n])
+    ids = np.concatenate([ids[t.is_step[ids]], ids[~t.is_step[ids]]])
     index = np.full(total, -1, np.int64)
     spans: list[TimelineSpan] = []
     present_rows = np.flatnonzero(t.present)

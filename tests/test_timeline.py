@@ -492,3 +492,29 @@ def test_read_kineto_cycle_reads_what_raw_events_from_kineto_reads(settings):
     names = [got.names[i] for i in got.name_id]
     mul = [s for n, s in zip(names, shapes) if n == "aten::mul"]
     assert mul == ([[[4, 512], [4, 512]], [[4, 512], [4, 1]], [[4, 512], [512]]] if settings else [None] * 3)
+
+
+def test_top_level_ops_of_other_threads_go_under_the_step_they_start_in():
+    """torch nests per thread; a worker thread's top-level op has no parent there. (This torch
+    records no ops of threads started inside the profile, so the trace is written by hand.)"""
+
+    def op(name, ts, dur, tid, cat="cpu_op"):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid}
+
+    trace = {"traceEvents": [
+        op("ProfilerStep#1", 0.0, 100.0, 1, "user_annotation"), op("aten::sub", 10.0, 10.0, 1),
+        op("aten::add", 30.0, 10.0, 2), op("aten::empty", 31.0, 2.0, 2), op("aten::mul", 110.0, 5.0, 2),
+        op("ProfilerStep#2", 120.0, 50.0, 1, "user_annotation"), op("aten::div", 119.0, 60.0, 2),
+    ]}  # fmt: skip
+    timeline = build_timeline(raw_events_from_chrome_trace(trace), cycle_step=2)
+    spans = timeline.spans
+    by_name = {s.name: s for s in spans}
+    assert [s.name for s in spans[1:3]] == ["ProfilerStep#1", "ProfilerStep#2"]
+    assert spans[by_name["aten::sub"].parent].name == "ProfilerStep#1"
+    assert spans[by_name["aten::add"].parent].name == "ProfilerStep#1"  # another thread, same step
+    assert spans[by_name["aten::empty"].parent].name == "aten::add"
+    assert by_name["aten::add"].attributes["thread"] != by_name["aten::sub"].attributes["thread"]
+    assert by_name["aten::mul"].parent == 0  # between steps: under the cycle
+    assert by_name["aten::div"].parent == 0  # starts before step 2
+    for i, s in enumerate(spans[1:], 1):
+        assert s.parent < i
