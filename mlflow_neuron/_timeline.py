@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from . import _raw
-from ._steps import STEP_PREFIX, step_numbers
+from ._steps import step_numbers
 
 CYCLE, STEP, OP, STREAM, KERNEL, SUMMARY = "cycle", "step", "op", "stream", "kernel", "summary"
 DEFAULT_MAX_SPANS = 2000

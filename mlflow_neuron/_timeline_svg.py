@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Mapping
 from html import escape
 
-from ._timeline import KERNEL, STEP, STREAM, SUMMARY, Timeline
+from ._timeline import STEP, STREAM, SUMMARY, Timeline
 
 _LABEL_W, _AXIS_H, _PAD = 150, 24, 6
 _CHAR_W = 6.2  # px per character of the 11px sans-serif labels, for clipping

@@ -23,7 +23,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from workloads import inputs, rms_norm_naive
 
-from mlflow_neuron._raw import HOST, aggregate, raw_events_from_chrome_trace, raw_events_from_kineto
+from mlflow_neuron._raw import HOST, raw_events_from_chrome_trace, raw_events_from_kineto
 from mlflow_neuron._timeline import (
     CYCLE,
     KERNEL,
