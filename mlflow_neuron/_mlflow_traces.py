@@ -138,7 +138,9 @@ def log_timeline(
     if not in_store or stored.tags.get(_SPANS_IN_STORE[0]) != _SPANS_IN_STORE[1]:
         # What MLflow's exporter uploads (`TraceData.to_dict()` as JSON), written from the dicts:
         # building 2,000 `Span`s only to dump them again costs more than the rest of the write.
-        repo = get_artifact_repository(get_artifact_uri_for_trace(stored))
+        # The client's URI, not the process-wide one: an `mlflow-artifacts:` location resolves
+        # against it (MLflow's own `_upload_trace_data` takes the process-wide one).
+        repo = get_artifact_repository(get_artifact_uri_for_trace(stored), tracking_uri=client.tracking_uri)
         repo.upload_trace_data(json.dumps({"spans": dicts}, separators=(",", ":")))
     client.link_traces_to_run([trace_id], run_id)
     client.set_trace_tag(trace_id, COMPLETE_TAG, COMPLETE)

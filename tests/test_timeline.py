@@ -15,6 +15,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import fake_device
+import mlflow
 import numpy as np
 import pytest
 import torch
@@ -518,3 +519,31 @@ def test_top_level_ops_of_other_threads_go_under_the_step_they_start_in():
     assert by_name["aten::div"].parent == 0  # starts before step 2
     for i, s in enumerate(spans[1:], 1):
         assert s.parent < i
+
+
+def test_the_trace_through_a_real_tracking_server(tmp_path):
+    """The sender talks to an `mlflow server`: REST trace calls, spans uploaded through the
+    server's proxied artifacts, the same exactly-once."""
+    from servers import MlflowServer
+
+    from mlflow_neuron._mlflow_traces import COMPLETE_TAG, log_timeline
+
+    timeline, _, _ = profile_cpu_cycle(steps=1)
+    with MlflowServer(tmp_path / "server") as server:
+        client = MlflowClient(server.uri)
+        experiment_id = client.create_experiment("timeline")
+        run_id = client.create_run(experiment_id).info.run_id
+        for span_storage in ("artifact", "tracking_store", "artifact"):
+            trace_id = log_timeline(client, run_id, experiment_id, timeline, span_storage=span_storage)
+        # Reading spans from an artifact resolves `mlflow-artifacts:` against the process-wide
+        # URI (MLflow 3.17), whatever the client's; writing does not depend on it.
+        mlflow.set_tracking_uri(server.uri)
+        try:
+            [trace] = cycle_traces(client, experiment_id, run_id)
+        finally:
+            mlflow.set_tracking_uri(None)
+        assert trace.info.trace_id == trace_id and trace.info.tags[COMPLETE_TAG] == "complete"
+        got = sorted(trace.data.spans, key=lambda s: int(s.span_id, 16))
+        assert [(s.name, s.start_time_ns, s.end_time_ns) for s in got] == [
+            (s.name, s.start_ns, s.end_ns) for s in timeline.spans
+        ]
