@@ -21,8 +21,10 @@ against read + aggregate (the fast path); then with the logging. No assertions.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import pathlib
+import shutil
 import statistics
 import sys
 import tempfile
@@ -75,6 +77,7 @@ def main() -> None:
     from mlflow_neuron._timeline_sources import _inputs_from_events
 
     store = pathlib.Path(tempfile.mkdtemp(prefix="timeline_cost_"))
+    atexit.register(shutil.rmtree, store, ignore_errors=True)
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     experiment = client.create_experiment("timeline-cost", artifact_location=str(store / "artifacts"))
 
