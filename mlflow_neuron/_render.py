@@ -29,8 +29,9 @@ METHOD_NOTE = (
     "least the noise threshold; no change otherwise; too few samples when no 95% interval exists "
     "(fewer than 4 steps per run, or single samples from runs logged before per-step samples). "
     "The gate (--fail-if-slower PCT) fails only when the whole interval lies above +PCT. "
-    "Outliers: steps outside [Q1 − 3·IQR, Q3 + 3·IQR] of their own run (IQR at least 1% of the "
-    "median); they stay in the samples and are named, never dropped."
+    "Outliers: steps more than 5 robust standard deviations (1.4826 · MAD, at least 1% of the "
+    "median) from their run's median. They are named here and drawn in the chart; the medians keep "
+    "them, the ratio and its interval leave them out, so one stall cannot decide a verdict."
 )
 
 
