@@ -118,7 +118,7 @@ def _notes(frame: pd.DataFrame) -> list[str]:
     notes = []
     outliers = outlier_lines(frame)
     if outliers:
-        notes += ["", "outliers (kept in the samples):", *(f"  {line}" for line in outliers)]
+        notes += ["", "outliers (in the medians and the charts; left out of the ratios):", *(f"  {line}" for line in outliers)]
     if frame.attrs.get("sentences"):
         notes += ["", *frame.attrs["sentences"].values()]
     return notes
