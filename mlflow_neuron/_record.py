@@ -242,7 +242,7 @@ def manifest(
     neuron_dir: str,
     output_dir: str | None,
     trace_source: str | None,
-    max_file_bytes: int,
+    max_file_bytes: int | None,
     rank: int,
 ) -> dict:
     return {
@@ -257,6 +257,7 @@ def manifest(
                 "size_bytes": f.size_bytes,
                 "uploaded": f.decision == _files.UPLOAD,
                 "reason": None if f.decision == _files.UPLOAD else f.decision,
+                "sha256": None,  # of the bytes uploaded, filled in by the uploader (_uploads.record_checksums)
             }
             for f in found
         ],
