@@ -31,7 +31,11 @@ def sync(outbox: str, tracking_uri: str | None = None, out=None) -> tuple[int, i
 
     out = out or sys.stdout
 
-    records = _outbox.pending(outbox)
+    try:
+        records = _outbox.pending(outbox)
+    except _outbox.OutboxRefused as refused:
+        print(f"mlflow-neuron sync: {refused}", file=out, flush=True)
+        return 0, 1
     loggers: dict[tuple, RunLogger] = {}
     delivered = kept = 0
     for index, record_dir in enumerate(records, 1):
@@ -41,7 +45,7 @@ def sync(outbox: str, tracking_uri: str | None = None, out=None) -> tuple[int, i
             if tracking_uri:
                 run = replace(run, tracking_uri=tracking_uri)
             key = (run.tracking_uri, run.run_id, run.run_key)
-            logger = loggers.setdefault(key, RunLogger(run))
+            logger = loggers.setdefault(key, RunLogger(run, progress=_progress_printer(out)))
             _, vanished = logger.deliver(delivery)
         except Exception as error:  # noqa: BLE001 - report, keep the record, go on
             kept += 1
@@ -58,6 +62,11 @@ def sync(outbox: str, tracking_uri: str | None = None, out=None) -> tuple[int, i
         )
     print(f"synced {delivered} of {len(records)} record(s) from {outbox}; {kept} kept", file=out, flush=True)
     return delivered, kept
+
+
+def _progress_printer(out):
+    """Upload progress of large files, as indented lines under the record being synced."""
+    return lambda line: print(f"  {line}", file=out, flush=True)
 
 
 def compare(args: argparse.Namespace, out=None) -> int:
@@ -129,7 +138,7 @@ def ingest(args: argparse.Namespace, out=None) -> int:
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment)
         run = RunRef(uri, None, experiment_id, args.run_name or Path(args.path).name, uuid.uuid4().hex)
     run_id, cycles = ingest_path(Path(args.path), run, top_k=args.top_k,
-                                 max_file_bytes=int(args.max_file_mb * 1024**2), out=out)  # fmt: skip
+                                 max_file_bytes=None if args.max_file_mb is None else int(args.max_file_mb * 1024**2), out=out)  # fmt: skip
     if not args.run_id:
         MlflowClient(uri).set_terminated(run_id)
     print(f"ingested {cycles} cycle(s) from {args.path} into run {run_id}", file=out or sys.stdout)
@@ -183,7 +192,7 @@ def _parser() -> argparse.ArgumentParser:
     target.add_argument("--experiment", help="create a run in this experiment (created if missing)")
     ing.add_argument("--run-name", help="name of the created run (default: the folder's name)")
     ing.add_argument("--top-k", type=int, default=50)
-    ing.add_argument("--max-file-mb", type=float, default=512, help="larger files are listed, not uploaded")
+    ing.add_argument("--max-file-mb", type=float, help="larger files are listed, not uploaded (default: no cap)")
     ing.add_argument("--tracking-uri")
 
     ann = commands.add_parser(
