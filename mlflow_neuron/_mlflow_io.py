@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import replace
 
@@ -36,8 +37,11 @@ def check_reachable(tracking_uri: str, timeout: float = PROBE_TIMEOUT_S) -> None
     """
     if not tracking_uri.startswith(("http://", "https://")):
         return
+    # /health needs no login; urllib would take a URI's user:password@ for part of the host name.
+    probe = urllib.parse.urlsplit(tracking_uri)
+    probe = urllib.parse.urlunsplit(probe._replace(netloc=probe.netloc.rsplit("@", 1)[-1]))
     try:
-        urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout).close()
+        urllib.request.urlopen(f"{probe.rstrip('/')}/health", timeout=timeout).close()
     except urllib.error.HTTPError:
         return
     except (OSError, ValueError) as error:
