@@ -21,9 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +37,8 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 from mlflow.tracking import MlflowClient  # noqa: E402
 from object_store import MotoS3, S3MlflowServer  # noqa: E402
 from servers import drop_postgres_database, free_port, postgres_uri, scratch_postgres_database  # noqa: E402
+
+NTFF = "profile_nc_0_session_0.ntff"
 
 PRELUDE = """
 import json, os, sys, time
@@ -112,12 +116,21 @@ def row(name: str, result: dict, size: int) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gib", type=float, default=2.0, help="size of the sparse NTFF (default: 2)")
+    parser.add_argument("--crash", action="store_true",
+                        help="also crash the server mid-upload, restart it and sync the outbox")  # fmt: skip
     args = parser.parse_args()
-    size = int(args.gib * 1024**3)
     work = Path(tempfile.mkdtemp(prefix="mlflow-neuron-bench-large-"))
+    try:
+        return measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # moto's objects: gigabytes
+
+
+def measure(args, work: Path) -> int:
+    size = int(args.gib * 1024**3)
     out = work / "neuron_profile"
     out.mkdir()
-    big = out / "profile_nc_0_session_0.ntff"
+    big = out / NTFF
     with open(big, "wb") as f:
         f.truncate(size)  # sparse: no disk, reads return zeros
     warm = work / "warm.txt"
@@ -167,10 +180,48 @@ def main() -> int:
               f"{time.perf_counter() - t0:.0f} s)")  # fmt: skip
         incomplete = s3.client().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
         print(f"incomplete multipart uploads left in the bucket: {len(incomplete)}")
+        if args.crash:
+            crash_and_sync(server, s3, out, work, size)
     if backend:
         drop_postgres_database(base_pg, db)
-    big.unlink()
     return 0
+
+
+def crash_and_sync(server, s3, out: Path, work: Path, size: int) -> None:
+    """The server is killed once it holds a quarter of the upload; then restart, sync, check."""
+    spooled = []
+
+    def crash():
+        deadline = time.monotonic() + 1800
+        while time.monotonic() < deadline:
+            parts = [p.stat().st_size for p in server.workdir.rglob(NTFF) if p.is_file()]
+            if parts and max(parts) >= size // 4:
+                spooled.append(max(parts))
+                server.kill()
+                return
+            time.sleep(0.05)
+
+    crasher = threading.Thread(target=crash, daemon=True)
+    crasher.start()
+    offline = child(CALLBACK, server.uri, str(out), str(work / "outbox-crash"),
+                    env={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"})  # fmt: skip
+    crasher.join(timeout=60)
+    run_id = offline["run_id"]
+    visible = [k for k in s3.objects() if run_id in k and k.endswith(NTFF)]
+    print(f"\nserver killed with {spooled[0] if spooled else 0} of {size} bytes received; outbox records: "
+          f"{len(offline['stored'])}; objects of that NTFF visible in S3: {len(visible)}")  # fmt: skip
+    server.restart()
+    t0 = time.perf_counter()
+    uploader = child(SYNC, str(work / "outbox-crash"), server.uri)
+    client = MlflowClient(server.uri)
+    manifest = json.loads(Path(client.download_artifacts(run_id, "profiler/step_4/manifest.json", str(work / "crash")))
+                          .read_text())  # fmt: skip
+    entry = next(e for e in manifest["files"] if e["artifact_path"].endswith(NTFF))
+    [key] = [k for k in s3.objects() if run_id in k and k.endswith(NTFF)]
+    stored = s3.sha256(key)
+    print(f"after restart, sync: delivered {uploader['delivered']}, kept {uploader['kept']} in "
+          f"{time.perf_counter() - t0:.0f} s; S3 object {s3.objects(key)[key]} bytes, sha256 "
+          f"{'equals' if stored == entry['sha256'] else 'DIFFERS FROM'} the manifest's {entry['sha256']}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -137,8 +137,8 @@ def ingest(args: argparse.Namespace, out=None) -> int:
         experiment = client.get_experiment_by_name(args.experiment or "Default")
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment)
         run = RunRef(uri, None, experiment_id, args.run_name or Path(args.path).name, uuid.uuid4().hex)
-    run_id, cycles = ingest_path(Path(args.path), run, top_k=args.top_k,
-                                 max_file_bytes=None if args.max_file_mb is None else int(args.max_file_mb * 1024**2), out=out)  # fmt: skip
+    cap = None if args.max_file_mb is None else int(args.max_file_mb * 1024**2)
+    run_id, cycles = ingest_path(Path(args.path), run, top_k=args.top_k, max_file_bytes=cap, out=out)
     if not args.run_id:
         MlflowClient(uri).set_terminated(run_id)
     print(f"ingested {cycles} cycle(s) from {args.path} into run {run_id}", file=out or sys.stdout)

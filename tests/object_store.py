@@ -94,7 +94,8 @@ class MotoS3:
         while not port_is_open(self.port):
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise ServerError(f"moto's S3 server did not start:\n{self.log_path.read_text(errors='replace')[-3000:]}")
+                log = self.log_path.read_text(errors="replace")[-3000:]
+                raise ServerError(f"moto's S3 server did not start:\n{log}")
             time.sleep(0.1)
         self.client().create_bucket(Bucket=self.bucket)
         return self
