@@ -180,6 +180,9 @@ def measure(args, work: Path) -> int:
               f"{time.perf_counter() - t0:.0f} s)")  # fmt: skip
         incomplete = s3.client().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
         print(f"incomplete multipart uploads left in the bucket: {len(incomplete)}")
+        for key in s3.objects():  # moto keeps objects in memory: only the checked one stays
+            if key.endswith(NTFF) and training["run_id"] not in key:
+                s3.client().delete_object(Bucket=s3.bucket, Key=key)
         if args.crash:
             crash_and_sync(server, s3, out, work, size)
     if backend:
@@ -191,15 +194,25 @@ def crash_and_sync(server, s3, out: Path, work: Path, size: int) -> None:
     """The server is killed once it holds a quarter of the upload; then restart, sync, check."""
     spooled = []
 
+    def received() -> int:
+        """Bytes of the upload the server spooled (one PUT) or S3 holds as parts (multipart)."""
+        spool = [p.stat().st_size for p in server.workdir.rglob(NTFF) if p.is_file()]
+        client, parts = s3.client(), [0]
+        for upload in client.list_multipart_uploads(Bucket=s3.bucket).get("Uploads", ()):
+            if upload["Key"].endswith(NTFF):
+                listed = client.list_parts(Bucket=s3.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                parts.append(sum(p["Size"] for p in listed.get("Parts", ())))
+        return max(spool + parts)
+
     def crash():
         deadline = time.monotonic() + 1800
         while time.monotonic() < deadline:
-            parts = [p.stat().st_size for p in server.workdir.rglob(NTFF) if p.is_file()]
-            if parts and max(parts) >= size // 4:
-                spooled.append(max(parts))
+            done = received()
+            if done >= size // 4:
+                spooled.append(done)
                 server.kill()
                 return
-            time.sleep(0.05)
+            time.sleep(0.5)
 
     crasher = threading.Thread(target=crash, daemon=True)
     crasher.start()
@@ -208,7 +221,8 @@ def crash_and_sync(server, s3, out: Path, work: Path, size: int) -> None:
     crasher.join(timeout=60)
     run_id = offline["run_id"]
     visible = [k for k in s3.objects() if run_id in k and k.endswith(NTFF)]
-    print(f"\nserver killed with {spooled[0] if spooled else 0} of {size} bytes received; outbox records: "
+    print(f"\nserver killed with {spooled[0] if spooled else 0} of {size} bytes received, spooled on the server "
+          "or held by S3 as multipart parts; outbox records: "
           f"{len(offline['stored'])}; objects of that NTFF visible in S3: {len(visible)}")  # fmt: skip
     server.restart()
     t0 = time.perf_counter()
@@ -222,6 +236,8 @@ def crash_and_sync(server, s3, out: Path, work: Path, size: int) -> None:
     print(f"after restart, sync: delivered {uploader['delivered']}, kept {uploader['kept']} in "
           f"{time.perf_counter() - t0:.0f} s; S3 object {s3.objects(key)[key]} bytes, sha256 "
           f"{'equals' if stored == entry['sha256'] else 'DIFFERS FROM'} the manifest's {entry['sha256']}")  # fmt: skip
+    incomplete = s3.client().list_multipart_uploads(Bucket=s3.bucket).get("Uploads", [])
+    print(f"incomplete (invisible) multipart uploads left in the bucket: {len(incomplete)}")
 
 
 if __name__ == "__main__":

@@ -4,15 +4,18 @@ A Trainium NTFF reaches gigabytes. Through a proxied-artifact server (`mlflow-ar
 usual production setup, whatever store sits behind it) a file goes as one streamed PUT that reads
 1 MiB at a time, so memory does not grow with the file, and its SHA-256 is computed from the very
 bytes sent, on the sender's thread. Other stores (S3 written directly with MLFLOW_S3_ENDPOINT_URL,
-a local store, MLflow's presigned multipart upload when MLFLOW_ENABLE_PROXY_MULTIPART_UPLOAD is on)
-get MLflow's own `log_artifact`, bounded by its chunk and thread settings, with the checksum read
-beside it.
+a local store) and MLflow's presigned multipart upload (MLflow 3.17 uses it for files of
+MLFLOW_MULTIPART_UPLOAD_MINIMUM_FILE_SIZE, 500 MB, and more when the server's store supports it,
+unless MLFLOW_ENABLE_PROXY_MULTIPART_UPLOAD=false; parts go straight to S3) get MLflow's own
+`log_artifact`, bounded by its chunk and thread settings, with the checksum read beside it by a
+second thread.
 
 A large file's size is then checked on the server. An upload that is cut off fails and is later
 sent again whole (sender retry, outbox, `mlflow-neuron sync`): a restart, not a resume. The cut-off
 copy never becomes an object: the tracking server spools a proxied upload to a temporary file and
 hands it to the store only when the request is complete, and an S3 multipart upload stays
-invisible until it is completed.
+invisible until it is completed (an abandoned one still holds storage until the bucket's
+AbortIncompleteMultipartUpload lifecycle rule removes it).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import logging
 import os
 import posixpath
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -133,8 +137,9 @@ def upload(
     if isinstance(repo, HttpArtifactRepository) and not repo._should_multipart_upload(local_path):
         sha256, sent = _put_streamed(repo, local_path, artifact_folder, size, progress)
     else:
-        sha256, sent = file_sha256(local_path), size
-        repo.log_artifact(local_path, artifact_folder)
+        if progress is not None:
+            progress.emit(f"uploading {artifact_path}: {_gib(size)} GiB with {type(repo).__name__}")
+        sha256, sent = _beside(lambda: repo.log_artifact(local_path, artifact_folder), local_path), size
         if progress is not None:
             progress.update(size)
     if sent != size:
@@ -175,6 +180,28 @@ def _put_streamed(repo, local_path: str, artifact_folder: str | None, size: int,
     finally:
         body.close()
     return body.hash.hexdigest(), body.sent
+
+
+def _beside(send: Callable[[], None], local_path: str) -> str:
+    """Runs `send` while another thread reads the file's SHA-256 (hashlib lets go of the GIL),
+    so the checksum costs no time next to an upload that MLflow itself reads."""
+    result: list = []
+
+    def digest() -> None:
+        try:
+            result.append(file_sha256(local_path))
+        except BaseException as error:  # noqa: BLE001 - raised below, on the sender's thread
+            result.append(error)
+
+    hasher = threading.Thread(target=digest, name="mlflow-neuron-sha256", daemon=True)
+    hasher.start()
+    try:
+        send()
+    finally:
+        hasher.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
 
 
 def _check_size_on_server(repo, artifact_folder: str | None, artifact_path: str, size: int) -> None:
