@@ -36,7 +36,7 @@ LARGE_FILE_BYTES = 64 * 1024**2  # from here on: progress lines and a size check
 READ_BYTES = 1024**2
 PROGRESS_EVERY_S = 5.0
 
-_log = logging.getLogger("mlflow_neuron")
+_log = logging.getLogger("mlflow_neuron")  # the package's logger (_report.logger)
 
 
 class UploadIncomplete(OSError):
@@ -158,6 +158,8 @@ def record_checksums(files_dir: str | os.PathLike, sent: dict[str, Sent], manife
     for entry in manifest.get("files", ()):
         done = sent.get(entry.get("artifact_path"))
         if done is not None:
+            if entry.get("size_bytes") not in (None, done.size_bytes):  # rewritten after the cycle
+                entry["size_bytes_at_cycle"] = entry["size_bytes"]
             entry.update(size_bytes=done.size_bytes, sha256=done.sha256)
     path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
 
