@@ -118,14 +118,3 @@ def test_the_temp_dir_fallback_is_per_user_and_0700(tmp_path, monkeypatch, umask
 def test_credentials_are_dropped_from_stored_uris(uri, stored):
     assert _outbox.without_credentials(uri) == stored
 
-
-def test_the_manifest_gets_what_was_sent_and_notes_a_file_rewritten_since_the_cycle(tmp_path):
-    from mlflow_neuron._uploads import Sent, record_checksums
-
-    manifest = {"files": [{"artifact_path": "n/a.ntff", "size_bytes": 10, "sha256": None},
-                          {"artifact_path": "n/b.ntff", "size_bytes": 5, "sha256": None}]}  # fmt: skip
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    record_checksums(tmp_path, {"n/a.ntff": Sent("n/a.ntff", 10, "aa"), "n/b.ntff": Sent("n/b.ntff", 7, "bb")})
-    a, b = json.loads((tmp_path / "manifest.json").read_text())["files"]
-    assert a == {"artifact_path": "n/a.ntff", "size_bytes": 10, "sha256": "aa"}
-    assert b == {"artifact_path": "n/b.ntff", "size_bytes": 7, "sha256": "bb", "size_bytes_at_cycle": 5}
