@@ -29,6 +29,7 @@ import posixpath
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,25 +73,35 @@ class Progress:
 class HashingReader:
     """A file as a request body: read in 1 MiB pieces, hashed and counted as it is sent.
 
-    `seek(0)` (what urllib3 does to send a body again) starts the hash and the count over."""
+    Each piece is hashed by a helper thread while the socket sends it (hashlib lets go of the
+    GIL), one piece at a time and in order, so at most two pieces are held. `seek(0)` (what
+    urllib3 does to send a body again) starts the hash and the count over."""
 
     def __init__(self, path: str, size: int, progress: Progress | None = None):
         self._file = open(path, "rb")  # noqa: SIM115 - closed by close()
         self.size = size
         self.sent = 0
         self.progress = progress
-        self.hash = hashlib.sha256()
+        self._hash = hashlib.sha256()
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-neuron-sha256")
+        self._hashing: Future | None = None
 
     def __len__(self) -> int:  # requests sets Content-Length from it
         return self.size
 
     def read(self, n: int = -1) -> bytes:
         data = self._file.read(READ_BYTES)
-        self.hash.update(data)
+        self._wait()
+        if data:
+            self._hashing = self._hasher.submit(self._hash.update, data)
         self.sent += len(data)
         if self.progress is not None:
             self.progress.update(self.sent)
         return data
+
+    def hexdigest(self) -> str:
+        self._wait()
+        return self._hash.hexdigest()
 
     def tell(self) -> int:
         return self._file.tell()
@@ -98,11 +109,19 @@ class HashingReader:
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
         if (offset, whence) != (0, os.SEEK_SET):
             raise OSError("an upload body can only be rewound to its start")
-        self.hash, self.sent = hashlib.sha256(), 0
+        self._wait()
+        self._hash, self.sent = hashlib.sha256(), 0
         return self._file.seek(0)
 
     def close(self) -> None:
+        self._wait()
+        self._hasher.shutdown()
         self._file.close()
+
+    def _wait(self) -> None:
+        if self._hashing is not None:
+            self._hashing.result()
+            self._hashing = None
 
 
 def file_sha256(path: str | os.PathLike, progress: Progress | None = None) -> str:
@@ -179,9 +198,9 @@ def _put_streamed(repo, local_path: str, artifact_folder: str | None, size: int,
             extra_headers={"Content-Type": _guess_mime_type(name)},
         )  # fmt: skip
         augmented_raise_for_status(response)
+        return body.hexdigest(), body.sent
     finally:
         body.close()
-    return body.hash.hexdigest(), body.sent
 
 
 def _beside(send: Callable[[], None], local_path: str) -> str:

@@ -16,9 +16,10 @@ def test_the_request_body_hashes_what_it_hands_out_and_starts_over_when_rewound(
     body.read(8192)
     body.seek(0)  # urllib3 rewinds a body it sends again
     sent = b"".join(iter(lambda: body.read(8192), b""))
+    digest = body.hexdigest()
     body.close()
     assert sent == data and body.sent == len(data)
-    assert body.hash.hexdigest() == hashlib.sha256(data).hexdigest() == file_sha256(path)
+    assert digest == hashlib.sha256(data).hexdigest() == file_sha256(path)
 
 
 def test_progress_lines_are_rate_limited_and_the_last_one_is_said_once():
