@@ -121,7 +121,7 @@ def step_of(trace: dict, fallback: int) -> int:
     return max(steps) + 1 if steps else fallback
 
 
-def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int, out=None) -> tuple[str, int]:
+def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int | None = None, out=None) -> tuple[str, int]:
     """Logs every cycle under `path` into `run`; returns (run id, cycles logged)."""
     out = out or sys.stdout
     logger, keys = RunLogger(run), OpKeys()
@@ -150,14 +150,14 @@ def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int, out
 
 
 def _record_for(cycle: TraceCycle, trace: dict, profile: CycleProfile, step: int, keys: OpKeys, top_k: int,
-                max_file_bytes: int, first: bool, attribution: dict | None = None) -> CycleRecord:  # fmt: skip
+                max_file_bytes: int | None, first: bool, attribution: dict | None = None) -> CycleRecord:  # fmt: skip
     step_dir = f"profiler/step_{step}"
     staged = Path(tempfile.mkdtemp(prefix="mlflow-neuron-ingest-"))
     found = []
     for file in cycle.files:
         relative = file.relative_to(cycle.root).as_posix()
         size = file.stat().st_size
-        decision = _files.TOO_LARGE if size > max_file_bytes else _files.UPLOAD
+        decision = _files.TOO_LARGE if max_file_bytes is not None and size > max_file_bytes else _files.UPLOAD
         found.append(_files.FoundFile(file, relative, size, decision))
     table = _record.ops_table(profile, keys)
     record = CycleRecord(
