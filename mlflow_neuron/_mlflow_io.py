@@ -27,10 +27,11 @@ RUN_KEY_TAG = "mlflow_neuron.run_key"
 
 # Answers that sending the same data again can never change: the run or experiment is missing or
 # deleted, access is denied, or a value is refused. Anything else (no answer, timeouts, 5xx,
-# rate limits) may pass on a later try.
+# rate limits) may pass on a later try; so may a 401 (UNAUTHENTICATED): wrong or missing
+# credentials belong to the sender's environment, not to the record, and the next sync may have
+# the right ones.
 PERMANENT_ERROR_CODES = frozenset({
-    "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "INVALID_STATE", "BAD_REQUEST",
-    "PERMISSION_DENIED", "UNAUTHENTICATED", "CUSTOMER_UNAUTHORIZED",
+    "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "INVALID_STATE", "BAD_REQUEST", "PERMISSION_DENIED",
 })  # fmt: skip
 
 

@@ -64,12 +64,12 @@ def test_basic_auth_logging_outbox_without_password_and_sync_after_restart(auth_
     auth_server.restart()
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "wrong")
     out = io.StringIO()
-    assert sync(str(outbox), out=out) == (0, 1)
+    assert tuple(sync(str(outbox), out=out)) == (0, 1)
     assert "kept" in out.getvalue() and "401" in out.getvalue(), out.getvalue()
     assert pending(outbox) == [record]  # nothing lost
 
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
-    assert sync(str(outbox), out=io.StringIO()) == (1, 0)
+    assert tuple(sync(str(outbox), out=io.StringIO())) == (1, 0)
     assert [m.step for m in client.get_metric_history(live.run_id, "profiler/total/active_steps")] == [4, 4]
 
 

@@ -147,7 +147,7 @@ def test_an_upload_cut_by_a_server_crash_is_sent_again_whole_by_sync(
 
     proxied.restart()
     out = io.StringIO()
-    assert sync(str(tmp_path / "outbox"), out=out) == (1, 0)
+    assert tuple(sync(str(tmp_path / "outbox"), out=out)) == (1, 0)
     entry = ntff_entry(MlflowClient(proxied.uri), run_id, tmp_path)
     key = s3_key(s3, run_id, entry["artifact_path"])
     assert s3.objects(key) == {key: size}
