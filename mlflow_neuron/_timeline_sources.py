@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _raw
+from . import _chrome, _raw
 from ._timeline import DeviceLanes, TimelineInputs
 
 
@@ -133,7 +133,7 @@ def chrome_origin_ns(trace: dict) -> int | None:
                 and str(event.get("name", "")).startswith("PyTorch Profiler")):  # fmt: skip
             ts = event.get("ts")
             if isinstance(ts, (int, float)) and isinstance(base, int):
-                return base + int(_raw._ns(np.array([float(ts)]))[0])
+                return base + int(_chrome._ns(np.array([float(ts)]))[0])
     return None
 
 
@@ -175,6 +175,6 @@ def _chrome_row(event: dict, args: dict) -> str | None:
     name, ph = event.get("name"), event.get("ph")
     if name in (_raw.MEMORY_EVENT_NAME, _raw.OUT_OF_MEMORY_EVENT_NAME) and ph in ("i", "I", "X"):
         return "memory"
-    if ph != "X" or event.get("cat") not in _raw._CHROME_CLASSES or str(args.get("hidden", "")) == "1":
+    if ph != "X" or event.get("cat") not in _chrome._CHROME_CLASSES or str(args.get("hidden", "")) == "1":
         return None
     return "op"
