@@ -109,7 +109,8 @@ def _read_cycle(trace: dict, source: Path, last_step: int) -> tuple[CycleProfile
 
 def timeline_of(trace: dict, raw: _raw.RawEvents, step: int, max_spans: int = DEFAULT_MAX_SPANS) -> Timeline:
     """The cycle's timeline from its trace: the span tree the callback logs for the same cycle."""
-    return build_timeline(raw, cycle_step=step, max_spans=max_spans, inputs=timeline_inputs_from_chrome_trace(trace, raw))
+    inputs = timeline_inputs_from_chrome_trace(trace, raw)
+    return build_timeline(raw, cycle_step=step, max_spans=max_spans, inputs=inputs)
 
 
 def weak_attribution(linking: _chrome.Linking) -> str | None:

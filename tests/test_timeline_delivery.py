@@ -68,7 +68,8 @@ def test_log_timeline_false_logs_no_trace_and_no_timeline_file(tracking_uri):
     with mlflow.start_run() as run:
         profile_into(run.info.run_id, steps=4, log_timeline=False)
     assert traces_of(client, run.info.run_id) == []
-    assert "profiler/step_4/timeline.json" not in [a.path for a in client.list_artifacts(run.info.run_id, "profiler/step_4")]
+    files = [a.path for a in client.list_artifacts(run.info.run_id, "profiler/step_4")]
+    assert "profiler/step_4/ops.json" in files and "profiler/step_4/timeline.json" not in files
     assert client.get_metric_history(run.info.run_id, "profiler/total/active_steps")  # the rest is there
 
 
@@ -175,7 +176,7 @@ def test_ingesting_the_cycles_trace_file_gives_the_same_trace(tracking_uri, tmp_
 
 def test_the_html_report_draws_one_representative_step_per_variant(tracking_uri, tmp_path):
     runs = {}
-    with mlflow.start_run(run_name="parent"):
+    with mlflow.start_run(run_name="parent") as parent:
         for name, kwargs in (("naive", {}), ("fused", {}), ("untraced", {"log_timeline": False})):
             with mlflow.start_run(run_name=name, nested=True) as run:
                 profile_into(run.info.run_id, steps=12, **kwargs)
@@ -197,3 +198,8 @@ def test_the_html_report_draws_one_representative_step_per_variant(tracking_uri,
     for name in ("naive", "fused"):
         step = timelines[name].step
         assert f"ProfilerStep#{step}" in page
+    # `compare --log-to` attaches the same page.
+    assert cli_main(["compare", "--runs", *runs.values(), "--baseline", "naive", "--log-to",
+                     parent.info.run_id, "--tracking-uri", tracking_uri]) == 0  # fmt: skip
+    attached = MlflowClient(tracking_uri).download_artifacts(parent.info.run_id, "comparison/report.html", str(tmp_path))
+    assert open(attached, encoding="utf-8").read().count("<svg") == 2
