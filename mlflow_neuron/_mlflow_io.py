@@ -128,19 +128,25 @@ class RunLogger:
         if delivery.files_dir:
             self.client.log_artifacts(run_id, delivery.files_dir, delivery.artifact_dir)
         if delivery.timeline and delivery.files_dir:
-            self._log_timeline(run_id, delivery)
+            vanished += self._log_timeline(run_id, delivery)
         return clashes, vanished
 
-    def _log_timeline(self, run_id: str, delivery: Delivery) -> None:
-        """The cycle's trace, last: everything else is in when it says `complete`. Idempotent."""
+    def _log_timeline(self, run_id: str, delivery: Delivery) -> list[str]:
+        """The cycle's trace, last: everything else is in when it says `complete`. Idempotent.
+        Returns the timeline file when it is gone or damaged (no trace then; retrying cannot help)."""
         from ._mlflow_traces import log_timeline  # tracing and torch: only for cycles with a timeline
         from ._record import DEVICE_TAG
         from ._timeline import Timeline
 
-        text = Path(delivery.files_dir, delivery.timeline).read_text(encoding="utf-8")
+        path = Path(delivery.files_dir, delivery.timeline)
+        try:
+            timeline = Timeline.from_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError, KeyError):
+            return [str(path)]
         info = self._run_info
-        log_timeline(self.client, run_id, info.experiment_id, Timeline.from_json(text),
+        log_timeline(self.client, run_id, info.experiment_id, timeline,
                      device=delivery.tags.get(DEVICE_TAG), run_name=info.run_name)  # fmt: skip
+        return []
 
     def end_run(self) -> None:
         if self.run.run_id is not None:

@@ -142,6 +142,23 @@ def test_an_outbox_record_from_before_timelines_still_syncs(dead_server, tmp_pat
     assert client.get_metric_history(run.info.run_id, "profiler/total/active_steps")
 
 
+def test_a_damaged_timeline_file_skips_the_trace_and_the_cycle_still_syncs(dead_server, tmp_path):
+    outbox = tmp_path / "outbox"
+    callback = MLflowProfilerCallback(tracking_uri=dead_server, experiment_id="0", outbox=outbox, retry_wait_s=0.01)
+    with pytest.warns(MLflowNeuronWarning, match="not sent"):
+        profile_rmsnorm(callback, steps=4, wait=1, warmup=1, active=2)
+        callback.close()
+    [record] = pending(outbox)
+    (record / "files" / "timeline.json").write_text('{"name": "truncat')
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
+    assert pending(outbox) == []
+    client = MlflowClient(store)
+    [run] = client.search_runs(["0"])
+    assert traces_of(client, run.info.run_id) == []
+    assert client.get_metric_history(run.info.run_id, "profiler/total/active_steps")
+
+
 def test_ingesting_the_cycles_trace_file_gives_the_same_trace(tracking_uri, tmp_path):
     client = MlflowClient(tracking_uri)
     exported = tmp_path / "exported"
