@@ -28,7 +28,7 @@ from ._report import Reporter, logger
 from ._sender import Sender
 from ._timeline import DEFAULT_MAX_SPANS, build_timeline
 
-DEFAULT_MAX_FILE_BYTES = 512 * 1024**2  # NTFFs reach gigabytes: those are listed, not uploaded
+DEFAULT_MAX_FILE_BYTES = None  # no cap: NTFFs of gigabytes are streamed (see _uploads.py)
 _TABLE_NAME_WIDTH = 120
 
 
@@ -66,7 +66,8 @@ class MLflowProfilerCallback:
             ``profile_output_dir`` of the profiler's ``experimental_config``, if any.
         top_k: how many ops get per-op metrics; ``ops.json`` always holds every op.
         experiment_id, run_name: for a run this callback creates.
-        max_file_bytes: larger profile files are listed in ``manifest.json``, not uploaded.
+        max_file_bytes: larger profile files are listed in ``manifest.json``, not uploaded
+            (default None: every file is uploaded, streamed, whatever its size).
         export_trace: export the framework trace when no handler or Neuron session provides one.
         all_ranks: also log every rank's metrics as ``profiler/rank_<r>/...`` (default: rank 0's).
         background: send from a background thread (False: on the training thread, for debugging).
@@ -95,7 +96,7 @@ class MLflowProfilerCallback:
         top_k: int = 50,
         experiment_id: str | None = None,
         run_name: str | None = None,
-        max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+        max_file_bytes: int | None = DEFAULT_MAX_FILE_BYTES,
         export_trace: bool = True,
         all_ranks: bool = False,
         background: bool = True,
@@ -575,5 +576,7 @@ def _validate(handlers: tuple, **counts: Any) -> None:
                 f"or torch.profiler.tensorboard_trace_handler(dir)); got {handler!r}"
             )
     for name, value in counts.items():
+        if name == "max_file_bytes" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be an int >= 0; got {value!r}")

@@ -7,7 +7,8 @@ profiler step, over all of a run's active steps (see `_samples`):
   total; `delta_us`: median minus the baseline's median; `speedup`: baseline median / median;
 - `n`: samples (steps) of the run; `outliers`: how many of this op's samples are outliers;
 - `ratio`, `ratio_low`, `ratio_high`: run / baseline, Hodges–Lehmann, with its 95% interval
-  (NaN where no interval exists; see `_stats` for the method);
+  (NaN where no interval exists; see `_stats` for the method), from the samples that are not
+  outliers;
 - `verdict`: `faster`, `slower`, `no change` (the interval contains 1.0, or the change is under
   `noise_pct`), `too few samples` (no 95% interval), `new` / `gone` (the op is in one run only),
   `baseline`.
@@ -261,7 +262,8 @@ def _judge(base_values, values, is_base: bool, noise_pct: float) -> tuple[_stats
         return None, GONE
     if base_values is None:
         return None, NEW
-    estimate = _stats.ratio_interval(base_values, values)
+    # named outliers (stalls) are left out of the estimate; the medians keep every sample
+    estimate = _stats.ratio_interval(_stats.without_outliers(base_values), _stats.without_outliers(values))
     if not estimate.has_interval:
         return estimate, TOO_FEW
     if estimate.low <= 1 <= estimate.high or abs(estimate.ratio - 1) * 100 < noise_pct:

@@ -40,7 +40,7 @@ class FoundFile:
 class OutputFolderWatcher:
     """Reports, cycle by cycle, the new or changed files under one output folder."""
 
-    def __init__(self, root: str | os.PathLike, *, max_file_bytes: int, since_ns: int | None = None):
+    def __init__(self, root: str | os.PathLike, *, max_file_bytes: int | None, since_ns: int | None = None):
         self.root = Path(root)
         self.max_file_bytes = max_file_bytes
         self._since_ns = time.time_ns() - _MTIME_SLACK_NS if since_ns is None else since_ns
@@ -75,7 +75,7 @@ class OutputFolderWatcher:
         self._seen[relative] = signature
         if path.is_symlink():
             decision = SYMLINK
-        elif stat.st_size > self.max_file_bytes:
+        elif self.max_file_bytes is not None and stat.st_size > self.max_file_bytes:
             decision = TOO_LARGE
         else:
             decision = UPLOAD

@@ -133,8 +133,8 @@ def step_of(trace: dict, fallback: int) -> int:
     return max(steps) + 1 if steps else fallback
 
 
-def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int, out=None, log_timeline: bool = True,
-           timeline_max_spans: int = DEFAULT_MAX_SPANS) -> tuple[str, int]:  # fmt: skip
+def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int | None = None, out=None,
+           log_timeline: bool = True, timeline_max_spans: int = DEFAULT_MAX_SPANS) -> tuple[str, int]:  # fmt: skip
     """Logs every cycle under `path` into `run`; returns (run id, cycles logged). With
     `log_timeline`, each cycle is also a trace, as the callback logs it."""
     out = out or sys.stdout
@@ -171,14 +171,14 @@ def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int, out
 
 
 def _record_for(cycle: TraceCycle, trace: dict, profile: CycleProfile, step: int, keys: OpKeys, top_k: int,
-                max_file_bytes: int, first: bool, attribution: dict | None = None) -> CycleRecord:  # fmt: skip
+                max_file_bytes: int | None, first: bool, attribution: dict | None = None) -> CycleRecord:  # fmt: skip
     step_dir = f"profiler/step_{step}"
     staged = Path(tempfile.mkdtemp(prefix="mlflow-neuron-ingest-"))
     found = []
     for file in cycle.files:
         relative = file.relative_to(cycle.root).as_posix()
         size = file.stat().st_size
-        decision = _files.TOO_LARGE if size > max_file_bytes else _files.UPLOAD
+        decision = _files.TOO_LARGE if max_file_bytes is not None and size > max_file_bytes else _files.UPLOAD
         found.append(_files.FoundFile(file, relative, size, decision))
     table = _record.ops_table(profile, keys)
     record = CycleRecord(

@@ -20,8 +20,9 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
+from . import _uploads
 from ._probe import PROBE_TIMEOUT_S, check_reachable, is_unreachable  # noqa: F401 - re-exported
-from ._record import Delivery, RunRef
+from ._record import MANIFEST, Delivery, RunRef
 
 RUN_KEY_TAG = "mlflow_neuron.run_key"
 
@@ -80,8 +81,9 @@ def current_run_ref(run_id: str | None, tracking_uri: str | None, **new_run: str
 class RunLogger:
     """Delivers cycles into one run, creating it on first use when it does not exist yet."""
 
-    def __init__(self, run: RunRef) -> None:
+    def __init__(self, run: RunRef, progress=None) -> None:
         self.run = run
+        self.progress = progress  # where upload progress lines of large files go (default: logging)
         self.client = MlflowClient(run.tracking_uri)
         self._params: dict[str, str] | None = None
         self._tables: list[dict] | None = None  # the run's `mlflow.loggedArtifacts` entries
@@ -119,13 +121,15 @@ class RunLogger:
             tags.append(RunTag(MLFLOW_LOGGED_ARTIFACTS, self._register_table(delivery.table)))
         if metrics or tags:
             self.client.log_batch(run_id, metrics=metrics, tags=tags, synchronous=True)
-        vanished = []
+        vanished, sent = [], {}
         for local_path, artifact_folder in delivery.uploads:
             if not os.path.isfile(local_path):
                 vanished.append(local_path)
                 continue
-            self.client.log_artifact(run_id, local_path, artifact_folder)
+            done = _uploads.upload(self.run.tracking_uri, run_id, local_path, artifact_folder, self.progress)
+            sent[done.artifact_path] = done
         if delivery.files_dir:
+            _uploads.record_checksums(delivery.files_dir, sent, MANIFEST)
             self.client.log_artifacts(run_id, delivery.files_dir, delivery.artifact_dir)
         if delivery.timeline and delivery.files_dir:
             vanished += self._log_timeline(run_id, delivery)

@@ -3,6 +3,12 @@
 One folder per cycle, written under a temporary name and renamed when complete, so a crash never
 leaves a half record that sync would trust. Files are hard-linked where possible (no copy, no
 extra disk); files above the copy cap are kept as paths to where the profiler left them.
+
+The outbox is private: on a shared Trainium host other users must neither read records nor plant
+them. The folder is created 0700 and its files 0600; an existing folder that is a symlink or
+belongs to another user is refused, never followed. Records hold no credentials: a tracking URI's
+user:password@ is dropped, and the environment (MLFLOW_TRACKING_USERNAME/PASSWORD, AWS_*)
+supplies credentials again at sync.
 """
 
 from __future__ import annotations
@@ -11,8 +17,10 @@ import itertools
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
+import urllib.parse
 from dataclasses import asdict
 from pathlib import Path
 
@@ -38,16 +46,18 @@ def fallback_folder() -> Path:
 
 def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_bytes: int,
         rejected: str | None = None) -> Path:  # fmt: skip
-    """Stores a delivery; raises OSError when the folder cannot be written.
+    """Stores a delivery, private to this user (folders 0700, files 0600); raises OSError when the
+    folder cannot be written, OutboxRefused when it is not this user's private folder.
 
     With `rejected` (the reason), the record goes to `<folder>/rejected/` with a `reason` file."""
     from ._files import link_or_copy
 
-    folder = Path(folder) / REJECTED if rejected is not None else Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = private_folder(folder)
+    if rejected is not None:
+        folder = private_folder(folder / REJECTED)
     name = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):06d}"
     partial = folder / f".{name}.partial"
-    partial.mkdir()
+    partial.mkdir(mode=0o700)
     try:
         files_dir = None
         if delivery.files_dir and Path(delivery.files_dir).is_dir():
@@ -67,15 +77,16 @@ def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_
                 missing.append(source)
         record = {
             "format": FORMAT,
-            "run": asdict(run),
+            "run": {**asdict(run), "tracking_uri": without_credentials(run.tracking_uri)},
             **{k: v for k, v in asdict(delivery).items() if k not in ("files_dir", "uploads")},
             "files_dir": files_dir,
             "uploads": uploads,
             "missing_files": missing,
         }
-        (partial / RECORD).write_text(json.dumps(record, indent=1), encoding="utf-8")
+        _make_private(partial)
+        _write_private(partial / RECORD, json.dumps(record, indent=1))
         if rejected is not None:
-            (partial / REASON).write_text(rejected + "\n", encoding="utf-8")
+            _write_private(partial / REASON, rejected + "\n")
         final = folder / name
         os.rename(partial, final)
         return final
@@ -85,10 +96,11 @@ def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_
 
 
 def pending(folder: str | os.PathLike) -> list[Path]:
-    """Complete records, oldest first."""
+    """Complete records, oldest first. Raises OutboxRefused for a folder that is not private."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
+    check_private(folder)
     return sorted(p for p in folder.iterdir() if not p.name.startswith(".") and (p / RECORD).is_file())
 
 
@@ -100,11 +112,10 @@ def rejected(folder: str | os.PathLike) -> list[Path]:
 def reject(record_dir: Path, why: str) -> Path:
     """Moves a pending record to `rejected/`, or updates the reason of one already there."""
     if record_dir.parent.name != REJECTED:
-        target = record_dir.parent / REJECTED / record_dir.name
-        target.parent.mkdir(exist_ok=True)
+        target = private_folder(record_dir.parent / REJECTED) / record_dir.name
         os.rename(record_dir, target)
         record_dir = target
-    (record_dir / REASON).write_text(why + "\n", encoding="utf-8")
+    _write_private(record_dir / REASON, why + "\n")
     return record_dir
 
 
@@ -147,3 +158,75 @@ def load(record_dir: Path) -> tuple[Delivery, RunRef]:
 
 def remove(record_dir: Path) -> None:
     shutil.rmtree(record_dir, ignore_errors=True)
+
+
+# -- privacy ------------------------------------------------------------------------------------
+
+
+class OutboxRefused(OSError):
+    """An outbox folder that is a symlink or belongs to another user: never followed or used."""
+
+
+def private_folder(folder: str | os.PathLike) -> Path:
+    """`folder`, created with mode 0700 if missing (parents as usual), else checked and tightened.
+
+    Raises OutboxRefused for a symlink, something that is not a folder, or another user's folder.
+    """
+    folder = Path(folder)
+    if not os.path.lexists(folder):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:  # created meanwhile by someone else: the check below decides
+            pass
+    info = check_private(folder)
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(folder, 0o700)  # ours, made before outboxes were private: close it now
+    return folder
+
+
+def check_private(folder: Path) -> os.stat_result:
+    info = os.lstat(folder)
+    if stat.S_ISLNK(info.st_mode):
+        raise OutboxRefused(
+            f"outbox {folder} is a symbolic link; refusing to follow it (another user could point it "
+            "anywhere). Remove the link or pass another outbox folder"
+        )
+    if not stat.S_ISDIR(info.st_mode):
+        raise OutboxRefused(f"outbox {folder} exists and is not a folder")
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if uid is not None and info.st_uid != uid:
+        raise OutboxRefused(
+            f"outbox {folder} belongs to uid {info.st_uid}, not to this user (uid {uid}); refusing to "
+            "read or write records there. Remove it or pass another outbox folder"
+        )
+    return info
+
+
+def without_credentials(uri: str) -> str:
+    """`uri` without the user:password@ part (the environment supplies credentials at sync)."""
+    parts = urllib.parse.urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Writes `text` to `path` as a 0600 file (replacing an earlier one; never through a link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+
+
+def _make_private(record_dir: Path) -> None:
+    """Folders 0700; files 0600, except hard links to the profiler's own files, whose mode is the
+    user's (chmod would change the original); the 0700 folders keep others out of those."""
+    for root, dirnames, filenames in os.walk(record_dir):
+        for name in dirnames:
+            os.chmod(os.path.join(root, name), 0o700)
+        generated = Path(root).relative_to(record_dir).parts[:1] == ("files",)
+        for name in filenames:
+            path = os.path.join(root, name)
+            if generated or os.lstat(path).st_nlink == 1:
+                os.chmod(path, 0o600)

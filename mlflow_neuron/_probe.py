@@ -6,6 +6,7 @@ The CLI asks this before it imports torch or MLflow, so a dead server is reporte
 from __future__ import annotations
 
 import urllib.error
+import urllib.parse
 import urllib.request
 
 PROBE_TIMEOUT_S = 3.0
@@ -20,14 +21,17 @@ def check_reachable(tracking_uri: str, timeout: float = PROBE_TIMEOUT_S) -> None
     """
     if not tracking_uri.startswith(("http://", "https://")):
         return
+    # /health needs no login; urllib would take a URI's user:password@ for part of the host name.
+    parts = urllib.parse.urlsplit(tracking_uri)
+    probe = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
     try:
-        urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout).close()
+        urllib.request.urlopen(f"{probe.rstrip('/')}/health", timeout=timeout).close()
     except urllib.error.HTTPError:
         return
     except (OSError, ValueError) as error:
         cause = getattr(error, "reason", error)  # URLError wraps the socket error
         why = f"no answer within {timeout:g} s" if isinstance(cause, TimeoutError) else str(cause)
-        raise ConnectionError(f"tracking server {tracking_uri} is not reachable ({why})") from error
+        raise ConnectionError(f"tracking server {probe} is not reachable ({why})") from error
 
 
 def is_unreachable(error: BaseException) -> bool:

@@ -266,7 +266,7 @@ def manifest(
     neuron_dir: str,
     output_dir: str | None,
     trace_source: str | None,
-    max_file_bytes: int,
+    max_file_bytes: int | None,
     rank: int,
     attribution: dict | None = None,
 ) -> dict:
@@ -282,6 +282,7 @@ def manifest(
             "size_bytes": f.size_bytes,
             "uploaded": f.decision == _files.UPLOAD,
             "reason": None if f.decision == _files.UPLOAD else f.decision,
+            "sha256": None,  # of the bytes uploaded, filled in by the uploader (_uploads.record_checksums)
         }
         if entry["artifact_path"] in neff_of:  # a device trace names the NEFF it can be read with
             entry["neff"] = neff_of[entry["artifact_path"]]

@@ -54,12 +54,15 @@ class SyncResult:
     kept: int = 0  # deliverable records still in the outbox (unreadable, or a transient failure)
     rejected: int = 0  # records refused for good, now or earlier, left in <outbox>/rejected
     unreachable: dict[str, str] = field(default_factory=dict)  # tracking URI -> why it did not answer
+    refused: str | None = None  # why the outbox folder itself was not read (a link, another user's)
 
     def __iter__(self):
         return iter((self.delivered, self.kept))
 
     @property
     def exit_code(self) -> int:
+        if self.refused:
+            return EXIT_USAGE
         if self.unreachable:
             return EXIT_UNREACHABLE
         return EXIT_FAILED if self.kept else EXIT_OK
@@ -79,7 +82,12 @@ def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_reject
 
     out, err = out or sys.stdout, err or sys.stderr
     result = SyncResult()
-    records = _outbox.rejected(outbox) if retry_rejected else _outbox.pending(outbox)
+    try:
+        records = _outbox.rejected(outbox) if retry_rejected else _outbox.pending(outbox)
+    except _outbox.OutboxRefused as refused:  # a link or another user's folder: never read
+        result.refused = str(refused)
+        print(f"mlflow-neuron sync: error: {refused}", file=err, flush=True)
+        return result
     if records:  # MLflow and torch load in seconds: only when there is something to send
         from ._mlflow_io import RunLogger, check_reachable, human_size, is_permanent, is_unreachable, reason, sent_files
         from ._record import RunRef
@@ -105,7 +113,7 @@ def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_reject
         try:
             if key not in loggers:
                 check_reachable(run.tracking_uri)
-            logger = loggers.get(key) or loggers.setdefault(key, RunLogger(run))
+            logger = loggers.get(key) or loggers.setdefault(key, RunLogger(run, progress=_progress_printer(out)))
             _, vanished = logger.deliver(delivery)
         except Exception as error:  # noqa: BLE001 - report, keep the record, go on
             unfinished.add(run.run_key)
@@ -175,6 +183,11 @@ def _end_created_runs(loggers: dict, unfinished: set, outbox: str, out) -> None:
                 print(f"run {run.run_id} ended (FINISHED): all its records are in", file=out, flush=True)
         except Exception as error:  # noqa: BLE001 - the data is in; the status is secondary
             print(f"run {run.run_id} could not be ended: {type(error).__name__}: {error}", file=out, flush=True)
+
+
+def _progress_printer(out):
+    """Upload progress of large files, as indented lines under the record being synced."""
+    return lambda line: print(f"  {line}", file=out, flush=True)
 
 
 def compare(args: argparse.Namespace, out=None) -> int:
@@ -266,8 +279,8 @@ def ingest(args: argparse.Namespace, out=None) -> int:
         experiment = client.get_experiment_by_name(args.experiment or "Default")
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment or "Default")
         run = RunRef(uri, None, experiment_id, args.run_name or Path(args.path).name, uuid.uuid4().hex)
-    run_id, cycles = ingest_path(Path(args.path), run, top_k=args.top_k,
-                                 max_file_bytes=int(args.max_file_mb * 1024**2), out=out,
+    cap = None if args.max_file_mb is None else int(args.max_file_mb * 1024**2)
+    run_id, cycles = ingest_path(Path(args.path), run, top_k=args.top_k, max_file_bytes=cap, out=out,
                                  log_timeline=args.timeline, timeline_max_spans=args.timeline_max_spans)  # fmt: skip
     if not args.run_id:
         MlflowClient(uri).set_terminated(run_id)
@@ -367,8 +380,8 @@ def _parser() -> argparse.ArgumentParser:
     ing.add_argument("--run-name", help="name of the created run (default: the folder's name)")
     ing.add_argument("--top-k", type=non_negative_int, default=50,
                      help="ops that get per-op metrics (default: %(default)s); ops.json keeps every op")  # fmt: skip
-    ing.add_argument("--max-file-mb", type=non_negative_float, default=512,
-                     help="larger files are listed, not uploaded (default: %(default)s)")  # fmt: skip
+    ing.add_argument("--max-file-mb", type=non_negative_float,
+                     help="larger files are listed, not uploaded (default: no cap)")  # fmt: skip
     ing.add_argument("--no-timeline", dest="timeline", action="store_false",
                      help="do not log each cycle as an MLflow trace (its timeline)")  # fmt: skip
     ing.add_argument("--timeline-max-spans", type=positive_int, default=2000,

@@ -36,6 +36,7 @@ EXPERIMENT = "rmsnorm-variants"
 PARENT = "rmsnorm-cpu"
 VARIANTS = ("naive", "fused", "compiled")
 SECTION = "profiler/self_cpu_time_us"
+STEP_SERIES = "profiler/step/self_cpu_time_us"
 COMPARISON_PNG = "comparison/comparison.png"
 WAIT_S = 30
 NO_TELEMETRY = {"MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
@@ -241,6 +242,25 @@ def test_the_chart_view_has_a_section_of_self_cpu_time_charts_one_per_op(ui, bro
         browser.save_screenshot(str(screenshots / "ui-chart-all-variants.png"))
         dialog.find_element(By.CSS_SELECTOR, "button[aria-label='Close']").click()
         wait_for(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, "[role='dialog']"), "the dialog to close")
+
+
+def test_the_per_step_series_shows_every_profiled_step_of_every_variant(ui, browser, screenshots):
+    """`profiler/step/self_cpu_time_us`: one point per profiled step, so noise and outliers show."""
+    title = STEP_SERIES
+    open_chart_view(browser, ui)
+    search = browser.find_element(By.CSS_SELECTOR, "input[placeholder='Search metric charts']")
+    search.send_keys(title)
+    wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")) == 1, f"only {title}")
+    drawn = fullscreen_chart(browser, title)
+    assert set(drawn) - {"_plot", "_modebar"} == set(VARIANTS)
+    for name in VARIANTS:
+        history = sorted((m.step, m.value) for m in ui.client.get_metric_history(ui.runs[name].info.run_id, title))
+        assert len(history) == 10  # two cycles of five steps
+        points = sorted({tuple(p) for p in drawn[name]["points"]})
+        assert [step for step, _ in points] == [step for step, _ in history]
+        assert [value for _, value in points] == pytest.approx([value for _, value in history], rel=1e-6)
+    time.sleep(0.5)
+    browser.save_screenshot(str(screenshots / "ui-step-series.png"))
 
 
 def test_the_parent_runs_artifacts_show_the_comparison_png(ui, browser, screenshots, tmp_path):

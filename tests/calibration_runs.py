@@ -1,0 +1,95 @@
+"""Real profiled runs for calibrating comparisons: pairs of runs logged through
+`MLflowProfilerCallback`, each pair in its own experiment, compared as a user would with
+`mlflow-neuron compare --experiment E --baseline base --fail-if-slower 10`.
+
+Used by tests/test_calibration.py and benchmarks/calibration.py. Every run is profiled with
+`schedule(wait=1, warmup=1, active=5, repeat=2)`: 10 per-step samples. The workload is the naive
+RMSNorm of the example: per step 3 x aten::mul, aten::mean, aten::add, aten::rsqrt, each given one
+fake kernel by the fake PrivateUse1 profiler (tests/fake_device), with seeded noise.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+from contextlib import redirect_stdout
+
+KERNELS = {"aten::mul": 100, "aten::mean": 40, "aten::add": 20, "aten::rsqrt": 30}
+NOISE = {"FAKE_NEURON_JITTER": "0.3", "FAKE_NEURON_STALL_RATE": "0.02", "FAKE_NEURON_STALL_FACTOR": "10"}
+SCHEDULE = dict(wait=1, warmup=1, active=5, repeat=2)
+
+
+def kernels(scale: float) -> str:
+    return ",".join(f"{op}={round(us * scale)}" for op, us in KERNELS.items())
+
+
+def make_runs(uri: str, pairs: int, cpu_pairs: int, so: str | None) -> None:
+    """Worker: logs the runs of every pair (one process, so the fake device is activated once)."""
+    import mlflow
+    import torch
+    from torch.profiler import ProfilerActivity
+    from workloads import profile_rmsnorm
+
+    from mlflow_neuron import MLflowProfilerCallback
+
+    torch.set_num_threads(1)  # as the example does: no OpenMP workers waiting for a core
+    mlflow.set_tracking_uri(uri)
+    plan = [("cpu-aa", i, ("base", 1.0), ("same", 1.0)) for i in range(cpu_pairs)]
+    if so is not None:
+        import fake_device
+
+        fake_device.activate(pathlib.Path(so))
+        plan += [("aa", i, ("base", 1.0), ("same", 1.0)) for i in range(pairs)]
+        plan += [("ab", i, ("base", 1.0), ("slower", 1.3)) for i in range(pairs)]
+    for kind, index, *runs in plan:
+        mlflow.set_experiment(f"{kind}-{index}")
+        for name, scale in runs:
+            os.environ["FAKE_NEURON_KERNELS"] = kernels(scale)
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if kind != "cpu-aa" else [])
+            with mlflow.start_run(run_name=name) as run:
+                with MLflowProfilerCallback(run_id=run.info.run_id, strict=True) as callback:
+                    profile_rmsnorm(callback, steps=16, activities=activities, **SCHEDULE)
+
+
+def gate(uri: str, experiment: str) -> tuple[int, str]:
+    from mlflow_neuron.cli import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(["compare", "--experiment", experiment, "--baseline", "base", "--fail-if-slower", "10",
+                     "--format", "json", "--tracking-uri", uri])  # fmt: skip
+    return code, out.getvalue()
+
+
+def total_verdict(report: str) -> str:
+    document = json.loads(report[: report.rindex("}") + 1])
+    total = next(row for row in document["rows"] if row["op"] == "TOTAL")
+    run = next(label for label in document["runs"] if label != "base")
+    return total[f"{run}/verdict"]
+
+
+def log_pairs(work: pathlib.Path, so: str | None, pairs: int, cpu_pairs: int, seed: int = 2026) -> str:
+    """Logs every pair's runs into a sqlite store under `work` (in one subprocess, where the fake
+    device is activated once); returns the store's URI."""
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    here = pathlib.Path(__file__).resolve().parent
+    code = (f"import calibration_runs; calibration_runs.make_runs({uri!r}, {pairs}, {cpu_pairs}, "
+            f"{so if so is None else repr(so)})")  # fmt: skip
+    env = {**os.environ, **NOISE, "FAKE_NEURON_SEED": str(seed),
+           "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])}  # fmt: skip
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=work, env=env, capture_output=True, text=True)
+    return uri
+
+
+def rates(uri: str, kind: str, pairs: int) -> tuple[int, int]:
+    """(pairs whose gate fired, pairs whose TOTAL verdict was `no change`) for one kind of pair."""
+    fired = no_change = 0
+    for index in range(pairs):
+        code, report = gate(uri, f"{kind}-{index}")
+        fired += code == 1
+        no_change += total_verdict(report) == "no change"
+    return fired, no_change
