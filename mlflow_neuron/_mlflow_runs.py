@@ -264,6 +264,7 @@ def load_timelines(frame: pd.DataFrame, tracking_uri: str | None = None) -> dict
     from ._timeline_svg import StepTimeline, representative_step, step_durations_us
 
     client = MlflowClient(tracking_uri)
+    what = "self device time" if frame.attrs["metric"] == "self_device_time_us" else "self CPU time"
     found = {}
     for label, run_id in frame.attrs["runs"].items():
         keys = [tuple(k) for k in frame.attrs["sample_steps"][label]]
@@ -279,7 +280,8 @@ def load_timelines(frame: pd.DataFrame, tracking_uri: str | None = None) -> dict
         with tempfile.TemporaryDirectory() as tmp:
             text = Path(client.download_artifacts(run_id, f"{folder}/{TIMELINE}", tmp)).read_text(encoding="utf-8")
         timeline = Timeline.from_json(text)
-        note = f"{totals[(cycle, step)]:,.1f} us; the median of its {len(totals)} steps is {_median(totals):,.1f} us"
+        note = (f"{what} {totals[(cycle, step)]:,.1f} us; the median of its {len(totals)} steps is "
+                f"{_median(totals):,.1f} us")  # fmt: skip
         durations = step_durations_us(timeline)
         if step not in durations:  # samples without step numbers (older runs): the cycle's own median step
             if not durations:
