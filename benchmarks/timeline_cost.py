@@ -15,7 +15,17 @@ medians over --reps fresh cycles, seconds:
                     the trace's artifact (`--span-storage tracking_store`: in the span table)
 
 The timeline's own cost is streams + build, given against aggregate alone and
-against read + aggregate (the fast path); then with the logging. No assertions.
+against read + aggregate (the fast path); then with the logging.
+
+Then the whole callback cycle, `MLflowProfilerCallback(log_timeline=True)` against `False`, into
+the same kind of store (`--callback-reps` cycles each, medians):
+
+  training ms       the callback call on the training thread (the sender does the rest)
+  sender s          from that call's return until `flush()` returns: read, aggregate, timeline,
+                    tables, trace gzip, metrics, artifacts and (on) the MLflow trace
+  timeline.json KB  the staged timeline file uploaded with the cycle
+
+No assertions.
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ os.environ.setdefault("FAKE_NEURON_KERNELS", "aten::add=1")
 os.environ.setdefault("FAKE_NEURON_MODE", "kernels")
 
 
-def profile_cycle(ops: int, steps: int, with_device: bool):
+def profile_cycle(ops: int, steps: int, with_device: bool, on_trace_ready=None):
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -44,7 +54,7 @@ def profile_cycle(ops: int, steps: int, with_device: bool):
     a, b = torch.ones(4), torch.ones(4)
     # A schedule makes prof.step() record ProfilerStep#N ranges; the cycle ends at the last step.
     with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=steps, repeat=1),
-                 on_trace_ready=lambda p: None) as prof:  # fmt: skip
+                 on_trace_ready=on_trace_ready or (lambda p: None)) as prof:  # fmt: skip
         prof.step()  # the warmup step, empty
         for _ in range(steps):
             for _ in range(ops // steps):
@@ -60,6 +70,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--max-spans", type=int, default=2000)
     parser.add_argument("--span-storage", choices=["artifact", "tracking_store"], default="artifact")
+    parser.add_argument("--callback-reps", type=int, default=2, help="cycles per setting of the callback section")
     args = parser.parse_args()
 
     from extraction import activate_fake_device
@@ -117,6 +128,48 @@ def main() -> None:
               f"{m['build']:.3f} | {m['log']:.3f} | {len(timeline.spans):,} | {timeline.dropped:,} | "
               f"{own / m['aggregate']:.0%} | {own / fast:.0%} | {(own + m['log']) / fast:.0%} |")  # fmt: skip
     print("timeline = streams + build; read + aggregate is the cycle's fast path in the sender")
+    callback_cost(args, device, store)
+
+
+def callback_cost(args, device: str, store: pathlib.Path) -> None:
+    """The whole cycle through `MLflowProfilerCallback`, timeline on and off."""
+    import mlflow
+
+    from mlflow_neuron import MLflowProfilerCallback
+
+    uri = f"sqlite:///{store / 'callback.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("callback-cost", artifact_location=str(store / "callback-artifacts"))
+    header = ("ops/cycle", "log_timeline", "training ms", "sender s", "timeline.json KB", "trace spans")
+    print()
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for ops in args.ops:
+        for on in (False, True):
+            training, sender = [], []
+            run_id = client.create_run(experiment).info.run_id
+            callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, strict=True, log_timeline=on,
+                                              timeline_max_spans=args.max_spans, outbox=store / "outbox")  # fmt: skip
+
+            def timed(prof):
+                t0 = time.perf_counter()
+                callback(prof)
+                t1 = time.perf_counter()
+                callback.flush()
+                training.append(t1 - t0)
+                sender.append(time.perf_counter() - t1)
+
+            for _ in range(args.callback_reps):
+                profile_cycle(ops, args.steps, device != "cpu", on_trace_ready=timed)
+            callback.close()
+            kb, spans = "-", "-"
+            if on:
+                step_dir = next(p for p in (store / "callback-artifacts").glob(f"{run_id}/artifacts/profiler/step_*"))
+                kb = f"{(step_dir / 'timeline.json').stat().st_size / 1024:,.0f}"
+                traces = client.search_traces(locations=[experiment], run_id=run_id)
+                spans = ", ".join(sorted({str(len(t.data.spans)) for t in traces}))
+            print(f"| {ops:,} | {on} | {statistics.median(training) * 1000:.1f} | {statistics.median(sender):.3f} | "
+                  f"{kb} | {spans} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from mlflow_neuron import (
     attach_comparison,
     compare_runs,
     compile_backend,
+    load_timelines,
     pick_device,
     profiling_setup,
     render,
@@ -90,7 +91,7 @@ def attach_comparison_to(parent_run_id: str, run_ids: dict[str, str]) -> pd.Data
     with tempfile.TemporaryDirectory() as tmp:
         chart = render.png(frame, Path(tmp, "comparison.png"))
         page = Path(tmp, "report.html")
-        page.write_text(render.html_page(frame, chart), encoding="utf-8")
+        page.write_text(render.html_page(frame, chart, timelines=load_timelines(frame)), encoding="utf-8")
         attach_comparison(mlflow.get_tracking_uri(), parent_run_id, frame, [chart, page])
     return frame
 

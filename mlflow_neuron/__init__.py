@@ -15,6 +15,7 @@ _HOME = {
     "DEFAULT_MAX_FILE_BYTES": "_callback",
     "compare_runs": "_mlflow_runs",
     "attach_comparison": "_mlflow_runs",
+    "load_timelines": "_mlflow_runs",
     "annotate_model_version": "_registry",
     "RunProfile": "_compare",
     "compare": "_compare",

@@ -26,6 +26,7 @@ from ._mlflow_io import RunLogger, check_reachable, current_run_ref
 from ._record import RunRef
 from ._report import Reporter, logger
 from ._sender import Sender
+from ._timeline import DEFAULT_MAX_SPANS, build_timeline
 
 DEFAULT_MAX_FILE_BYTES = None  # no cap: NTFFs of gigabytes are streamed (see _uploads.py)
 _TABLE_NAME_WIDTH = 120
@@ -79,6 +80,11 @@ class MLflowProfilerCallback:
         strict: re-raise errors instead of warning (default: env ``MLFLOW_NEURON_STRICT``).
         system_metrics: log ``system/neuron/...`` metrics from ``neuron-monitor`` while the run is
             active, where the tool is installed (default: MLflow's ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``).
+        log_timeline: log each cycle as an MLflow trace linked to the run (root ``profiler/step_<N>``,
+            its ``ProfilerStep#N`` ranges, nested ops, one span per device stream), and keep it as
+            ``profiler/step_<N>/timeline.json``. Rank 0 only.
+        timeline_max_spans: at most this many spans per trace (an int >= 1); the shortest ops are
+            summarized as "… N more ops" spans. The cycle, its steps and its streams always stay.
     """
 
     def __init__(
@@ -101,8 +107,15 @@ class MLflowProfilerCallback:
         flush_timeout_s: float = 10.0,
         strict: bool | None = None,
         system_metrics: bool | None = None,
+        log_timeline: bool = True,
+        timeline_max_spans: int = DEFAULT_MAX_SPANS,
     ) -> None:
         _validate(handlers, top_k=top_k, max_file_bytes=max_file_bytes, max_pending=max_pending, retries=retries)
+        if isinstance(timeline_max_spans, bool) or not isinstance(timeline_max_spans, int) or timeline_max_spans < 1:
+            raise ValueError(f"timeline_max_spans must be an int >= 1 (default {DEFAULT_MAX_SPANS}); "
+                             f"got {timeline_max_spans!r}")  # fmt: skip
+        self.log_timeline = bool(log_timeline)
+        self.timeline_max_spans = timeline_max_spans
         if profile_output_dir is not None and not isinstance(profile_output_dir, (str, os.PathLike)):
             raise TypeError(f"profile_output_dir must be a path or None; got {profile_output_dir!r}")
         self.handlers = handlers
@@ -362,34 +375,48 @@ class MLflowProfilerCallback:
             series += _record.step_series(profile, f"rank_{self.rank.rank}/")
         return series
 
-    def _read_numbers(self, prof: Any, device: str) -> Callable[[], tuple[CycleProfile, str]]:
-        """What turns the cycle into per-op numbers and a table, run later by the sender.
+    def _read_numbers(self, prof: Any, device: str) -> Callable[[], tuple[CycleProfile, str, Any]]:
+        """What turns the cycle into per-op numbers, a table and (rank 0) its timeline, run later
+        by the sender.
 
         The fast path holds on to the cycle's Kineto results and reads their raw events off the
         training thread; where this torch does not allow that, torch's own `prof.events()` parse
-        does the work here, since it needs the profiler."""
+        does the work here, since it needs the profiler, and the cycle has no timeline."""
         device_profiled = device != _devices.CPU
-        last_step = max(int(getattr(prof, "step_num", 0)) - 1, 0)  # the cycle's last active step
-        read_later = _raw.kineto_reader(prof)
+        step = int(getattr(prof, "step_num", 0))
+        last_step = max(step - 1, 0)  # the cycle's last active step
+        with_timeline = self.log_timeline and self.rank.is_primary
+        read_later = _raw.kineto_reader(prof, with_timeline=with_timeline)
         if read_later is not None:
-            def summarize() -> tuple[CycleProfile, str]:
-                raw = read_later()
-                if raw is None:
+            def summarize() -> tuple[CycleProfile, str, Any]:
+                read = read_later()
+                if read is None:
                     raise RuntimeError(f"this torch's Kineto results could not be read ({torch.__version__})")
+                raw, inputs = read if with_timeline else (read, None)
                 profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step)
-                return profile, render.cycle_table(profile)
+                timeline = self._timeline(raw, step, inputs) if with_timeline else None
+                return profile, render.cycle_table(profile), timeline
 
             return summarize
         logger.debug("profiler step %s read through prof.events(): the fast path does not read this "
-                     "profile (torch %s)", getattr(prof, "step_num", "?"), torch.__version__)  # fmt: skip
+                     "profile (torch %s)%s", step, torch.__version__,
+                     "; it gets no timeline" if with_timeline else "")  # fmt: skip
         profile, table = self._profile_from_events(prof, device, device_profiled, last_step)
-        return lambda: (profile, table)
+        return lambda: (profile, table, None)
+
+    def _timeline(self, raw: _raw.RawEvents, step: int, inputs: Any) -> Any:
+        """The cycle's span tree; None (one warning) when it cannot be built: the rest still goes."""
+        try:
+            return build_timeline(raw, cycle_step=step, max_spans=self.timeline_max_spans, inputs=inputs)
+        except Exception as error:  # noqa: BLE001
+            self.reporter.problem("timeline", f"profiler step {step} has no timeline (its trace is not logged)", error)
+            return None
 
     def _complete(self, summarize: Callable, device: str, primary: bool, record: _record.CycleRecord) -> None:
         """Fills in a record's numbers, tables and tags; runs in the sender, one record at a time."""
         with self._completing:
             try:
-                profile, record.key_averages = summarize()
+                profile, record.key_averages, record.timeline = summarize()
             except Exception as error:  # noqa: BLE001 - the cycle's files and trace still go
                 self.reporter.problem("events", "the cycle's events could not be read (per-op metrics are empty)", error)
                 profile = extract_cycle(_event_list([], None), device=device, device_profiled=device != _devices.CPU)

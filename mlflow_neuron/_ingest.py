@@ -25,6 +25,8 @@ from ._keys import OpKeys
 from ._mlflow_io import RunLogger, human_size, sent_files
 from ._record import CycleRecord, RunRef
 from ._report import MLflowNeuronWarning
+from ._timeline import DEFAULT_MAX_SPANS, Timeline, build_timeline
+from ._timeline_sources import timeline_inputs_from_chrome_trace
 
 TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 # Above this share of a cycle's device time left on no op, ingest warns: per-op numbers then miss
@@ -93,12 +95,22 @@ def profile_of(trace: dict, source: Path, last_step: int = 0) -> CycleProfile:
 def linked_profile_of(trace: dict, source: Path, last_step: int = 0) -> tuple[CycleProfile, _chrome.Linking]:
     """The cycle's profile, and how its device events were linked to ops. `last_step` numbers
     the cycle's step when the trace has no ProfilerStep ranges."""
+    return _read_cycle(trace, source, last_step)[:2]
+
+
+def _read_cycle(trace: dict, source: Path, last_step: int) -> tuple[CycleProfile, _chrome.Linking, _raw.RawEvents]:
     device, device_profiled = _devices.device_of_trace(trace)
     raw, linking = _chrome.read_chrome_trace(trace)
     profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step)
     if not profile.ops:
         raise ValueError(f"{source}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
-    return profile, linking
+    return profile, linking, raw
+
+
+def timeline_of(trace: dict, raw: _raw.RawEvents, step: int, max_spans: int = DEFAULT_MAX_SPANS) -> Timeline:
+    """The cycle's timeline from its trace: the span tree the callback logs for the same cycle."""
+    inputs = timeline_inputs_from_chrome_trace(trace, raw)
+    return build_timeline(raw, cycle_step=step, max_spans=max_spans, inputs=inputs)
 
 
 def weak_attribution(linking: _chrome.Linking) -> str | None:
@@ -121,15 +133,17 @@ def step_of(trace: dict, fallback: int) -> int:
     return max(steps) + 1 if steps else fallback
 
 
-def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int | None = None, out=None) -> tuple[str, int]:
-    """Logs every cycle under `path` into `run`; returns (run id, cycles logged)."""
+def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int | None = None, out=None,
+           log_timeline: bool = True, timeline_max_spans: int = DEFAULT_MAX_SPANS) -> tuple[str, int]:  # fmt: skip
+    """Logs every cycle under `path` into `run`; returns (run id, cycles logged). With
+    `log_timeline`, each cycle is also a trace, as the callback logs it."""
     out = out or sys.stdout
     logger, keys = RunLogger(run), OpKeys()
     cycles = find_cycles(path)
     for index, cycle in enumerate(cycles, 1):
         trace = load_trace(cycle.trace)
         step = step_of(trace, index)
-        profile, linking = linked_profile_of(trace, cycle.trace, last_step=max(step - 1, 0))
+        profile, linking, raw = _read_cycle(trace, cycle.trace, max(step - 1, 0))
         attribution = linking.as_dict()
         weak = weak_attribution(linking)
         if weak:
@@ -137,6 +151,13 @@ def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int | No
             warnings.warn(f"mlflow-neuron: {cycle.trace}: {weak}", MLflowNeuronWarning, stacklevel=2)
         record = _record_for(cycle, trace, profile, step, keys, top_k, max_file_bytes, first=index == 1,
                              attribution=attribution)  # fmt: skip
+        if log_timeline:
+            try:
+                record.timeline = timeline_of(trace, raw, step, timeline_max_spans)
+            except Exception as error:  # noqa: BLE001 - as in the callback: the rest of the cycle goes
+                warnings.warn(f"mlflow-neuron: {cycle.trace}: no timeline (no trace is logged for step {step}): "
+                              f"{type(error).__name__}: {error}", MLflowNeuronWarning, stacklevel=2)  # fmt: skip
+        del raw
         delivery = record.materialize()
         try:
             _, vanished = logger.deliver(delivery)

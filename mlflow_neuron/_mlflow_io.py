@@ -3,7 +3,8 @@
 Every call goes through one `MlflowClient` and an explicit run id: a profiler callback may run on
 any thread, and MLflow's fluent API is thread-local (it would silently open a second run).
 Sending a delivery twice leaves its data once: metric points are keyed by (key, step, timestamp,
-value), artifacts overwrite, params and tags are re-set to the same values.
+value), artifacts overwrite, params and tags are re-set to the same values, and a cycle's trace
+is found by its cycle key and not written again (`_mlflow_traces`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ class RunLogger:
         self.client = MlflowClient(run.tracking_uri)
         self._params: dict[str, str] | None = None
         self._tables: list[dict] | None = None  # the run's `mlflow.loggedArtifacts` entries
+        self._run_info = None  # the run's RunInfo: experiment id and name, for cycle traces
 
     def ensure_run(self) -> str:
         if self.run.run_id is None:
@@ -130,7 +132,26 @@ class RunLogger:
         if delivery.files_dir:
             _uploads.record_checksums(delivery.files_dir, sent, MANIFEST)
             self.client.log_artifacts(run_id, delivery.files_dir, delivery.artifact_dir)
+        if delivery.timeline and delivery.files_dir:
+            vanished += self._log_timeline(run_id, delivery)
         return clashes, vanished
+
+    def _log_timeline(self, run_id: str, delivery: Delivery) -> list[str]:
+        """The cycle's trace, last: everything else is in when it says `complete`. Idempotent.
+        Returns the timeline file when it is gone or damaged (no trace then; retrying cannot help)."""
+        from ._mlflow_traces import log_timeline  # tracing and torch: only for cycles with a timeline
+        from ._record import DEVICE_TAG
+        from ._timeline import Timeline
+
+        path = Path(delivery.files_dir, delivery.timeline)
+        try:
+            timeline = Timeline.from_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError, KeyError):
+            return [str(path)]
+        info = self._run_info
+        log_timeline(self.client, run_id, info.experiment_id, timeline,
+                     device=delivery.tags.get(DEVICE_TAG), run_name=info.run_name)  # fmt: skip
+        return []
 
     def end_run(self) -> None:
         if self.run.run_id is not None:
@@ -146,7 +167,8 @@ class RunLogger:
 
     def _load_run_state(self, run_id: str) -> None:
         if self._params is None or self._tables is None:
-            data = self.client.get_run(run_id).data
+            run = self.client.get_run(run_id)
+            data, self._run_info = run.data, run.info
             self._params = dict(data.params)
             self._tables = json.loads(data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
 

@@ -39,6 +39,7 @@ from ._record import (
     STEP_METRICS,
     STEP_TOTALS_TABLE,
     STEPS_TABLE,
+    TIMELINE,
     Delivery,
     RunRef,
     write_table,
@@ -240,6 +241,60 @@ def _named_by_key(profile: RunProfile) -> RunProfile:
 
     return replace(profile, ops=rename(ops), samples=rename(profile.samples),
                    extra={**profile.extra, "names": _KEY_NAMES})  # fmt: skip
+
+
+NO_TIMELINE = "no timeline logged for this cycle (profiled with log_timeline=False, or before timelines were logged)"
+
+
+def load_timelines(frame: pd.DataFrame, tracking_uri: str | None = None) -> dict:
+    """Per run of a comparison frame, its representative step's timeline for `render.html_page`.
+
+    Example::
+
+        frame = compare_runs("rmsnorm-variants", baseline="naive")
+        page = render.html_page(frame, chart, timelines=load_timelines(frame))
+
+    The representative step is the run's sample whose total (the compared metric, over every
+    cycle, `skip_steps` left out) is closest to the median; its cycle's
+    `profiler/step_<N>/timeline.json` is downloaded. Returns {label: StepTimeline}; a run without
+    a timeline gets one that says why. Only the report needs this: `compare` never downloads it.
+    """
+    from ._compare import TOTAL
+    from ._timeline import Timeline
+    from ._timeline_svg import StepTimeline, representative_step, step_durations_us
+
+    client = MlflowClient(tracking_uri)
+    what = "self device time" if frame.attrs["metric"] == "self_device_time_us" else "self CPU time"
+    found = {}
+    for label, run_id in frame.attrs["runs"].items():
+        keys = [tuple(k) for k in frame.attrs["sample_steps"][label]]
+        totals = dict(zip(keys, frame.attrs["samples"][label][TOTAL]))
+        if not totals:
+            found[label] = StepTimeline(label, None, note="no step samples")
+            continue
+        cycle, step = representative_step(totals)  # (cycle, step) keys: ties go to the earlier
+        folder = f"profiler/step_{cycle}"
+        if TIMELINE not in {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run_id, folder)}:
+            found[label] = StepTimeline(label, None, step, cycle, NO_TIMELINE)
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            text = Path(client.download_artifacts(run_id, f"{folder}/{TIMELINE}", tmp)).read_text(encoding="utf-8")
+        timeline = Timeline.from_json(text)
+        note = (f"{what} {totals[(cycle, step)]:,.1f} us; the median of its {len(totals)} steps is "
+                f"{_median(totals):,.1f} us")  # fmt: skip
+        durations = step_durations_us(timeline)
+        if step not in durations:  # samples without step numbers (older runs): the cycle's own median step
+            if not durations:
+                found[label] = StepTimeline(label, None, step, cycle, "the cycle's timeline has no ProfilerStep ranges")
+                continue
+            step = representative_step(durations)
+            note = f"the step of cycle {cycle} closest to its median length ({durations[step]:,.1f} us)"
+        found[label] = StepTimeline(label, timeline, step, cycle, note)
+    return found
+
+
+def _median(totals: dict) -> float:
+    return float(pd.Series(list(totals.values())).median())
 
 
 def attach_comparison(tracking_uri: str, run_id: str, frame: pd.DataFrame, files: list[Path]) -> None:

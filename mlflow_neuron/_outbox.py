@@ -151,6 +151,7 @@ def load(record_dir: Path) -> tuple[Delivery, RunRef]:
         uploads=tuple((local(src), folder) for src, folder in data["uploads"]),
         table=data["table"],
         series=tuple((key, value, step) for key, value, step in data.get("series", ())),
+        timeline=data.get("timeline"),  # records from before timelines have none
     )
     return delivery, RunRef(**data["run"])
 

@@ -133,9 +133,11 @@ def kineto_results_of(prof: Any) -> tuple[Any, Any]:
     return inner, getattr(inner, "kineto_results", None)
 
 
-def kineto_reader(prof: Any) -> Callable[[], RawEvents | None] | None:
+def kineto_reader(prof: Any, *, with_timeline: bool = False) -> Callable[[], Any] | None:
     """This cycle's `raw_events_from_kineto`, to run later on another thread; None when this
-    profile can't be read that way (read it through `prof.events()` now).
+    profile can't be read that way (read it through `prof.events()` now). With `with_timeline`,
+    the later read gives `_timeline_sources.read_kineto_cycle`'s (raw, timeline inputs) instead,
+    from the same one pass over the events.
 
     Each cycle's `kineto_results` is an object of its own (the next cycle's stop makes a new one),
     so holding it and the few settings the read needs lets the training thread go on at once.
@@ -153,6 +155,10 @@ def kineto_reader(prof: Any) -> Callable[[], RawEvents | None] | None:
     snapshot = SimpleNamespace(kineto_results=result, use_device=getattr(inner, "use_device", None))
     if hasattr(inner, "profiler_kind"):
         snapshot.profiler_kind = inner.profiler_kind
+    if with_timeline:
+        from ._timeline_sources import read_kineto_cycle  # it builds on this module
+
+        return lambda: read_kineto_cycle(snapshot)
     return lambda: raw_events_from_kineto(snapshot)
 
 

@@ -34,6 +34,7 @@ TRACE = "trace.json.gz"
 STEPS_TABLE = "steps.json"  # per-step samples: one row per (profiler step, op), log_table layout
 STEP_TOTALS_TABLE = "step_totals.json"  # one row per profiler step: its totals and top-level ATen calls
 STEP_METRICS = ("self_device_time_us", "self_cpu_time_us")  # profiler/step/<metric>, one point per step
+TIMELINE = "timeline.json"  # the cycle's span tree (`_timeline.Timeline`): the MLflow trace, the HTML report's SVG
 
 PER_OP_METRICS = ("self_device_time_us", "self_cpu_time_us", "calls")
 
@@ -64,6 +65,7 @@ class Delivery:
     uploads: tuple[tuple[str, str], ...] = ()  # (local file, artifact folder relative to the run)
     table: str | None = None  # artifact path of an ops table to register for the UI
     series: tuple[tuple[str, float, int], ...] = ()  # (key, value, step): points at steps of their own
+    timeline: str | None = None  # a file in files_dir holding the cycle's Timeline, logged as a trace
 
 
 @dataclass
@@ -81,6 +83,7 @@ class CycleRecord:
     step_tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # file name -> table
     series: tuple[tuple[str, float, int], ...] = ()
     key_averages: str | None = None
+    timeline: object | None = None  # a `_timeline.Timeline` (rank 0, `log_timeline=True`)
     manifest: dict = field(default_factory=dict)
     raw_trace: Path | None = None  # uncompressed framework trace to gzip into the staged folder
     trace_export: Callable[[Path], None] | None = None  # writes raw_trace first, off the training thread
@@ -115,6 +118,8 @@ class CycleRecord:
             write_table(frame, staged / name)
         if self.key_averages is not None:
             (staged / KEY_AVERAGES).write_text(self.key_averages, encoding="utf-8")
+        if self.timeline is not None:
+            (staged / TIMELINE).write_text(self.timeline.to_json(), encoding="utf-8")
         if self.trace_export is not None and self.raw_trace is not None:
             try:
                 self.trace_export(self.raw_trace)
@@ -136,6 +141,7 @@ class CycleRecord:
             uploads=self.uploads,
             table=table,
             series=self.series,
+            timeline=TIMELINE if self.timeline is not None else None,
         )
 
 

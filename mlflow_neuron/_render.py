@@ -13,6 +13,7 @@ import base64
 import html
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
@@ -161,7 +162,10 @@ def png(frame: pd.DataFrame, path: Path, top: int = 8) -> Path:
     return path
 
 
-def html_page(frame: pd.DataFrame, png_path: Path | None = None, top: int | None = 30) -> str:
+def html_page(frame: pd.DataFrame, png_path: Path | None = None, top: int | None = 30, *,
+              timelines: Mapping | None = None) -> str:  # fmt: skip
+    """The report page. `timelines` ({label: StepTimeline}, from `load_timelines`) adds one
+    representative step per run as an inline SVG timeline."""
     chart = ""
     if png_path is not None:
         data = base64.b64encode(Path(png_path).read_bytes()).decode()
@@ -188,7 +192,7 @@ body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
 table {{ border-collapse: collapse; font-size: 13px; margin: 1em 0; }}
 th, td {{ padding: 3px 8px; border-bottom: 1px solid #ddd; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; font-family: monospace; }}
-img {{ max-width: 100%; }}
+img {{ max-width: 100%; }} .timeline {{ overflow-x: auto; }}
 .note {{ color: #8a4b00; }} .faster {{ color: #1a7f37; }} .slower {{ color: #b3261e; font-weight: bold; }}
 .nochange {{ color: #666; }} .toofew {{ color: #8a4b00; }}
 </style></head><body>
@@ -203,8 +207,31 @@ img {{ max-width: 100%; }}
 <h3>How to read this</h3>
 <p>{html.escape(METHOD_NOTE)}</p>
 <details><summary>every op, every field (full names)</summary>{full}</details>
+{_timelines_html(timelines) if timelines is not None else ""}
 </body></html>
 """
+
+
+TIMELINE_NOTE = (
+    "One step per run: the profiled step whose total is closest to the run's median. Rows: host "
+    "threads (nested ops, one row per depth), then device streams with the kernels the step's ops "
+    "launched. Hover a box for its name and times. Cycles with more spans than timeline_max_spans "
+    "show the shortest ops as grey \u201c\u2026 N more ops\u201d boxes."
+)
+
+
+def _timelines_html(timelines: Mapping) -> str:
+    from ._timeline_svg import timeline_svg
+
+    parts = [f"<h3>Timelines</h3><p>{html.escape(TIMELINE_NOTE)}</p>"]
+    for label, chosen in timelines.items():
+        if chosen.timeline is None:
+            parts.append(f'<h4>{html.escape(label)}</h4><p class="note">no timeline: {html.escape(chosen.note)}</p>')
+            continue
+        parts.append(f"<h4>{html.escape(label)}: step {chosen.step} (cycle {chosen.cycle}): "
+                     f"{html.escape(chosen.note)}</h4>")  # fmt: skip
+        parts.append(f'<div class="timeline">{timeline_svg(chosen.timeline, chosen.step)}</div>')
+    return "\n".join(parts)
 
 
 def _css(cell: str) -> str:

@@ -17,12 +17,25 @@ import hashlib
 import math
 import statistics
 from collections.abc import Mapping
+from dataclasses import dataclass
 from html import escape
 
 from ._timeline import STEP, STREAM, SUMMARY, Timeline
 
 _LABEL_W, _AXIS_H, _PAD = 150, 24, 6
 _CHAR_W = 6.2  # px per character of the 11px sans-serif labels, for clipping
+
+
+@dataclass(frozen=True)
+class StepTimeline:
+    """One run's step to draw in a report: its cycle's timeline, or None and `note` says why;
+    otherwise `note` says how the step was chosen."""
+
+    label: str
+    timeline: Timeline | None
+    step: int | None = None
+    cycle: int | None = None
+    note: str = ""
 
 
 def step_durations_us(timeline: Timeline) -> dict[int, float]:

@@ -199,7 +199,7 @@ def compare(args: argparse.Namespace, out=None) -> int:
 
     from . import _render
     from ._compare import compare as compare_profiles
-    from ._mlflow_runs import attach_comparison, load_profiles, resolve_runs
+    from ._mlflow_runs import attach_comparison, load_profiles, load_timelines, resolve_runs
 
     out = out or sys.stdout
 
@@ -219,7 +219,8 @@ def compare(args: argparse.Namespace, out=None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             chart = _render.png(frame, Path(tmp, "comparison.png"))
             page = Path(tmp, "report.html")
-            page.write_text(_render.html_page(frame, chart), encoding="utf-8")
+            timelines = load_timelines(frame, uri)
+            page.write_text(_render.html_page(frame, chart, timelines=timelines), encoding="utf-8")
             attach_comparison(uri, args.log_to, frame, [chart, page])
         print(f"attached comparison/ops.json, comparison.png, report.html and the verdicts to run {args.log_to}",
               file=out)  # fmt: skip
@@ -279,7 +280,8 @@ def ingest(args: argparse.Namespace, out=None) -> int:
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment or "Default")
         run = RunRef(uri, None, experiment_id, args.run_name or Path(args.path).name, uuid.uuid4().hex)
     cap = None if args.max_file_mb is None else int(args.max_file_mb * 1024**2)
-    run_id, cycles = ingest_path(Path(args.path), run, top_k=args.top_k, max_file_bytes=cap, out=out)
+    run_id, cycles = ingest_path(Path(args.path), run, top_k=args.top_k, max_file_bytes=cap, out=out,
+                                 log_timeline=args.timeline, timeline_max_spans=args.timeline_max_spans)  # fmt: skip
     if not args.run_id:
         MlflowClient(uri).set_terminated(run_id)
     print(f"ingested {cycles} cycle(s) from {args.path} into run {run_id}", file=out or sys.stdout)
@@ -380,6 +382,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="ops that get per-op metrics (default: %(default)s); ops.json keeps every op")  # fmt: skip
     ing.add_argument("--max-file-mb", type=non_negative_float,
                      help="larger files are listed, not uploaded (default: no cap)")  # fmt: skip
+    ing.add_argument("--no-timeline", dest="timeline", action="store_false",
+                     help="do not log each cycle as an MLflow trace (its timeline)")  # fmt: skip
+    ing.add_argument("--timeline-max-spans", type=positive_int, default=2000,
+                     help="spans per cycle trace at most (default: %(default)s)")  # fmt: skip
     ing.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
 
     opn = commands.add_parser(

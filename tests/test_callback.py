@@ -45,7 +45,7 @@ def test_a_cycle_becomes_metrics_tags_params_and_artifacts(tracking_uri, strict,
     files = artifact_files(client, run.info.run_id)
     assert set(files) == {f"profiler/step_4/{name}" for name in
                           ("ops.json", "steps.json", "step_totals.json", "key_averages.txt", "manifest.json",
-                           "trace.json.gz")}
+                           "trace.json.gz", "timeline.json")}
     table = read_json_artifact(client, run.info.run_id, "profiler/step_4/ops.json", tmp_path / "dl")
     rows = [dict(zip(table["columns"], row)) for row in table["data"]]
     mul = next(r for r in rows if r["name"] == "aten::mul")
