@@ -110,6 +110,13 @@ def raw_events_from_kineto(prof: Any) -> RawEvents | None:
     is not applied: the whole cycle is read (torch's slower parse returns a partial list when it
     runs out of time).
     """
+    read = read_kineto_events(prof)
+    return None if read is None else read[0]
+
+
+def read_kineto_events(prof: Any) -> tuple[RawEvents, list, int] | None:
+    """`raw_events_from_kineto`'s result with the Kineto events it came from and the trace start
+    (ns), for readers that need more of the same events (the timeline); None likewise."""
     inner, result = kineto_results_of(prof)
     if result is None or getattr(getattr(inner, "experimental_config", None), "trace_only", False):
         return None
@@ -121,7 +128,7 @@ def raw_events_from_kineto(prof: Any) -> RawEvents | None:
             return None
         use_device = getattr(inner, "use_device", None)
         legacy = _legacy_reader(kind, inner, use_device) if kind is not None else None
-        return _read_kineto(events, kind, trace_start, use_device, legacy)
+        return _read_kineto(events, kind, trace_start, use_device, legacy), events, trace_start
     except Exception:  # noqa: BLE001 - whatever this reader does not know, torch's parse handles
         return None
 

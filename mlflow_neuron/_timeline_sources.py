@@ -25,21 +25,11 @@ from ._timeline import DeviceLanes, TimelineInputs
 def read_kineto_cycle(prof: Any) -> tuple[_raw.RawEvents, TimelineInputs] | None:
     """`raw_events_from_kineto(prof)` and its `timeline_inputs_from_kineto`, from one read of
     the Kineto events (building that list is most of a second read's cost); None where
-    `raw_events_from_kineto` gives None. Mirrors `raw_events_from_kineto`, step for step."""
-    inner, result = _raw.kineto_results_of(prof)
-    if result is None or getattr(getattr(inner, "experimental_config", None), "trace_only", False):
+    `raw_events_from_kineto` gives None."""
+    read = _raw.read_kineto_events(prof)
+    if read is None:
         return None
-    try:
-        origin = int(result.trace_start_ns())
-        events = result.events()
-        kind = type(events[0]) if events else None
-        if kind is not None and not all(callable(getattr(kind, m, None)) for m in _raw._KINETO_METHODS):
-            return None
-        use_device = getattr(inner, "use_device", None)
-        legacy = _raw._legacy_reader(kind, inner, use_device) if kind is not None else None
-        raw = _raw._read_kineto(events, kind, origin, use_device, legacy)
-    except Exception:  # noqa: BLE001 - as raw_events_from_kineto: torch's parse handles it
-        return None
+    raw, events, origin = read
     return raw, _inputs_from_events(events, raw, origin)
 
 

@@ -19,7 +19,8 @@ from lightning.pytorch.loggers import MLFlowLogger  # noqa: E402
 
 from mlflow_neuron.lightning import ProfilerCallback  # noqa: E402
 
-CYCLE_FILES = {"ops.json", "steps.json", "step_totals.json", "key_averages.txt", "manifest.json", "trace.json.gz"}
+CYCLE_FILES = {"ops.json", "steps.json", "step_totals.json", "timeline.json", "key_averages.txt", "manifest.json",
+               "trace.json.gz"}
 
 
 @pytest.fixture(autouse=True)

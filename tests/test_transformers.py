@@ -27,7 +27,8 @@ from transformers.integrations import MLflowCallback  # noqa: E402
 
 from mlflow_neuron.transformers import ProfilerCallback  # noqa: E402
 
-CYCLE_FILES = {"ops.json", "steps.json", "step_totals.json", "key_averages.txt", "manifest.json", "trace.json.gz"}
+CYCLE_FILES = {"ops.json", "steps.json", "step_totals.json", "timeline.json", "key_averages.txt", "manifest.json",
+               "trace.json.gz"}
 VOCAB, SEQ = 64, 16
 
 
