@@ -72,7 +72,10 @@ def profile_variant(name: str, fn: Callable, args: argparse.Namespace, device: s
     setup = profiling_setup(device, os.path.join(args.profile_dir, name))
     with mlflow.start_run(run_name=name, nested=True) as run:
         mlflow.log_params({"variant": name, "shape": args.shape, "dtype": args.dtype})
-        with MLflowProfilerCallback(*setup.handlers, run_id=run.info.run_id) as callback:
+        # background=False: each cycle goes to MLflow between the profiled windows, so none of this
+        # script's own work runs while a step is recorded (its host time would carry it). A training
+        # job keeps the default background sender: device time is not affected by it.
+        with MLflowProfilerCallback(*setup.handlers, run_id=run.info.run_id, background=False) as callback:
             with profile(
                 **setup.profiler_kwargs(),
                 schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=REPEAT),

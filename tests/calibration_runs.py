@@ -51,7 +51,9 @@ def make_runs(uri: str, pairs: int, cpu_pairs: int, so: str | None) -> None:
             os.environ["FAKE_NEURON_KERNELS"] = kernels(scale)
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if kind != "cpu-aa" else [])
             with mlflow.start_run(run_name=name) as run:
-                with MLflowProfilerCallback(run_id=run.info.run_id, strict=True) as callback:
+                # background=False: each cycle is sent between profiled windows, so no work of ours
+                # runs while a step is recorded (host time would carry it, through the GIL)
+                with MLflowProfilerCallback(run_id=run.info.run_id, strict=True, background=False) as callback:
                     profile_rmsnorm(callback, steps=16, activities=activities, **SCHEDULE)
 
 
