@@ -42,6 +42,8 @@ class CountingClient:
 
     def __getattr__(self, name):
         method = getattr(self.client, name)
+        if not callable(method):  # a property such as tracking_uri
+            return method
 
         def counted(*args, **kwargs):
             self.calls[name] = self.calls.get(name, 0) + 1
