@@ -291,3 +291,26 @@ def test_the_parent_runs_artifacts_show_the_comparison_png(ui, browser, screensh
     assert [width, height] in shown  # the very PNG, decoded and on screen
     time.sleep(0.5)
     browser.save_screenshot(str(screenshots / "ui-parent-comparison.png"))
+
+
+
+def test_a_runs_traces_tab_shows_each_cycle_as_a_timeline(ui, browser, screenshots):
+    """Issue 12: the run's Traces tab lists one trace per cycle; opening one shows the cycle's
+    ProfilerStep and aten:: spans on the execution timeline."""
+    run = ui.runs["naive"]
+    traces = ui.client.search_traces(locations=[ui.experiment_id], run_id=run.info.run_id, include_spans=False)
+    assert len(traces) == 2  # two cycles
+    run_page = f"{ui.uri}/#/experiments/{ui.experiment_id}/runs/{run.info.run_id}"
+    browser.get(f"{run_page}/traces?workflowType=machine_learning")
+    listed = "//*[starts-with(normalize-space(text()), 'tr-')]"
+    wait_for(browser, lambda d: len(d.find_elements(By.XPATH, listed)) == 2, "the run's two traces")
+    close_assistant_panel(browser)
+    browser.find_element(By.XPATH, listed).click()
+    wait_for(browser, lambda d: re.search(r"^ProfilerStep#\d+$", page_text(d), re.M), "the trace's ProfilerStep span")
+    toggle = "button[data-component-id='shared.model-trace-explorer.toggle-show-timeline']"
+    wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, toggle), "the timeline toggle")
+    browser.find_element(By.CSS_SELECTOR, toggle).click()
+    time.sleep(1)  # the timeline draws after the toggle
+    text = page_text(browser)
+    assert re.search(r"^profiler/step_\d+$", text, re.M) and re.search(r"^aten::mul$", text, re.M), text[-1500:]
+    browser.save_screenshot(str(screenshots / "ui-trace.png"))
