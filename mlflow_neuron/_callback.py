@@ -7,7 +7,6 @@ import functools
 import os
 import sys
 import tempfile
-import threading
 import time
 import uuid
 import weakref
@@ -19,15 +18,17 @@ import torch
 
 from . import _devices, _files, _outbox, _raw, _record, _settings
 from . import _render as render
+from ._complete import Completer
 from ._distributed import broadcast_from_primary, current_rank
-from ._extract import MISSING, PRESENT, CycleProfile, extract_cycle
-from ._keys import OpKeys
+from ._extract import PRESENT, CycleProfile, extract_cycle
+from ._handoff import Handoff
 from ._mlflow_io import RunLogger, current_run_ref
 from ._record import RunRef
 from ._report import Reporter, logger
 from ._sender import Sender
 
 DEFAULT_MAX_FILE_BYTES = 512 * 1024**2  # NTFFs reach gigabytes: those are listed, not uploaded
+PROCESSES = ("helper", "inline")
 _TABLE_NAME_WIDTH = 120
 
 
@@ -51,9 +52,10 @@ class MLflowProfilerCallback:
 
     On Trainium, pass the Neuron exporter first: ``MLflowProfilerCallback(exporter.export_trace)``.
 
-    The training thread only reads the cycle; writing files and talking to MLflow happen in a
-    background thread. Cycles the server does not take are kept in a local outbox for
-    ``mlflow-neuron sync``. Pending work is flushed when the profiler stops and at exit.
+    The training process only saves the cycle's trace (Kineto's C++ writer, as
+    ``tensorboard_trace_handler`` does); a helper process parses it, writes the files and talks to
+    MLflow. Cycles the server does not take are kept in a local outbox for ``mlflow-neuron sync``.
+    Pending work is flushed when the profiler stops and at exit.
 
     Args:
         *handlers: other ``on_trace_ready`` handlers (``NeuronProfiler.export_trace``,
@@ -74,6 +76,9 @@ class MLflowProfilerCallback:
         retries, retry_wait_s: attempts after the first, and the first backoff (doubling).
         flush_timeout_s: how long profiler stop and interpreter exit wait for pending cycles.
         strict: re-raise errors instead of warning (default: env ``MLFLOW_NEURON_STRICT``).
+        process: ``"helper"``: parsing, aggregation and MLflow I/O run in a helper process, started
+            on the first cycle (one per callback); if it fails twice, cycles go the inline way, with
+            one warning. ``"inline"``: a background thread of the training process does that work.
     """
 
     def __init__(
@@ -95,8 +100,11 @@ class MLflowProfilerCallback:
         retry_wait_s: float = 0.5,
         flush_timeout_s: float = 10.0,
         strict: bool | None = None,
+        process: str = "helper",
     ) -> None:
         _validate(handlers, top_k=top_k, max_file_bytes=max_file_bytes, max_pending=max_pending, retries=retries)
+        if process not in PROCESSES:
+            raise ValueError(f"process must be one of {', '.join(map(repr, PROCESSES))}; got {process!r}")
         if profile_output_dir is not None and not isinstance(profile_output_dir, (str, os.PathLike)):
             raise TypeError(f"profile_output_dir must be a path or None; got {profile_output_dir!r}")
         self.handlers = handlers
@@ -108,7 +116,7 @@ class MLflowProfilerCallback:
         self.profile_output_dir = os.fspath(profile_output_dir) if profile_output_dir else None
         self.reporter = Reporter(strict)
         self.rank = current_rank()
-        self.last_profile: CycleProfile | None = None
+        self.process = process
         self.cycles_read = 0
         run = current_run_ref(
             run_id, tracking_uri, experiment_id=experiment_id, run_name=run_name, run_key=uuid.uuid4().hex
@@ -117,19 +125,27 @@ class MLflowProfilerCallback:
         self._owns_run = run.run_id is None
         if self._owns_run and self.rank.world_size > 1:
             logger.run = self._join_primary_run(logger)
+        self._completer = Completer(
+            self.reporter, top_k=top_k, rank=self.rank.rank, primary=self.rank.is_primary, all_ranks=all_ranks
+        )
         self._sender = Sender(
             logger, self.reporter, background=background, max_pending=max_pending,
             retries=retries, retry_wait_s=retry_wait_s, outbox=outbox,
         )  # fmt: skip
-        self._keys = OpKeys()
+        if process == "helper":
+            self._sender = Handoff(self._sender, self.reporter, self._completer, exit_budget_s=flush_timeout_s)
         self._created_ns = time.time_ns()
         self._watcher: _files.OutputFolderWatcher | None = None
         self._params_read = False
         self._device_time_seen = False
         self._events_seen = 0  # for acc_events profiles, whose event list keeps earlier cycles
         self._summary_tool = _devices.neuron_summary_tool()
-        self._completing = threading.Lock()  # the sender, or close() storing a record, complete records
         atexit.register(_close_at_exit, weakref.ref(self))
+
+    @property
+    def last_profile(self) -> CycleProfile | None:
+        """The latest cycle aggregated in this process (cycles the helper process reads stay there)."""
+        return self._completer.last_profile
 
     @property
     def run_id(self) -> str | None:
@@ -153,8 +169,7 @@ class MLflowProfilerCallback:
             stopping = _called_from_stop(prof)
             self._hook_profiler_stop(prof)
             exported = self._run_handlers(prof)
-            record = self._read_cycle(prof, exported)
-            self._sender.submit(record)
+            self._sender.submit(self._read_cycle(prof, exported))
         except Exception as error:  # noqa: BLE001 - nothing may escape into prof.step()
             self.reporter.problem("cycle", f"could not log profiler step {getattr(prof, 'step_num', '?')}", error)
             return
@@ -239,8 +254,10 @@ class MLflowProfilerCallback:
             del prof.export_chrome_trace
         return exported
 
-    def _read_cycle(self, prof: Any, exported: list[str]) -> _record.CycleRecord:
+    def _read_cycle(self, prof: Any, exported: list[str]) -> _record.CycleRecord | dict:
+        """The cycle as a record for the in-process sender, or as a job for the helper process."""
         self.cycles_read += 1
+        hand_off = isinstance(self._sender, Handoff) and self._sender.uses_helper
         step = int(getattr(prof, "step_num", 0))
         device = _devices.profiled_device(prof)
         output_dir = self.profile_output_dir or _devices.neuron_settings(
@@ -262,13 +279,21 @@ class MLflowProfilerCallback:
             for f in found
             if f.decision == _files.UPLOAD
         )
-        trace_source = None
+        trace_source, numbers = None, None
         if logs_metrics:
-            # Only reading needs the profiler; numbers, tables and tags are made by the sender.
-            record.complete = functools.partial(self._complete, self._read_numbers(prof, device), device, primary)
-            trace_source, record.raw_trace, record.trace_export = self._stage_trace(
-                prof, found, exported, record.staged_dir, neuron_dir
-            )
+            if hand_off:
+                trace_source, record.raw_trace, record.trace_export = self._stage_trace(
+                    prof, found, exported, record.staged_dir, neuron_dir
+                )
+                numbers = self._trace_to_parse(prof, device, primary, found, record)
+            if numbers is None:
+                # Only reading needs the profiler; numbers, tables and tags are made by the sender.
+                summarize = self._read_numbers(prof, device)
+                record.complete = functools.partial(self._completer.complete, summarize, device, primary)
+            if not hand_off:
+                trace_source, record.raw_trace, record.trace_export = self._stage_trace(
+                    prof, found, exported, record.staged_dir, neuron_dir
+                )
             if self._summary_tool:
                 record.summary_tool, record.summary_sessions = self._summary_tool, _sessions(found)
                 if not primary:
@@ -280,27 +305,36 @@ class MLflowProfilerCallback:
             found, neuron_dir=neuron_dir, output_dir=output_dir, trace_source=trace_source,
             max_file_bytes=self.max_file_bytes, rank=self.rank.rank,
         )  # fmt: skip
+        if hand_off and (numbers is not None or not logs_metrics):
+            return _job(record, numbers)
         return record
 
-    def _metrics(self, profile: CycleProfile) -> dict[str, float]:
-        metrics = {}
-        if self.rank.is_primary:
-            metrics.update(_record.cycle_metrics(profile, self._keys, self.top_k))
-        if self.all_ranks:
-            metrics.update(_record.cycle_metrics(profile, self._keys, self.top_k, f"rank_{self.rank.rank}/"))
-        finite, dropped = _record.split_non_finite(metrics)
-        if dropped:
-            self.reporter.problem(
-                "non_finite", f"{len(dropped)} metric(s) were NaN or infinite and not logged (first: {dropped[0]}); "
-                "ops.json keeps the raw values",
-            )  # fmt: skip
-        return finite
-
-    def _series(self, profile: CycleProfile) -> tuple[tuple[str, float, int], ...]:
-        series = _record.step_series(profile) if self.rank.is_primary else ()
-        if self.all_ranks:
-            series += _record.step_series(profile, f"rank_{self.rank.rank}/")
-        return series
+    def _trace_to_parse(
+        self, prof: Any, device: str, primary: bool, found: list[_files.FoundFile], record: _record.CycleRecord
+    ) -> dict | None:
+        """What the helper process reads the cycle's numbers from: the trace a handler or Neuron
+        session wrote, else the trace saved now by Kineto's C++ writer. None: read in-process."""
+        if record.trace_export is not None:
+            try:
+                record.trace_export(record.raw_trace)  # Kineto's own JSON writer, as tensorboard's handler
+            except Exception as error:  # noqa: BLE001 - read in-process, upload without a trace
+                self.reporter.problem("trace_export", "could not export the framework trace", error)
+                record.raw_trace = None
+                return None
+            finally:
+                record.trace_export = None
+        if record.raw_trace is not None and record.raw_trace.exists():
+            trace = str(record.raw_trace)
+        else:
+            neuron_trace = next((f for f in found if f.is_framework_trace), None)
+            if neuron_trace is None:
+                return None
+            trace = str(neuron_trace.path)
+        last_step = max(int(getattr(prof, "step_num", 0)) - 1, 0)
+        return {
+            "trace": trace, "raw_trace": str(record.raw_trace) if record.raw_trace else None, "device": device,
+            "device_profiled": device != _devices.CPU, "default_step": last_step, "primary": primary,
+        }  # fmt: skip
 
     def _read_numbers(self, prof: Any, device: str) -> Callable[[], tuple[CycleProfile, str]]:
         """What turns the cycle into per-op numbers and a table, run later by the sender.
@@ -324,31 +358,6 @@ class MLflowProfilerCallback:
                      "profile (torch %s)", getattr(prof, "step_num", "?"), torch.__version__)  # fmt: skip
         profile, table = self._profile_from_events(prof, device, device_profiled, last_step)
         return lambda: (profile, table)
-
-    def _complete(self, summarize: Callable, device: str, primary: bool, record: _record.CycleRecord) -> None:
-        """Fills in a record's numbers, tables and tags; runs in the sender, one record at a time."""
-        with self._completing:
-            try:
-                profile, record.key_averages = summarize()
-            except Exception as error:  # noqa: BLE001 - the cycle's files and trace still go
-                self.reporter.problem("events", "the cycle's events could not be read (per-op metrics are empty)", error)
-                profile = extract_cycle(_event_list([], None), device=device, device_profiled=device != _devices.CPU)
-                record.key_averages = ""
-            self.last_profile = profile
-            if profile.device_time == MISSING:
-                self.reporter.problem(
-                    "device_time_missing", _devices.MISSING_DEVICE_TIME_HINT.format(device=device)
-                )
-            record.metrics = self._metrics(profile)
-            record.ops_table = _record.ops_table(profile, self._keys)
-            record.step_tables = _record.step_tables(profile)
-            record.series = self._series(profile)
-            if primary:
-                self._device_time_seen |= profile.device_time == PRESENT
-                record.tags = {
-                    _record.DEVICE_TAG: device,
-                    _record.DEVICE_TIME_TAG: PRESENT if self._device_time_seen else profile.device_time,
-                }
 
     def _profile_from_events(
         self, prof: Any, device: str, device_profiled: bool, last_step: int
@@ -452,6 +461,17 @@ def _deferred_export(prof: Any) -> Callable[[Path], None] | None:
             export_chrome_trace(results, str(path), None)
 
     return save
+
+
+def _job(record: _record.CycleRecord, numbers: dict | None) -> dict:
+    """A cycle for the helper process, as plain data (`_helper.record_of` reads it)."""
+    return {
+        "step": record.step, "timestamp_ms": record.timestamp_ms, "artifact_dir": record.artifact_dir,
+        "staged_dir": str(record.staged_dir), "params": record.params, "manifest": record.manifest,
+        "uploads": [list(u) for u in record.uploads], "register_table": record.register_table,
+        "summary_tool": record.summary_tool, "summary_sessions": list(record.summary_sessions),
+        "summary_prefix": record.summary_prefix, "numbers": numbers,
+    }  # fmt: skip
 
 
 def _sessions(found: list[_files.FoundFile]) -> tuple[str, ...]:
