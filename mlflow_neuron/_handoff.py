@@ -114,13 +114,17 @@ class Handoff:
         self.command = command
         self.hang_timeout_s = HANG_TIMEOUT_S if hang_timeout_s is None else hang_timeout_s
         self.parser: str | None = None  # what the helper parses traces with, once it is ready
+        self.helper_pid: int | None = None
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._proc: HelperProcess | None = None
+        self._started_at = 0.0
+        self._ready = False
         self._failures = 0
         self._fallen_back = False
         self._closing = False
-        self._jobs: list[dict] = []  # handed to a helper, maybe not settled yet
+        self._waiting: list[dict] = []  # jobs for a helper that is not ready yet
+        self._sent: list[dict] = []  # jobs the helper has, maybe not settled yet
         self._seq = itertools.count(1)
         self._unaccepted: dict[int, float] = {}  # cycle seq -> monotonic time sent
         self._replies: dict[int, dict] = {}
@@ -145,7 +149,8 @@ class Handoff:
 
     @property
     def pending(self) -> int:
-        """Cycles held in memory by the in-process sender and by the helper's sender."""
+        """Cycles held in memory by the in-process sender and by the helper's sender (jobs waiting
+        for the helper are a few hundred bytes each; their traces are on disk)."""
         return self.inner.pending + self._state.get("pending", 0)
 
     @property
@@ -162,16 +167,34 @@ class Handoff:
                 self._check_hang()
             if self._fallen_back:
                 self._submit_inline(item)
-                return
-            self._jobs = [j for j in self._jobs if Path(j["staged_dir"]).exists()]
-            self._jobs.append(item)
-            if self._proc is None:
-                self._start()  # lazily: the first job starts the helper, and sends it every job
+            elif self._proc is None:
+                self._waiting.append(item)
+                self._start()  # lazily: the first job starts the helper
+            elif not self._ready:
+                self._waiting.append(item)
             else:
                 self._send_job(item)
 
+    def start(self) -> None:
+        """Starts the helper now rather than on the first cycle (its imports take seconds)."""
+        with self._lock:
+            if self._proc is None and not self._fallen_back and not self._closing:
+                self._start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Waits until the helper took its settings (tests, benchmarks); False if it did not."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while not self._ready and self._proc is not None:
+                left = _left(deadline)
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(left)
+            return self._ready
+
     def flush(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._take_back_waiting()
         ok = self._request("flush", deadline)
         ok = self.inner.flush(_left(deadline)) and ok
         self.raise_worker_errors()
@@ -181,17 +204,18 @@ class Handoff:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._closing = True
+        self._take_back_waiting()
         answered = self._request("close", deadline)
         with self._lock:
             proc, self._proc = self._proc, None
-            if proc is not None and not answered:  # out of time: stop it; its jobs go to the outbox from here
-                proc.kill()
+            if proc is not None and not (answered and self._ready):
+                proc.kill()  # out of time, or never ready: what it holds goes to the outbox from here
                 self._settle_gone(proc)
             elif proc is not None:
                 proc.end_input()
-            for job in [] if self._fallen_back else self._unsettled():
+            for job in self._unsettled():
                 self.inner.submit(self._record(job))  # close() below stores them: the time is up
-            self._jobs = []
+            self._sent = []
         self.inner.close(_left(deadline))
         self.raise_worker_errors()
 
@@ -220,27 +244,43 @@ class Handoff:
         }  # fmt: skip
 
     def _start(self) -> None:
+        self._ready = False
+        self._started_at = time.monotonic()
         try:
             self._proc = HelperProcess(self._init_message(), self._on_message, self.command)
         except Exception as error:  # noqa: BLE001 - no helper: the in-process path takes over
             self._fail(f"could not start the helper process ({type(error).__name__}: {error})")
-            return
-        for job in self._unsettled():
-            self._send_job(job)
 
     def _send_job(self, job: dict) -> None:
         seq = next(self._seq)
+        self._sent = [j for j in self._sent if Path(j["staged_dir"]).exists()]
+        self._sent.append(job)
         self._unaccepted[seq] = time.monotonic()
         self._proc.send({"op": "cycle", "seq": seq, "job": job})
 
     def _unsettled(self) -> list[dict]:
-        return [j for j in self._jobs if Path(j["staged_dir"]).exists()]
+        """Jobs handed to the helper whose staged folder is still there: not delivered nor stored."""
+        return [j for j in self._sent if Path(j["staged_dir"]).exists()]
+
+    def _take_back_waiting(self) -> None:
+        """Jobs still waiting for a helper that is not up yet go the in-process way: a flush must
+        not wait for a helper's start-up (seconds of imports) on top of the cycles' own work."""
+        with self._lock:
+            if self._ready or not self._waiting:
+                return
+            waiting, self._waiting = self._waiting, []
+            for job in waiting:
+                self._submit_inline(job)
 
     def _check_hang(self) -> None:
-        if self._proc is not None and self._unaccepted:
-            waited = time.monotonic() - min(self._unaccepted.values())
-            if waited > self.hang_timeout_s:
-                self._fail(f"the helper process took no cycle for {waited:.0f} s")
+        if self._proc is None:
+            return
+        since = min(self._unaccepted.values()) if self._unaccepted else None
+        if since is None and not self._ready:
+            since = self._started_at
+        if since is not None and time.monotonic() - since > self.hang_timeout_s:
+            what = "took no cycle" if self._ready else "did not start"
+            self._fail(f"the helper process {what} in {time.monotonic() - since:.0f} s")
 
     def _fail(self, why: str) -> None:
         """One warning; then a restart, or from the second failure on, the in-process sender."""
@@ -248,8 +288,10 @@ class Handoff:
         if proc is not None:
             proc.kill()
             self._settle_gone(proc)
+        self._waiting = self._unsettled() + self._waiting
+        self._sent = []
         self._failures += 1
-        restart = self._failures <= RESTARTS
+        restart = self._failures <= RESTARTS and not self._closing
         self.reporter.problem(
             "helper", f"{why}; " + ("restarting it" if restart else "cycles are processed in the training "
                                     "process from now on (as with process='inline')"),
@@ -258,9 +300,9 @@ class Handoff:
             self._start()
             return
         self._fallen_back = True
-        for job in self._unsettled():
+        waiting, self._waiting = self._waiting, []
+        for job in waiting:
             self._submit_inline(job)
-        self._jobs = []
         self._cond.notify_all()
 
     def _settle_gone(self, proc: HelperProcess) -> None:
@@ -268,6 +310,7 @@ class Handoff:
         self._done_delivered += self._state.get("delivered", 0)
         self._done_stored += [Path(p) for p in self._state.get("stored", ()) if Path(p).exists()]
         self._state = {}
+        self._ready = False
         self._unaccepted.clear()
         self._cond.notify_all()
 
@@ -284,7 +327,7 @@ class Handoff:
         while True:
             with self._lock:
                 proc = self._proc
-                if proc is None or self._fallen_back:
+                if proc is None or self._fallen_back or not self._ready:
                     return True
                 seq = next(self._seq)
                 left = _left(deadline)
@@ -298,7 +341,7 @@ class Handoff:
                 reply = self._replies.pop(seq, None)
                 if reply is not None:
                     return bool(reply.get("ok"))
-            # the helper died meanwhile: ask the one that took its jobs over, if any
+            self._take_back_waiting()  # the helper died meanwhile: its jobs went to a new one, or here
 
     # -- messages from the helper (reader thread) ------------------------------------------------
 
@@ -311,7 +354,11 @@ class Handoff:
             if proc is not self._proc:
                 return  # a replaced helper's last words
             if kind == "ready":
-                self.parser = message.get("parser")
+                self.parser, self.helper_pid = message.get("parser"), message.get("pid")
+                self._ready = True
+                waiting, self._waiting = self._waiting, []
+                for job in waiting:
+                    self._send_job(job)
             elif kind == "accepted":
                 self._unaccepted.pop(message.get("seq"), None)
             elif kind in ("state", "reply"):
