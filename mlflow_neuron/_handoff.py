@@ -6,10 +6,12 @@ in-process sender as before; a job (plain data naming the cycle's saved trace, s
 `_helper.record_of`) goes to the helper process, started on the first job.
 
 Trouble with the helper never reaches training:
-- it cannot start, dies, or stops answering for `hang_timeout_s`: one warning, the helper is
-  restarted once and gets the jobs it had not settled (a job is settled when its staged folder is
-  gone: delivered, or stored in the outbox); a second failure sends every job, from then on, through
-  the in-process sender;
+- until the helper is up (it imports torch and MLflow: seconds), jobs go to the in-process sender,
+  so the first cycles of a short profile are not held up;
+- it cannot start, dies, or stops answering for `hang_timeout_s`: one warning; the jobs it had not
+  settled (a job is settled when its staged folder is gone: delivered, or stored in the outbox) go
+  to the in-process sender, and the helper is restarted once; after a second failure every job
+  goes the in-process way;
 - `flush(timeout)` and `close(timeout)` wait for it within their timeout. A helper still busy when
   `close`'s time is up is stopped, and its unsettled jobs are stored in the outbox here, so that
   after `close` every cycle is delivered or in the outbox, as with the in-process sender.
@@ -123,7 +125,6 @@ class Handoff:
         self._failures = 0
         self._fallen_back = False
         self._closing = False
-        self._waiting: list[dict] = []  # jobs for a helper that is not ready yet
         self._sent: list[dict] = []  # jobs the helper has, maybe not settled yet
         self._seq = itertools.count(1)
         self._unaccepted: dict[int, float] = {}  # cycle seq -> monotonic time sent
@@ -165,15 +166,12 @@ class Handoff:
         with self._lock:
             if not self._fallen_back:
                 self._check_hang()
-            if self._fallen_back:
-                self._submit_inline(item)
-            elif self._proc is None:
-                self._waiting.append(item)
+            if self._proc is None and not self._fallen_back:
                 self._start()  # lazily: the first job starts the helper
-            elif not self._ready:
-                self._waiting.append(item)
-            else:
+            if self._ready:
                 self._send_job(item)
+            else:  # until the helper is up (seconds of imports), or after it failed twice
+                self._submit_inline(item)
 
     def start(self) -> None:
         """Starts the helper now rather than on the first cycle (its imports take seconds)."""
@@ -194,7 +192,6 @@ class Handoff:
 
     def flush(self, timeout: float | None = None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._take_back_waiting()
         ok = self._request("flush", deadline)
         ok = self.inner.flush(_left(deadline)) and ok
         self.raise_worker_errors()
@@ -204,7 +201,6 @@ class Handoff:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._closing = True
-        self._take_back_waiting()
         answered = self._request("close", deadline)
         with self._lock:
             proc, self._proc = self._proc, None
@@ -262,16 +258,6 @@ class Handoff:
         """Jobs handed to the helper whose staged folder is still there: not delivered nor stored."""
         return [j for j in self._sent if Path(j["staged_dir"]).exists()]
 
-    def _take_back_waiting(self) -> None:
-        """Jobs still waiting for a helper that is not up yet go the in-process way: a flush must
-        not wait for a helper's start-up (seconds of imports) on top of the cycles' own work."""
-        with self._lock:
-            if self._ready or not self._waiting:
-                return
-            waiting, self._waiting = self._waiting, []
-            for job in waiting:
-                self._submit_inline(job)
-
     def _check_hang(self) -> None:
         if self._proc is None:
             return
@@ -288,8 +274,9 @@ class Handoff:
         if proc is not None:
             proc.kill()
             self._settle_gone(proc)
-        self._waiting = self._unsettled() + self._waiting
-        self._sent = []
+        unsettled, self._sent = self._unsettled(), []
+        for job in unsettled:  # processed here, while a new helper starts (or for good)
+            self._submit_inline(job)
         self._failures += 1
         restart = self._failures <= RESTARTS and not self._closing
         self.reporter.problem(
@@ -300,9 +287,6 @@ class Handoff:
             self._start()
             return
         self._fallen_back = True
-        waiting, self._waiting = self._waiting, []
-        for job in waiting:
-            self._submit_inline(job)
         self._cond.notify_all()
 
     def _settle_gone(self, proc: HelperProcess) -> None:
@@ -341,7 +325,7 @@ class Handoff:
                 reply = self._replies.pop(seq, None)
                 if reply is not None:
                     return bool(reply.get("ok"))
-            self._take_back_waiting()  # the helper died meanwhile: its jobs went to a new one, or here
+            # the helper died meanwhile: its jobs went in-process; ask the new one, if it is up
 
     # -- messages from the helper (reader thread) ------------------------------------------------
 
@@ -356,9 +340,6 @@ class Handoff:
             if kind == "ready":
                 self.parser, self.helper_pid = message.get("parser"), message.get("pid")
                 self._ready = True
-                waiting, self._waiting = self._waiting, []
-                for job in waiting:
-                    self._send_job(job)
             elif kind == "accepted":
                 self._unaccepted.pop(message.get("seq"), None)
             elif kind in ("state", "reply"):
