@@ -257,7 +257,7 @@ class MLflowProfilerCallback:
     def _read_cycle(self, prof: Any, exported: list[str]) -> _record.CycleRecord | dict:
         """The cycle as a record for the in-process sender, or as a job for the helper process."""
         self.cycles_read += 1
-        hand_off = isinstance(self._sender, Handoff) and self._sender.uses_helper
+        hand_off = isinstance(self._sender, Handoff) and self._sender.accepts_jobs()
         step = int(getattr(prof, "step_num", 0))
         device = _devices.profiled_device(prof)
         output_dir = self.profile_output_dir or _devices.neuron_settings(

@@ -6,8 +6,9 @@ in-process sender as before; a job (plain data naming the cycle's saved trace, s
 `_helper.record_of`) goes to the helper process, started on the first job.
 
 Trouble with the helper never reaches training:
-- until the helper is up (it imports torch and MLflow: seconds), jobs go to the in-process sender,
-  so the first cycles of a short profile are not held up;
+- until the helper is up (it imports torch and MLflow: seconds), `accepts_jobs()` is False and
+  the callback reads cycles the in-process way, so the first cycles of a short profile are not
+  held up;
 - it cannot start, dies, or stops answering for `hang_timeout_s`: one warning; the jobs it had not
   settled (a job is settled when its staged folder is gone: delivered, or stored in the outbox) go
   to the in-process sender, and the helper is restarted once; after a second failure every job
@@ -53,10 +54,11 @@ class HelperProcess:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         env.setdefault("OMP_NUM_THREADS", "1")
         # subprocess, never a bare fork: the Neuron and CUDA runtimes do not survive a fork.
-        # Its own session: a Ctrl-C in the terminal reaches training, the helper finishes its jobs.
+        # The same session on purpose: Linux's autogroup scheduling weighs sessions against each
+        # other, so only inside the training's own session does the helper's lower priority count.
+        # (It ignores SIGINT: a Ctrl-C reaches training; the helper finishes its jobs and exits.)
         self.proc = subprocess.Popen(
             list(command or HELPER_COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
-            start_new_session=True,
         )  # fmt: skip
         self._outgoing: queue.Queue[bytes | None] = queue.Queue()
         self._on_message = on_message
@@ -150,8 +152,8 @@ class Handoff:
 
     @property
     def pending(self) -> int:
-        """Cycles held in memory by the in-process sender and by the helper's sender (jobs waiting
-        for the helper are a few hundred bytes each; their traces are on disk)."""
+        """Cycles held in memory by the in-process sender and by the helper's sender (jobs on their
+        way through the pipe are a few hundred bytes each; their traces are on disk)."""
         return self.inner.pending + self._state.get("pending", 0)
 
     @property
@@ -164,14 +166,22 @@ class Handoff:
             self.inner.submit(item)
             return
         with self._lock:
-            if not self._fallen_back:
-                self._check_hang()
-            if self._proc is None and not self._fallen_back:
-                self._start()  # lazily: the first job starts the helper
-            if self._ready:
+            if self._ready and self._proc is not None and not self._fallen_back:
                 self._send_job(item)
-            else:  # until the helper is up (seconds of imports), or after it failed twice
+            else:  # it failed since accepts_jobs() said yes
                 self._submit_inline(item)
+
+    def accepts_jobs(self) -> bool:
+        """Whether the next cycle should be a job for the helper: it is up and well. The first call
+        starts it; until it is up, the callback reads cycles the in-process way."""
+        with self._lock:
+            if self._fallen_back or self._closing:
+                return False
+            if self._proc is None:
+                self._start()
+            else:
+                self._check_hang()
+            return self._ready and self._proc is not None
 
     def start(self) -> None:
         """Starts the helper now rather than on the first cycle (its imports take seconds)."""

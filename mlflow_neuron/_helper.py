@@ -24,6 +24,7 @@ import functools
 import gzip
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -48,6 +49,7 @@ except ImportError:  # pragma: no cover
 
 EXIT_GRACE_S = 30.0  # on top of the close budget: time to write what is left into the outbox
 STATE_POLL_S = 0.05
+NICE = 10  # scheduler weight 110 against training's 1024 (nice 0) when both want one core
 
 
 # -- turning a job into a record (also used in-process when the helper is gone) --------------------
@@ -226,11 +228,12 @@ def _watch_parent(parent: int, budget: float) -> None:
 
 
 def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for training; stdin EOF ends the helper
     protocol = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
     os.dup2(2, 1)  # stray prints (MLflow's, torch's) go to stderr, never into the protocol
     sys.stdout = sys.stderr
     try:
-        os.nice(10)  # training wins a shared core: the helper gets about a tenth of it
+        os.nice(NICE)  # training wins a shared core: the helper gets about a tenth of it
     except (AttributeError, OSError):
         pass
     channel = Channel(protocol)
