@@ -110,6 +110,7 @@ def callback_loop(ops, steps, uri, process, work) -> dict:
     if callback.cycles_logged != result["kinds"].count("cycle"):
         raise RuntimeError(f"{callback.cycles_logged} cycles logged, {result['kinds'].count('cycle')} profiled")
     result["startup"] = startup
+    result["spilled"] = callback.reporter.counts.get("stored_in_outbox", 0)
     result["parser"] = getattr(callback._sender, "parser", None)
     return result
 
@@ -164,7 +165,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     import warnings
 
+    from mlflow_neuron import MLflowNeuronWarning
+
     warnings.filterwarnings("ignore", message=".*Profiler clears events.*")
+    warnings.filterwarnings("ignore", category=MLflowNeuronWarning)  # counted in the notes instead
     from servers import MlflowServer
 
     work = Path(tempfile.mkdtemp(prefix="mlflow-neuron-loop-"))
@@ -223,6 +227,8 @@ def report(ops: int, steps: int, results: dict[str, list[dict]]) -> None:
         drain = statistics.median(r["drain"] for r in runs)
         ratio = in_flight_ratio(runs)
         notes = []
+        if sum(r.get("spilled", 0) for r in runs):
+            notes.append(f"{max(r['spilled'] for r in runs)} cycles spilled to the outbox (max_pending) and replayed")
         if runs[0].get("startup"):
             notes.append(f"helper start {statistics.median(r['startup'] for r in runs):.1f} s, parser {runs[0]['parser']}")
         flight = f"{ratio:.2f}x" if ratio is not None else "-"
