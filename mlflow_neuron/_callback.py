@@ -78,7 +78,8 @@ class MLflowProfilerCallback:
         strict: re-raise errors instead of warning (default: env ``MLFLOW_NEURON_STRICT``).
         process: ``"helper"``: parsing, aggregation and MLflow I/O run in a helper process, started
             on the first cycle (one per callback); if it fails twice, cycles go the inline way, with
-            one warning. ``"inline"``: a background thread of the training process does that work.
+            one warning. ``"inline"``: a background thread of the training process does that work
+            (or, with ``background=False``, the training thread itself).
     """
 
     def __init__(
@@ -132,7 +133,7 @@ class MLflowProfilerCallback:
             logger, self.reporter, background=background, max_pending=max_pending,
             retries=retries, retry_wait_s=retry_wait_s, outbox=outbox,
         )  # fmt: skip
-        if process == "helper":
+        if process == "helper" and background:  # background=False: everything on the training thread
             self._sender = Handoff(self._sender, self.reporter, self._completer, exit_budget_s=flush_timeout_s)
         self._created_ns = time.time_ns()
         self._watcher: _files.OutputFolderWatcher | None = None
