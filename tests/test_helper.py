@@ -195,3 +195,16 @@ def test_the_helper_exits_when_its_parent_closes_stdin(tmp_path):
     assert json.loads(proc.stdout.readline())["type"] == "ready"
     proc.stdin.close()
     assert proc.wait(60) == 0
+
+
+def test_a_rank_that_logs_no_metrics_hands_its_files_to_the_helper(tracking_uri, strict, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    run_id = MlflowClient().create_run("0").info.run_id
+    callback = started(MLflowProfilerCallback(run_id=run_id))
+    profile_rmsnorm(callback)
+    assert callback.cycles_logged == 1 and callback._sender._state["delivered"] == 1  # by the helper
+    callback.close()
+    files = {a.path for a in MlflowClient().list_artifacts(run_id, "profiler/step_4/rank_1")}
+    assert files == {"profiler/step_4/rank_1/manifest.json"}
+    assert MlflowClient().get_run(run_id).data.metrics == {}
