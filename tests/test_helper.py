@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 from conftest import ROOT, read_json_artifact, run_python
 from mlflow.tracking import MlflowClient
+from torch.profiler import tensorboard_trace_handler
 from test_fake_device import fake_profiler  # noqa: F401 - the session fixture that builds it
 from workloads import profile_rmsnorm
 
@@ -57,10 +58,15 @@ def started(callback) -> MLflowProfilerCallback:
     return callback
 
 
-def test_the_helper_logs_what_torchs_own_parse_gives_on_every_row(tracking_uri, strict, tmp_path):
+@pytest.mark.parametrize("exporter", ["callback", "tensorboard_gz"])
+def test_the_helper_logs_what_torchs_own_parse_gives_on_every_row(tracking_uri, strict, tmp_path, exporter):
+    """The trace the helper reads is the callback's own Kineto save, or a handler's (gzipped) export."""
     expected = {}
+    handlers = [lambda prof: expected.update({prof.step_num: reference_tables(prof)})]
+    if exporter == "tensorboard_gz":
+        handlers.append(tensorboard_trace_handler(str(tmp_path / "tb"), use_gzip=True))
     with mlflow.start_run() as run:
-        callback = started(MLflowProfilerCallback(lambda prof: expected.update({prof.step_num: reference_tables(prof)})))
+        callback = started(MLflowProfilerCallback(*handlers))
         profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
         assert callback._sender.parser == "orjson"
         assert callback.last_profile is None  # nothing was aggregated in this process
@@ -71,6 +77,8 @@ def test_the_helper_logs_what_torchs_own_parse_gives_on_every_row(tracking_uri, 
         assert_same_tables(client, run.info.run_id, step, expected[step], tmp_path)
     metrics = client.get_run(run.info.run_id).data.metrics
     assert metrics["profiler/total/aten_calls"] == 12 and metrics["profiler/total/active_steps"] == 2
+    manifest = read_json_artifact(client, run.info.run_id, "profiler/step_8/manifest.json", tmp_path / "dl-m")
+    assert manifest["framework_trace"].endswith(".pt.trace.json.gz" if exporter == "tensorboard_gz" else "export_chrome_trace")
 
 
 def test_fake_device_kernels_come_out_the_same_from_the_helper(fake_profiler, tmp_path):  # noqa: F811
