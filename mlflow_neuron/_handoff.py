@@ -6,9 +6,9 @@ in-process sender as before; a job (plain data naming the cycle's saved trace, s
 `_helper.record_of`) goes to the helper process, started on the first job.
 
 Trouble with the helper never reaches training:
-- until the helper is up (it imports torch and MLflow: seconds), `accepts_jobs()` is False and
-  the callback reads cycles the in-process way, so the first cycles of a short profile are not
-  held up;
+- the first cycle is read the in-process way and starts the helper once it is on its way; until
+  the helper is up (it imports torch and MLflow: seconds), `accepts_jobs()` is False and cycles
+  keep going the in-process way, so the first cycles of a short profile are not held up;
 - it cannot start, dies, or stops answering for `hang_timeout_s`: one warning; the jobs it had not
   settled (a job is settled when its staged folder is gone: delivered, or stored in the outbox) go
   to the in-process sender, and the helper is restarted once; after a second failure every job
@@ -164,6 +164,7 @@ class Handoff:
         self.raise_worker_errors()
         if isinstance(item, CycleRecord):
             self.inner.submit(item)
+            self.start()  # lazily, once the cycle is on its way: the first cycle starts the helper
             return
         with self._lock:
             if self._ready and self._proc is not None and not self._fallen_back:
@@ -172,15 +173,12 @@ class Handoff:
                 self._submit_inline(item)
 
     def accepts_jobs(self) -> bool:
-        """Whether the next cycle should be a job for the helper: it is up and well. The first call
-        starts it; until it is up, the callback reads cycles the in-process way."""
+        """Whether the next cycle should be a job for the helper: it is up and well. Until then (the
+        first cycle's record starts it), the callback reads cycles the in-process way."""
         with self._lock:
-            if self._fallen_back or self._closing:
+            if self._fallen_back or self._closing or self._proc is None:
                 return False
-            if self._proc is None:
-                self._start()
-            else:
-                self._check_hang()
+            self._check_hang()
             return self._ready and self._proc is not None
 
     def start(self) -> None:
