@@ -19,9 +19,10 @@ import torch
 
 from . import _devices, _files, _neuron_monitor, _outbox, _raw, _record, _settings
 from . import _render as render
+from ._complete import Completer, guarded_timeline
 from ._distributed import broadcast_from_primary, current_rank
-from ._extract import MISSING, PRESENT, CycleProfile, extract_cycle
-from ._keys import OpKeys
+from ._extract import PRESENT, CycleProfile, extract_cycle
+from ._handoff import Handoff
 from ._mlflow_io import RunLogger, check_reachable, current_run_ref
 from ._record import RunRef
 from ._report import Reporter, logger
@@ -29,6 +30,7 @@ from ._sender import Sender
 from ._timeline import DEFAULT_MAX_SPANS, build_timeline
 
 DEFAULT_MAX_FILE_BYTES = None  # no cap: NTFFs of gigabytes are streamed (see _uploads.py)
+PROCESSES = ("helper", "inline")
 _TABLE_NAME_WIDTH = 120
 
 
@@ -52,9 +54,10 @@ class MLflowProfilerCallback:
 
     On Trainium, pass the Neuron exporter first: ``MLflowProfilerCallback(exporter.export_trace)``.
 
-    The training thread only reads the cycle; writing files and talking to MLflow happen in a
-    background thread. Cycles the server does not take are kept in a local outbox for
-    ``mlflow-neuron sync``. Pending work is flushed when the profiler stops and at exit.
+    The training process only saves the cycle's trace (Kineto's C++ writer, as
+    ``tensorboard_trace_handler`` does); a helper process parses it, writes the files and talks to
+    MLflow. Cycles the server does not take are kept in a local outbox for ``mlflow-neuron sync``.
+    Pending work is flushed when the profiler stops and at exit.
 
     Args:
         *handlers: other ``on_trace_ready`` handlers (``NeuronProfiler.export_trace``,
@@ -85,6 +88,10 @@ class MLflowProfilerCallback:
             ``profiler/step_<N>/timeline.json``. Rank 0 only.
         timeline_max_spans: at most this many spans per trace (an int >= 1); the shortest ops are
             summarized as "… N more ops" spans. The cycle, its steps and its streams always stay.
+        process: ``"helper"``: parsing, aggregation and MLflow I/O run in a helper process, started
+            on the first cycle (one per callback); if it fails twice, cycles go the inline way, with
+            one warning. ``"inline"``: a background thread of the training process does that work
+            (or, with ``background=False``, the training thread itself).
     """
 
     def __init__(
@@ -109,8 +116,11 @@ class MLflowProfilerCallback:
         system_metrics: bool | None = None,
         log_timeline: bool = True,
         timeline_max_spans: int = DEFAULT_MAX_SPANS,
+        process: str = "helper",
     ) -> None:
         _validate(handlers, top_k=top_k, max_file_bytes=max_file_bytes, max_pending=max_pending, retries=retries)
+        if process not in PROCESSES:
+            raise ValueError(f"process must be one of {', '.join(map(repr, PROCESSES))}; got {process!r}")
         if isinstance(timeline_max_spans, bool) or not isinstance(timeline_max_spans, int) or timeline_max_spans < 1:
             raise ValueError(f"timeline_max_spans must be an int >= 1 (default {DEFAULT_MAX_SPANS}); "
                              f"got {timeline_max_spans!r}")  # fmt: skip
@@ -128,7 +138,7 @@ class MLflowProfilerCallback:
         self.profile_output_dir = os.fspath(profile_output_dir) if profile_output_dir else None
         self.reporter = Reporter(strict)
         self.rank = current_rank()
-        self.last_profile: CycleProfile | None = None
+        self.process = process
         self.cycles_read = 0
         run = current_run_ref(
             run_id, tracking_uri, experiment_id=experiment_id, run_name=run_name, run_key=uuid.uuid4().hex
@@ -137,22 +147,30 @@ class MLflowProfilerCallback:
         self._owns_run = run.run_id is None
         if self._owns_run and self.rank.world_size > 1:
             logger.run = self._join_primary_run(logger)
+        self._completer = Completer(
+            self.reporter, top_k=top_k, rank=self.rank.rank, primary=self.rank.is_primary, all_ranks=all_ranks
+        )
         self._sender = Sender(
             logger, self.reporter, background=background, max_pending=max_pending,
             retries=retries, retry_wait_s=retry_wait_s, outbox=outbox,
         )  # fmt: skip
-        self._keys = OpKeys()
+        if process == "helper" and background:  # background=False: everything on the training thread
+            self._sender = Handoff(self._sender, self.reporter, self._completer, exit_budget_s=flush_timeout_s)
         self._created_ns = time.time_ns()
         self._watcher: _files.OutputFolderWatcher | None = None
         self._params_read = False
         self._device_time_seen = False
         self._events_seen = 0  # for acc_events profiles, whose event list keeps earlier cycles
         self._summary_tool = _devices.neuron_summary_tool()
-        self._completing = threading.Lock()  # the sender, or close() storing a record, complete records
         self._neuron_monitor = _neuron_monitor.start_if_enabled(
             system_metrics, lambda: self.run_id, self.tracking_uri, self.reporter
         ) if self.rank.is_primary else None  # fmt: skip
         atexit.register(_close_at_exit, weakref.ref(self))
+
+    @property
+    def last_profile(self) -> CycleProfile | None:
+        """The latest cycle aggregated in this process (cycles the helper process reads stay there)."""
+        return self._completer.last_profile
 
     @property
     def run_id(self) -> str | None:
@@ -184,6 +202,17 @@ class MLflowProfilerCallback:
             return
         if stopping:
             self._flush_within_budget()  # the hook may have come too late for this stop()
+
+    def start_helper(self, timeout: float = 60.0) -> bool:
+        """Starts the helper process now and waits, at most `timeout` s, until it takes cycles.
+
+        Without this call it starts on the first cycle, and cycles are processed in this process
+        until it is up (it imports torch and MLflow: seconds). False: there is no helper
+        (``process="inline"``, ``background=False``) or it is not up yet."""
+        if not isinstance(self._sender, Handoff):
+            return False
+        self._sender.start()
+        return self._sender.wait_ready(timeout)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits for pending cycles; False if `timeout` ran out first (they keep going)."""
@@ -312,8 +341,10 @@ class MLflowProfilerCallback:
             del prof.export_chrome_trace
         return exported
 
-    def _read_cycle(self, prof: Any, exported: list[str]) -> _record.CycleRecord:
+    def _read_cycle(self, prof: Any, exported: list[str]) -> _record.CycleRecord | dict:
+        """The cycle as a record for the in-process sender, or as a job for the helper process."""
         self.cycles_read += 1
+        hand_off = isinstance(self._sender, Handoff) and self._sender.accepts_jobs()
         step = int(getattr(prof, "step_num", 0))
         device = _devices.profiled_device(prof)
         output_dir = self.profile_output_dir or _devices.neuron_settings(
@@ -335,13 +366,21 @@ class MLflowProfilerCallback:
             for f in found
             if f.decision == _files.UPLOAD
         )
-        trace_source = None
+        trace_source, numbers = None, None
         if logs_metrics:
-            # Only reading needs the profiler; numbers, tables and tags are made by the sender.
-            record.complete = functools.partial(self._complete, self._read_numbers(prof, device), device, primary)
-            trace_source, record.raw_trace, record.trace_export = self._stage_trace(
-                prof, found, exported, record.staged_dir, neuron_dir
-            )
+            if hand_off:
+                trace_source, record.raw_trace, record.trace_export = self._stage_trace(
+                    prof, found, exported, record.staged_dir, neuron_dir
+                )
+                numbers = self._trace_to_parse(prof, device, primary, found, record)
+            if numbers is None:
+                # Only reading needs the profiler; numbers, tables and tags are made by the sender.
+                summarize = self._read_numbers(prof, device)
+                record.complete = functools.partial(self._completer.complete, summarize, device, primary)
+            if not hand_off:
+                trace_source, record.raw_trace, record.trace_export = self._stage_trace(
+                    prof, found, exported, record.staged_dir, neuron_dir
+                )
             if found:  # summarized by neuron-explorer, or read from the sessions' Summary.parquet
                 record.summary_tool, record.summary_sessions = self._summary_tool, _sessions(found)
                 if not primary:
@@ -353,27 +392,38 @@ class MLflowProfilerCallback:
             found, neuron_dir=neuron_dir, output_dir=output_dir, trace_source=trace_source,
             max_file_bytes=self.max_file_bytes, rank=self.rank.rank,
         )  # fmt: skip
+        if hand_off and (numbers is not None or not logs_metrics):
+            return _job(record, numbers)
         return record
 
-    def _metrics(self, profile: CycleProfile) -> dict[str, float]:
-        metrics = {}
-        if self.rank.is_primary:
-            metrics.update(_record.cycle_metrics(profile, self._keys, self.top_k))
-        if self.all_ranks:
-            metrics.update(_record.cycle_metrics(profile, self._keys, self.top_k, f"rank_{self.rank.rank}/"))
-        finite, dropped = _record.split_non_finite(metrics)
-        if dropped:
-            self.reporter.problem(
-                "non_finite", f"{len(dropped)} metric(s) were NaN or infinite and not logged (first: {dropped[0]}); "
-                "ops.json keeps the raw values",
-            )  # fmt: skip
-        return finite
-
-    def _series(self, profile: CycleProfile) -> tuple[tuple[str, float, int], ...]:
-        series = _record.step_series(profile) if self.rank.is_primary else ()
-        if self.all_ranks:
-            series += _record.step_series(profile, f"rank_{self.rank.rank}/")
-        return series
+    def _trace_to_parse(
+        self, prof: Any, device: str, primary: bool, found: list[_files.FoundFile], record: _record.CycleRecord
+    ) -> dict | None:
+        """What the helper process reads the cycle's numbers from: the trace a handler or Neuron
+        session wrote, else the trace saved now by Kineto's C++ writer. None: read in-process."""
+        if record.trace_export is not None:
+            try:
+                record.trace_export(record.raw_trace)  # Kineto's own JSON writer, as tensorboard's handler
+            except Exception as error:  # noqa: BLE001 - read in-process, upload without a trace
+                self.reporter.problem("trace_export", "could not export the framework trace", error)
+                record.raw_trace = None
+                return None
+            finally:
+                record.trace_export = None
+        if record.raw_trace is not None and record.raw_trace.exists():
+            trace = str(record.raw_trace)
+        else:
+            neuron_trace = next((f for f in found if f.is_framework_trace), None)
+            if neuron_trace is None:
+                return None
+            trace = str(neuron_trace.path)
+        step = int(getattr(prof, "step_num", 0))
+        timeline = {"step": step, "max_spans": self.timeline_max_spans} if self.log_timeline and primary else None
+        return {
+            "trace": trace, "raw_trace": str(record.raw_trace) if record.raw_trace else None, "device": device,
+            "device_profiled": device != _devices.CPU, "default_step": max(step - 1, 0), "primary": primary,
+            "timeline": timeline,
+        }  # fmt: skip
 
     def _read_numbers(self, prof: Any, device: str) -> Callable[[], tuple[CycleProfile, str, Any]]:
         """What turns the cycle into per-op numbers, a table and (rank 0) its timeline, run later
@@ -394,7 +444,11 @@ class MLflowProfilerCallback:
                     raise RuntimeError(f"this torch's Kineto results could not be read ({torch.__version__})")
                 raw, inputs = read if with_timeline else (read, None)
                 profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step)
-                timeline = self._timeline(raw, step, inputs) if with_timeline else None
+                timeline = None
+                if with_timeline:
+                    timeline = guarded_timeline(
+                        self.reporter, step, lambda: build_timeline(raw, cycle_step=step, max_spans=self.timeline_max_spans, inputs=inputs)
+                    )
                 return profile, render.cycle_table(profile), timeline
 
             return summarize
@@ -403,39 +457,6 @@ class MLflowProfilerCallback:
                      "; it gets no timeline" if with_timeline else "")  # fmt: skip
         profile, table = self._profile_from_events(prof, device, device_profiled, last_step)
         return lambda: (profile, table, None)
-
-    def _timeline(self, raw: _raw.RawEvents, step: int, inputs: Any) -> Any:
-        """The cycle's span tree; None (one warning) when it cannot be built: the rest still goes."""
-        try:
-            return build_timeline(raw, cycle_step=step, max_spans=self.timeline_max_spans, inputs=inputs)
-        except Exception as error:  # noqa: BLE001
-            self.reporter.problem("timeline", f"profiler step {step} has no timeline (its trace is not logged)", error)
-            return None
-
-    def _complete(self, summarize: Callable, device: str, primary: bool, record: _record.CycleRecord) -> None:
-        """Fills in a record's numbers, tables and tags; runs in the sender, one record at a time."""
-        with self._completing:
-            try:
-                profile, record.key_averages, record.timeline = summarize()
-            except Exception as error:  # noqa: BLE001 - the cycle's files and trace still go
-                self.reporter.problem("events", "the cycle's events could not be read (per-op metrics are empty)", error)
-                profile = extract_cycle(_event_list([], None), device=device, device_profiled=device != _devices.CPU)
-                record.key_averages = ""
-            self.last_profile = profile
-            if profile.device_time == MISSING:
-                self.reporter.problem(
-                    "device_time_missing", _devices.MISSING_DEVICE_TIME_HINT.format(device=device)
-                )
-            record.metrics = self._metrics(profile)
-            record.ops_table = _record.ops_table(profile, self._keys)
-            record.step_tables = _record.step_tables(profile)
-            record.series = self._series(profile)
-            if primary:
-                self._device_time_seen |= profile.device_time == PRESENT
-                record.tags = {
-                    _record.DEVICE_TAG: device,
-                    _record.DEVICE_TIME_TAG: PRESENT if self._device_time_seen else profile.device_time,
-                }
 
     def _profile_from_events(
         self, prof: Any, device: str, device_profiled: bool, last_step: int
@@ -539,6 +560,17 @@ def _deferred_export(prof: Any) -> Callable[[Path], None] | None:
             export_chrome_trace(results, str(path), None)
 
     return save
+
+
+def _job(record: _record.CycleRecord, numbers: dict | None) -> dict:
+    """A cycle for the helper process, as plain data (`_helper.record_of` reads it)."""
+    return {
+        "step": record.step, "timestamp_ms": record.timestamp_ms, "artifact_dir": record.artifact_dir,
+        "staged_dir": str(record.staged_dir), "params": record.params, "manifest": record.manifest,
+        "uploads": [list(u) for u in record.uploads], "register_table": record.register_table,
+        "summary_tool": record.summary_tool, "summary_sessions": list(record.summary_sessions),
+        "summary_prefix": record.summary_prefix, "numbers": numbers,
+    }  # fmt: skip
 
 
 def _sessions(found: list[_files.FoundFile]) -> tuple[str, ...]:

@@ -36,6 +36,7 @@ class Outcome:
     kept_in_outbox: int
     present_after_sync: int
     duplicated: int
+    helper_jobs: int  # cycles handed to the helper process
 
 
 @contextmanager
@@ -71,16 +72,29 @@ def _finish(name, server, run_id, callback, steps, expected_steps, outboxes) -> 
         for outbox in outboxes:
             sync(str(outbox), server.uri, out=io.StringIO())
     present, duplicated = count_cycles(MlflowClient(server.uri), run_id, expected_steps)
-    return Outcome(name, steps, callback.cycles_read, callback.cycles_logged, kept, present, duplicated)
+    helper_jobs = getattr(callback._sender, "jobs_sent", 0)
+    return Outcome(name, steps, callback.cycles_read, callback.cycles_logged, kept, present, duplicated, helper_jobs)
 
 
-def dead_before_the_run(workdir: Path, cycles: int = 3) -> Outcome:
+def new_callback(helper: bool, **options) -> MLflowProfilerCallback:
+    """The callback processing every cycle in its helper process (up before the first cycle), or,
+    without `helper`, in the training process (process="inline"). By default the first cycles
+    go in-process until the helper is up: a mix of the two."""
+    if not helper:
+        return MLflowProfilerCallback(process="inline", **options)
+    callback = MLflowProfilerCallback(**options)
+    if not callback.start_helper(120):
+        raise RuntimeError("the helper process did not start")
+    return callback
+
+
+def dead_before_the_run(workdir: Path, cycles: int = 3, helper: bool = False) -> Outcome:
     """The server dies after the run was created and before training starts; it comes back later."""
     with client_env(), MlflowServer(workdir / "server") as server:
         server.start()
         run_id = MlflowClient(server.uri).create_run("0").info.run_id
         server.kill()
-        callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=server.uri, outbox=workdir / "outbox",
+        callback = new_callback(helper, run_id=run_id, tracking_uri=server.uri, outbox=workdir / "outbox",
                                           retry_wait_s=0.05, flush_timeout_s=2)
         steps = profile_rmsnorm(callback, steps=4 * cycles, wait=1, warmup=1, active=2)
         callback.close()
@@ -89,7 +103,7 @@ def dead_before_the_run(workdir: Path, cycles: int = 3) -> Outcome:
                        [4 * (i + 1) for i in range(cycles)], [workdir / "outbox"])
 
 
-def killed_mid_upload_and_restarted(workdir: Path, cycles: int = 6) -> Outcome:
+def killed_mid_upload_and_restarted(workdir: Path, cycles: int = 6, helper: bool = False) -> Outcome:
     """The server is killed while cycle 2 is being sent, and restarted while training goes on."""
     with client_env(), MlflowServer(workdir / "server") as server:
         server.start()
@@ -111,7 +125,7 @@ def killed_mid_upload_and_restarted(workdir: Path, cycles: int = 6) -> Outcome:
             if prof.step_num == 12:  # cycle 3 was read while the server was down: bring it back
                 may_restart.set()
 
-        callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=server.uri, outbox=workdir / "outbox",
+        callback = new_callback(helper, run_id=run_id, tracking_uri=server.uri, outbox=workdir / "outbox",
                                           retry_wait_s=0.2, flush_timeout_s=30)
         steps = profile_rmsnorm(lambda prof: (callback(prof), trigger(prof)), steps=4 * cycles,
                                 wait=1, warmup=1, active=2)
@@ -121,14 +135,14 @@ def killed_mid_upload_and_restarted(workdir: Path, cycles: int = 6) -> Outcome:
                        [4 * (i + 1) for i in range(cycles)], [workdir / "outbox"])
 
 
-def slow_server(workdir: Path, cycles: int = 3, delay_s: float = 0.3) -> Outcome:
+def slow_server(workdir: Path, cycles: int = 3, delay_s: float = 0.3, helper: bool = False) -> Outcome:
     """Every request to the server takes `delay_s` longer (a delaying proxy on loopback)."""
     with client_env(), MlflowServer(workdir / "server") as server:
         server.start()
         with DelayProxy(server.port, delay_s=delay_s) as proxy:
             proxy.start()
             run_id = MlflowClient(server.uri).create_run("0").info.run_id
-            callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=proxy.uri, outbox=workdir / "outbox",
+            callback = new_callback(helper, run_id=run_id, tracking_uri=proxy.uri, outbox=workdir / "outbox",
                                               flush_timeout_s=120)
             steps = profile_rmsnorm(callback, steps=4 * cycles, wait=1, warmup=1, active=2)
             callback.close()
@@ -136,7 +150,7 @@ def slow_server(workdir: Path, cycles: int = 3, delay_s: float = 0.3) -> Outcome
                        [4 * (i + 1) for i in range(cycles)], [workdir / "outbox"])
 
 
-def outbox_on_a_read_only_path(workdir: Path, cycles: int = 2) -> Outcome:
+def outbox_on_a_read_only_path(workdir: Path, cycles: int = 2, helper: bool = False) -> Outcome:
     """The server is down and the configured outbox cannot be written: the fallback folder is used."""
     blocker = workdir / "not_a_folder"
     blocker.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +159,7 @@ def outbox_on_a_read_only_path(workdir: Path, cycles: int = 2) -> Outcome:
         server.start()
         run_id = MlflowClient(server.uri).create_run("0").info.run_id
         server.kill()
-        callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=server.uri, outbox=blocker / "outbox",
+        callback = new_callback(helper, run_id=run_id, tracking_uri=server.uri, outbox=blocker / "outbox",
                                           retry_wait_s=0.05, flush_timeout_s=2)
         steps = profile_rmsnorm(callback, steps=4 * cycles, wait=1, warmup=1, active=2)
         callback.close()

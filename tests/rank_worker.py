@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--all-ranks", action="store_true")
     parser.add_argument("--dist-port", type=int)
+    parser.add_argument("--helper", action="store_true", help="start the helper process before the first cycle")
     args = parser.parse_args()
     if args.dist_port:
         import torch.distributed as dist
@@ -42,11 +43,14 @@ def main() -> None:
         experiment_id="0", all_ranks=args.all_ranks, outbox=Path(args.out).parent / f"outbox_{os.getpid()}",
         retry_wait_s=0.2,
     )  # fmt: skip
+    if args.helper and not callback.start_helper(300):
+        raise SystemExit("the helper process did not start")
     steps = profile_rmsnorm(callback, steps=4 * args.cycles, wait=1, warmup=1, active=2, experimental_config=config)
     callback.close(timeout=120)
     print(json.dumps({
         "rank": callback.rank.rank, "steps": steps, "run_id": callback.run_id, "cycles_read": callback.cycles_read,
         "delivered": callback.cycles_logged, "kept": [str(p) for p in callback.outbox_records],
+        "helper_jobs": getattr(callback._sender, "jobs_sent", 0),
     }))  # fmt: skip
     if args.dist_port:
         dist.destroy_process_group()

@@ -21,34 +21,42 @@ def quiet_outbox_warnings():
         yield
 
 
-def assert_nothing_lost(outcome, cycles):
+@pytest.fixture(params=[False, True], ids=["inline", "helper"])
+def helper(request):
+    """Every scenario twice: cycles processed in the training process, and in the helper process."""
+    return request.param
+
+
+def assert_nothing_lost(outcome, cycles, helper):
+    assert outcome.helper_jobs == (cycles if helper else 0)  # each cycle went the path under test
     assert outcome.steps_completed == 4 * cycles  # the training loop ran to the end
     assert outcome.cycles_sent == cycles
     assert outcome.present_after_sync == cycles
     assert outcome.duplicated == 0
 
 
-def test_server_dead_before_the_run(tmp_path):
-    outcome = dead_before_the_run(tmp_path, cycles=3)
-    assert_nothing_lost(outcome, 3)
+def test_server_dead_before_the_run(tmp_path, helper):
+    outcome = dead_before_the_run(tmp_path, cycles=3, helper=helper)
+    assert_nothing_lost(outcome, 3, helper)
     assert outcome.delivered_live == 0 and outcome.kept_in_outbox == 3
 
 
-def test_server_killed_mid_upload_and_restarted(tmp_path):
-    outcome = killed_mid_upload_and_restarted(tmp_path, cycles=6)
-    assert_nothing_lost(outcome, 6)
+def test_server_killed_mid_upload_and_restarted(tmp_path, helper):
+    outcome = killed_mid_upload_and_restarted(tmp_path, cycles=6, helper=helper)
+    assert_nothing_lost(outcome, 6, helper)
     assert outcome.delivered_live >= 1  # the first cycle went through before the kill
     assert outcome.delivered_live + outcome.kept_in_outbox >= 6
 
 
-def test_slow_server(tmp_path):
-    outcome = slow_server(tmp_path, cycles=3, delay_s=0.3)
-    assert_nothing_lost(outcome, 3)
+def test_slow_server(tmp_path, helper):
+    outcome = slow_server(tmp_path, cycles=3, delay_s=0.3, helper=helper)
+    assert_nothing_lost(outcome, 3, helper)
 
 
-def test_outbox_on_a_read_only_path(tmp_path, monkeypatch):
+def test_outbox_on_a_read_only_path(tmp_path, helper, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # the helper process's temp folder too
     (tmp_path / "tmp").mkdir()
-    outcome = outbox_on_a_read_only_path(tmp_path, cycles=2)
-    assert_nothing_lost(outcome, 2)
+    outcome = outbox_on_a_read_only_path(tmp_path, cycles=2, helper=helper)
+    assert_nothing_lost(outcome, 2, helper)
     assert outcome.kept_in_outbox == 2

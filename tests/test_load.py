@@ -53,17 +53,20 @@ def assert_every_rank_and_cycle_once(client, run_id, results, ranks, cycles):
         assert {f"profiler/step_{step}/rank_{r}" for r in range(1, ranks)} | {f"profiler/step_{step}/ops.json"} <= own
 
 
-def load_test(workdir: Path, backend_store_uri=None):
+def load_test(workdir: Path, backend_store_uri=None, *worker_args):
     with MlflowServer(workdir / "server", backend_store_uri) as server:
         server.start(timeout=120)
         client = MlflowClient(server.uri)
         run_id = client.create_run("0").info.run_id
-        results = launch_ranks(server.uri, workdir / "np", RANKS, CYCLES, "--run-id", run_id, "--all-ranks")
+        results = launch_ranks(server.uri, workdir / "np", RANKS, CYCLES, "--run-id", run_id, "--all-ranks",
+                               *worker_args)  # fmt: skip
         assert_every_rank_and_cycle_once(client, run_id, results, RANKS, CYCLES)
+        return results
 
 
 def test_four_ranks_twenty_cycles_into_one_run(tmp_path):
-    load_test(tmp_path)
+    results = load_test(tmp_path, None, "--helper")
+    assert [r["helper_jobs"] for r in results] == [CYCLES] * RANKS  # every cycle through a helper process
 
 
 def test_four_ranks_twenty_cycles_with_a_postgresql_backend(tmp_path):

@@ -1,0 +1,216 @@
+"""The helper process: same numbers as `extract_cycle(prof.events())`, and no trouble reaches training.
+
+The helper parses the cycle's chrome trace in its own process; its per-op rows, per-step samples
+and totals must equal torch's own parse of the same cycle, fake device kernels included. A helper
+that dies, never starts or hangs is restarted once, then replaced by the in-process path, with one
+warning; flush and close return within their timeouts and lose no cycle.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import mlflow
+import pandas as pd
+import pytest
+from conftest import ROOT, read_json_artifact, run_python
+from mlflow.tracking import MlflowClient
+from torch.profiler import tensorboard_trace_handler
+from test_fake_device import fake_profiler  # noqa: F401 - the session fixture that builds it
+from workloads import profile_rmsnorm
+
+from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback, _devices, _handoff, _record
+from mlflow_neuron._extract import extract_cycle
+from mlflow_neuron._keys import OpKeys
+
+pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
+NUMBERS = ["calls", "self_device_time_us", "device_time_us", "self_cpu_time_us", "cpu_time_us"]
+READY_S = 180  # the helper imports torch and mlflow: seconds on a busy machine
+
+
+def reference_tables(prof) -> dict:
+    """What the in-process reader computes from torch's own parse of this cycle."""
+    device = _devices.profiled_device(prof)
+    profile = extract_cycle(prof.events(), device=device, device_profiled=device != _devices.CPU,
+                            default_step=prof.step_num - 1)  # fmt: skip
+    tables = {"ops.json": _record.ops_table(profile, OpKeys()), **_record.step_tables(profile)}
+    return {name: json.loads(frame.to_json(orient="split", index=False)) for name, frame in tables.items()}
+
+
+def assert_same_tables(client, run_id, step, expected: dict, tmp_path):
+    for name, want in expected.items():
+        got = read_json_artifact(client, run_id, f"profiler/step_{step}/{name}", tmp_path / f"dl-{step}-{name}")
+        got, want = (pd.DataFrame(t["data"], columns=t["columns"]) for t in (got, want))
+        keys = [c for c in ("step", "name", "kind") if c in want.columns]
+        got, want = (f.sort_values(keys).reset_index(drop=True) for f in (got, want))
+        assert list(got.columns) == list(want.columns), name
+        assert got[keys].equals(want[keys]), name
+        numeric = [c for c in want.columns if c not in keys and pd.api.types.is_numeric_dtype(want[c])]
+        pd.testing.assert_frame_equal(got[numeric], want[numeric], check_exact=False, rtol=1e-6, atol=2e-3,
+                                      check_dtype=False)  # fmt: skip
+
+
+def started(callback) -> MLflowProfilerCallback:
+    assert callback.start_helper(READY_S), "the helper did not start"
+    return callback
+
+
+@pytest.mark.parametrize("exporter", ["callback", "tensorboard_gz"])
+def test_the_helper_logs_what_torchs_own_parse_gives_on_every_row(tracking_uri, strict, tmp_path, exporter):
+    """The trace the helper reads is the callback's own Kineto save, or a handler's (gzipped) export."""
+    expected = {}
+    handlers = [lambda prof: expected.update({prof.step_num: reference_tables(prof)})]
+    if exporter == "tensorboard_gz":
+        handlers.append(tensorboard_trace_handler(str(tmp_path / "tb"), use_gzip=True))
+    with mlflow.start_run() as run:
+        callback = started(MLflowProfilerCallback(*handlers))
+        profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
+        assert callback._sender.parser == "orjson"
+        assert callback.last_profile is None  # nothing was aggregated in this process
+        assert callback.cycles_logged == 2
+        callback.close()
+    client = MlflowClient()
+    for step in (4, 8):
+        assert_same_tables(client, run.info.run_id, step, expected[step], tmp_path)
+    metrics = client.get_run(run.info.run_id).data.metrics
+    assert metrics["profiler/total/aten_calls"] == 12 and metrics["profiler/total/active_steps"] == 2
+    manifest = read_json_artifact(client, run.info.run_id, "profiler/step_8/manifest.json", tmp_path / "dl-m")
+    assert manifest["framework_trace"].endswith(".pt.trace.json.gz" if exporter == "tensorboard_gz" else "export_chrome_trace")
+
+
+def test_fake_device_kernels_come_out_the_same_from_the_helper(fake_profiler, tmp_path):  # noqa: F811
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = f"""
+import json, pathlib, fake_device, mlflow
+fake_device.activate(pathlib.Path({str(fake_profiler)!r}))
+from torch.profiler import ProfilerActivity
+from torch_neuronx.profiling import NeuronConfig, NeuronProfiler
+from workloads import profile_rmsnorm
+from test_helper import reference_tables
+from mlflow_neuron import MLflowProfilerCallback
+mlflow.set_tracking_uri({uri!r})
+config = NeuronConfig(profile_output_dir={str(tmp_path / 'np')!r})
+expected = {{}}
+with mlflow.start_run() as run:
+    callback = MLflowProfilerCallback(NeuronProfiler(config).export_trace,
+                                      lambda prof: expected.update({{prof.step_num: reference_tables(prof)}}))
+    assert callback.start_helper({READY_S})
+    profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2,
+                    activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], experimental_config=config)
+    assert callback.last_profile is None and callback.cycles_logged == 2, callback.cycles_logged
+    callback.close()
+print(json.dumps({{"run_id": run.info.run_id, "expected": expected}}))
+"""
+    env = {"FAKE_NEURON_KERNELS": "aten::mul=785,aten::rsqrt=40,aten::add=20", "MLFLOW_NEURON_STRICT": "1"}
+    result = run_python(code, tmp_path, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    client = MlflowClient(uri)
+    for step, expected in outcome["expected"].items():
+        assert_same_tables(client, outcome["run_id"], int(step), expected, tmp_path)
+    metrics = client.get_run(outcome["run_id"]).data.metrics
+    assert metrics["profiler/total/self_device_time_us"] == pytest.approx(2 * (3 * 785 + 40 + 20))
+    assert client.get_run(outcome["run_id"]).data.tags["mlflow_neuron.device_time"] == "present"
+
+
+def test_a_helper_that_dies_on_its_first_cycle_is_restarted_and_loses_nothing(tracking_uri, tmp_path, monkeypatch):
+    marker = tmp_path / "died-once"
+    dies_once = f"""
+import os, pathlib, sys
+from mlflow_neuron import _helper
+handle = _helper.Helper.handle
+def dying(self, request):
+    if request.get("op") == "cycle" and not pathlib.Path({str(marker)!r}).exists():
+        pathlib.Path({str(marker)!r}).write_text("")
+        os._exit(9)
+    return handle(self, request)
+_helper.Helper.handle = dying
+sys.exit(_helper.main())
+"""
+    monkeypatch.setattr(_handoff, "HELPER_COMMAND", (sys.executable, "-c", dies_once))
+    with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="helper process ended") as caught:
+        callback = started(MLflowProfilerCallback())
+        profile_rmsnorm(callback, steps=12, wait=1, warmup=1, active=2)
+        assert callback._sender.wait_ready(READY_S)  # the second helper
+        callback.close(timeout=60)
+    assert marker.exists()
+    assert sum(issubclass(w.category, MLflowNeuronWarning) for w in caught) == 1
+    assert callback.reporter.counts == {"helper": 1}
+    assert callback.cycles_logged == 3 and callback.outbox_records == []
+    history = MlflowClient().get_metric_history(run.info.run_id, "profiler/total/active_steps")
+    assert sorted(m.step for m in history) == [4, 8, 12]
+
+
+def test_a_helper_that_cannot_run_falls_back_to_the_training_process_with_one_warning(tracking_uri, monkeypatch):
+    monkeypatch.setattr(_handoff, "HELPER_COMMAND", (sys.executable, "-c", "import sys; sys.exit(3)"))
+    with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="exit code 3") as caught:
+        callback = MLflowProfilerCallback()
+        callback._sender.start()
+        deadline = time.monotonic() + 60
+        while callback._sender.uses_helper and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not callback._sender.uses_helper
+        profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
+    assert sum(issubclass(w.category, MLflowNeuronWarning) for w in caught) == 1
+    assert callback.reporter.counts == {"helper": 2} and callback.cycles_logged == 2
+    assert callback.last_profile is not None  # read in-process
+    history = MlflowClient().get_metric_history(run.info.run_id, "profiler/total/active_steps")
+    assert [m.step for m in history] == [4, 8]
+
+
+HANGS = """
+import sys, time
+sys.stdin.readline()
+sys.stdout.write('{"type": "ready", "parser": "none", "pid": 0}\\n')
+sys.stdout.flush()
+time.sleep(600)
+"""
+
+
+def test_flush_and_close_return_in_time_when_the_helper_hangs_and_keep_every_cycle(tracking_uri, monkeypatch):
+    monkeypatch.setattr(_handoff, "HELPER_COMMAND", (sys.executable, "-c", HANGS))
+    callback = started(MLflowProfilerCallback(experiment_id="0", flush_timeout_s=1.0))
+    proc = callback._sender._proc.proc
+    start = time.monotonic()
+    profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)  # flushes at stop: 1 s at most
+    assert time.monotonic() - start < 1.0 + 5.0  # the loop's own time plus the flush limit
+    start = time.monotonic()
+    assert callback.flush(0.5) is False
+    assert time.monotonic() - start < 1.5
+    with pytest.warns(MLflowNeuronWarning):  # cycles stored in the outbox (closing leaves no time)
+        callback.close(timeout=1.0)
+    assert proc.wait(10) is not None  # the hung helper was stopped
+    assert callback.cycles_logged + len(callback.outbox_records) == 2
+
+
+def test_the_helper_exits_when_its_parent_closes_stdin(tmp_path):
+    from dataclasses import asdict
+
+    from mlflow_neuron._record import RunRef
+
+    init = {"op": "init", "run": asdict(RunRef(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_id="0", run_key="k")),
+            "sender": {"outbox": str(tmp_path / "outbox")},
+            "completer": {"top_k": 5, "rank": 0, "primary": True, "all_ranks": False}, "exit_budget_s": 2}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow_neuron._helper"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env, cwd=tmp_path)  # fmt: skip
+    proc.stdin.write((json.dumps(init) + "\n").encode())
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["type"] == "ready"
+    proc.stdin.close()
+    assert proc.wait(60) == 0
+
+
+def test_a_rank_that_logs_no_metrics_hands_its_files_to_the_helper(tracking_uri, strict, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    run_id = MlflowClient().create_run("0").info.run_id
+    callback = started(MLflowProfilerCallback(run_id=run_id))
+    profile_rmsnorm(callback)
+    assert callback.cycles_logged == 1 and callback._sender._state["delivered"] == 1  # by the helper
+    callback.close()
+    files = {a.path for a in MlflowClient().list_artifacts(run_id, "profiler/step_4/rank_1")}
+    assert files == {"profiler/step_4/rank_1/manifest.json"}
+    assert MlflowClient().get_run(run_id).data.metrics == {}
