@@ -11,7 +11,7 @@ repeat=0): one cycle every 7 steps. In one run it times, median of `--repeats`:
   (`process="helper"`), each against a local sqlite store and a real `mlflow server` (127.0.0.1).
 
 "loop" is the wall time of the steps, "drain" the profiler's exit (the callback waits there for the
-cycles still pending). The callback's helper is started and warmed before the loop (its one-time
+cycles still pending); "vs tensorboard" compares loops, "with drain" loop + drain. The callback's helper is started and warmed before the loop (its one-time
 start-up is printed apart): the loop then shows the steady state of a long training run.
 "in-flight" compares the median step while a cycle is being processed (handed off, not yet
 delivered) with the median step with none; the steps that end a cycle (the trace save) are
@@ -111,6 +111,7 @@ def callback_loop(ops, steps, uri, process, work) -> dict:
     result["startup"] = startup
     result["spilled"] = callback.reporter.counts.get("stored_in_outbox", 0)
     result["parser"] = getattr(callback._sender, "parser", None)
+    result["jobs"] = getattr(callback._sender, "jobs_sent", 0)
     return result
 
 
@@ -203,6 +204,10 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if server is not None:
             server.stop()
+    print("\nexporters and parsers: tensorboard_trace_handler and export_chrome_trace: Kineto's C++ JSON writer "
+          "on the training thread;\n  callback inline: Kineto's raw events read by a background thread of the "
+          "training process (numpy), the trace saved by that thread;\n  callback helper: Kineto's C++ JSON writer "
+          "on the training thread, the file parsed by the helper process (orjson), numpy aggregation there.")
     print(f"\npeak RSS, one {args.rss_ops:,}-op cycle, fresh process each (sqlite):")
     for path in ("tensorboard", "inline", "helper"):
         out = subprocess.run([sys.executable, __file__, "--rss-child", path, "--rss-ops", str(args.rss_ops),
@@ -218,19 +223,22 @@ def main(argv: list[str] | None = None) -> None:
 def report(ops: int, steps: int, results: dict[str, list[dict]]) -> None:
     cycles = results["no-op handler"][0]["kinds"].count("cycle")
     print(f"\n{ops:,} ops/step, {steps} steps ({cycles} cycles)")
-    print(f"  {'path':<32}{'loop s':>8}{'drain s':>9}{'vs tensorboard':>16}{'in-flight':>11}  notes")
+    print(f"  {'path':<32}{'loop s':>8}{'drain s':>9}{'vs tensorboard':>16}{'with drain':>12}{'in-flight':>11}  notes")
     tensorboard = statistics.median(r["loop"] for r in results["tensorboard_trace_handler"])
+    tensorboard_all = statistics.median(r["loop"] + r["drain"] for r in results["tensorboard_trace_handler"])
     for name, runs in results.items():
         loop = statistics.median(r["loop"] for r in runs)
         drain = statistics.median(r["drain"] for r in runs)
+        whole = statistics.median(r["loop"] + r["drain"] for r in runs)
         ratio = in_flight_ratio(runs)
         notes = []
         if sum(r.get("spilled", 0) for r in runs):
             notes.append(f"{max(r['spilled'] for r in runs)} cycles spilled to the outbox (max_pending) and replayed")
         if runs[0].get("startup"):
-            notes.append(f"helper start {statistics.median(r['startup'] for r in runs):.1f} s, parser {runs[0]['parser']}")
+            notes.append(f"helper start {statistics.median(r['startup'] for r in runs):.1f} s, parser {runs[0]['parser']}, "
+                         f"{min(r['jobs'] for r in runs)} of {cycles} cycles through it")
         flight = f"{ratio:.2f}x" if ratio is not None else "-"
-        print(f"  {name:<32}{loop:>8.2f}{drain:>9.2f}{loop / tensorboard:>15.2f}x{flight:>11}  {', '.join(notes)}")
+        print(f"  {name:<32}{loop:>8.2f}{drain:>9.2f}{loop / tensorboard:>15.2f}x{whole / tensorboard_all:>11.2f}x{flight:>11}  {', '.join(notes)}")
 
 
 if __name__ == "__main__":

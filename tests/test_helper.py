@@ -214,3 +214,30 @@ def test_a_rank_that_logs_no_metrics_hands_its_files_to_the_helper(tracking_uri,
     files = {a.path for a in MlflowClient().list_artifacts(run_id, "profiler/step_4/rank_1")}
     assert files == {"profiler/step_4/rank_1/manifest.json"}
     assert MlflowClient().get_run(run_id).data.metrics == {}
+
+
+def test_the_helper_logs_the_timeline_the_training_process_would_build(tracking_uri):
+    """The helper builds the cycle's trace from the chrome trace file: the same spans, to the
+    nanosecond, as the in-process path builds from Kineto's events."""
+    from mlflow_neuron._raw import raw_events_from_kineto
+    from mlflow_neuron._timeline import build_timeline
+    from mlflow_neuron._timeline_sources import timeline_inputs_from_kineto
+
+    built = {}
+
+    def in_process_timeline(prof):
+        raw = raw_events_from_kineto(prof)
+        inputs = timeline_inputs_from_kineto(prof, raw)
+        built[prof.step_num] = build_timeline(raw, cycle_step=prof.step_num, inputs=inputs)
+
+    with mlflow.start_run() as run:
+        callback = started(MLflowProfilerCallback(in_process_timeline))
+        profile_rmsnorm(callback, steps=4, wait=1, warmup=1, active=2)
+        callback.close()
+        assert callback._sender.jobs_sent == 1
+    [trace] = MlflowClient().search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, flush=True)
+    got = sorted(trace.data.spans, key=lambda s: int(s.span_id, 16))
+    want = built[4].spans
+    assert len(got) == len(want) > 10
+    assert [(s.name, s.start_time_ns, s.end_time_ns) for s in got] == [(w.name, w.start_ns, w.end_ns) for w in want]
+    assert any(s.name.startswith("ProfilerStep#") for s in got) and any(s.name.startswith("aten::") for s in got)
