@@ -4,10 +4,8 @@ records the server refuses for good; honest progress lines; strict input checks 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -16,7 +14,7 @@ import mlflow
 import pytest
 from conftest import ROOT, TESTS, artifact_files, run_python
 from mlflow.tracking import MlflowClient
-from servers import MlflowServer, free_port
+from servers import HungServer, MlflowServer, free_port
 from torch.profiler import tensorboard_trace_handler
 from workloads import profile_rmsnorm
 
@@ -29,39 +27,6 @@ from mlflow_neuron.cli import _exit_for
 from mlflow_neuron.cli import main as cli_main
 
 NO_SUCH_RUN = "0123456789abcdef0123456789abcdef"
-
-
-class HungServer:
-    """A socket on 127.0.0.1 that accepts connections and never answers; it closes by itself."""
-
-    def __init__(self, lifetime_s: float = 180.0) -> None:
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(64)
-        self._sock.settimeout(0.2)
-        self.uri = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._held: list[socket.socket] = []
-        self._stop = threading.Event()
-        self._deadline = time.monotonic() + lifetime_s
-        self._thread = threading.Thread(target=self._accept, name="hung-server", daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set() and time.monotonic() < self._deadline:
-            try:
-                conn, _ = self._sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            self._held.append(conn)  # held open, never read from or answered
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        for conn in self._held:
-            conn.close()
-        self._sock.close()
 
 
 @pytest.fixture
