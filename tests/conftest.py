@@ -12,6 +12,8 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+import fake_device
+
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 DOUBLES = TESTS / "doubles"
@@ -43,6 +45,15 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
 @pytest.fixture
 def strict(monkeypatch):
     monkeypatch.setenv("MLFLOW_NEURON_STRICT", "1")
+
+
+@pytest.fixture(scope="session")
+def fake_profiler(tmp_path_factory):
+    """The fake PrivateUse1 Kineto profiler (tests/fake_device), compiled once per session."""
+    try:
+        return fake_device.build(tmp_path_factory.mktemp("fake_device"))
+    except fake_device.FakeDeviceUnavailable as reason:
+        pytest.skip(f"fake PrivateUse1 profiler unavailable: {reason}")
 
 
 @pytest.fixture
