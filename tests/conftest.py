@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,31 @@ def fake_profiler(tmp_path_factory):
         return fake_device.build(tmp_path_factory.mktemp("fake_device"))
     except fake_device.FakeDeviceUnavailable as reason:
         pytest.skip(f"fake PrivateUse1 profiler unavailable: {reason}")
+
+
+@pytest.fixture
+def dead_server() -> str:
+    """An http URI on a loopback port where nothing listens."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def profile_offline(dead_server: str, outbox: Path, cycles: int = 3, **kwargs):
+    """Profiles `cycles` cycles into run "offline" while the server is down: each goes to `outbox`."""
+    from workloads import profile_rmsnorm
+
+    from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
+
+    callback = MLflowProfilerCallback(
+        tracking_uri=dead_server, experiment_id="0", run_name="offline", outbox=outbox, retry_wait_s=0.01, **kwargs
+    )
+    with pytest.warns(MLflowNeuronWarning, match="not sent"):
+        steps = profile_rmsnorm(callback, steps=4 * cycles, wait=1, warmup=1, active=2)
+        callback.close()
+    assert steps == 4 * cycles  # the training loop always completes
+    return callback
 
 
 @pytest.fixture
