@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from servers import HungServer, MlflowServer, free_port  # noqa: E402
+from shutdown_budget import budget_script, moments  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
 ENV.pop("MLFLOW_TRACKING_URI", None)
@@ -55,28 +56,6 @@ def unreachable(work: Path) -> None:
     hung.close()
 
 
-BUDGET_SCRIPT = """
-import atexit, time, warnings
-atexit.register(lambda: print("last_atexit", time.time(), flush=True))
-from torch.profiler import ProfilerActivity, profile, schedule
-from mlflow_neuron import MLflowProfilerCallback
-from workloads import inputs, rms_norm_naive
-warnings.simplefilter("ignore")
-callback = MLflowProfilerCallback(tracking_uri=URI, experiment_id="0", outbox=OUTBOX)
-x, w = inputs()
-with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2),
-             on_trace_ready=callback) as prof:
-    for _ in range(8):
-        rms_norm_naive(x, w)
-        prof.step()
-    print("loop_end", time.time(), flush=True)
-print("profiler_exited", time.time(), flush=True)
-if CLOSE:
-    callback.close()
-    print("closed", time.time(), flush=True)
-"""
-
-
 def budget(work: Path) -> None:
     print("\n## 2. shutdown against a hung server, flush_timeout_s=10 (default)\n")
     print("| close() | profiler exit | close() | to last atexit | to process exit | records in outbox |")
@@ -84,11 +63,10 @@ def budget(work: Path) -> None:
     hung = HungServer(lifetime_s=600)
     for close in (True, False):
         outbox = work / f"outbox-{close}"
-        code = f"URI = {hung.uri!r}\nOUTBOX = {str(outbox)!r}\nCLOSE = {close}\n" + BUDGET_SCRIPT
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=work,
-                                timeout=300)  # fmt: skip
+        result = subprocess.run([sys.executable, "-c", budget_script(hung.uri, str(outbox), close)],
+                                capture_output=True, text=True, env=ENV, cwd=work, timeout=300)  # fmt: skip
         exited = time.time()
-        t = {k: float(v) for k, v in (line.split() for line in result.stdout.splitlines())}
+        t = moments(result.stdout)
         start = t["loop_end"]
         closed = f"{t['closed'] - t['profiler_exited']:.2f} s" if close else "-"
         records = len([p for p in outbox.iterdir() if not p.name.startswith(".")]) if outbox.is_dir() else 0

@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT, TESTS, artifact_files, run_python
 from mlflow.tracking import MlflowClient
 from servers import HungServer, MlflowServer, free_port
+from shutdown_budget import budget_script, moments
 from torch.profiler import tensorboard_trace_handler
 from workloads import profile_rmsnorm
 
@@ -133,35 +134,14 @@ def test_the_installed_command_against_a_hung_server(hung_server):
 
 # -- 2. flush_timeout_s is one budget from the loop's end to process exit -----------------------------
 
-BUDGET_SCRIPT = """
-import atexit, time, warnings
-atexit.register(lambda: print("last_atexit", time.time(), flush=True))  # registered first: runs last
-from torch.profiler import ProfilerActivity, profile, schedule
-from mlflow_neuron import MLflowProfilerCallback
-from workloads import inputs, rms_norm_naive
-warnings.simplefilter("ignore")
-callback = MLflowProfilerCallback(tracking_uri=URI, experiment_id="0", outbox=OUTBOX, flush_timeout_s=BUDGET)
-x, w = inputs()
-with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2),
-             on_trace_ready=callback) as prof:
-    for _ in range(8):
-        rms_norm_naive(x, w)
-        prof.step()
-    print("loop_end", time.time(), flush=True)
-if CLOSE:
-    callback.close()
-"""
-
-
 @pytest.mark.parametrize("close", [True, False], ids=["close", "no-close"])
 def test_shutdown_waits_one_budget_in_all_against_a_hung_server(hung_server, tmp_path, close):
     budget = 4.0
-    values = {"URI": repr(hung_server), "OUTBOX": repr(str(tmp_path / "outbox")), "BUDGET": budget, "CLOSE": close}
-    result = run_python("".join(f"{k} = {v}\n" for k, v in values.items()) + BUDGET_SCRIPT, tmp_path, timeout=120)
+    result = run_python(budget_script(hung_server, str(tmp_path / "outbox"), close, budget), tmp_path, timeout=120)
     exited = time.time()
     assert result.returncode == 0, result.stderr
-    times = dict(line.split() for line in result.stdout.splitlines())
-    loop_end, last_atexit = float(times["loop_end"]), float(times["last_atexit"])
+    times = moments(result.stdout)
+    loop_end, last_atexit = times["loop_end"], times["last_atexit"]
     # Profiler exit, close() and interpreter exit share one budget (plus a second for the outbox).
     assert last_atexit - loop_end < budget + 1.0, last_atexit - loop_end
     # What follows is the interpreter's own teardown of torch and mlflow (1.5-2.5 s here, with no
