@@ -118,3 +118,24 @@ def run_python(code: str, cwd: Path, env: dict | None = None, timeout: int = 300
     return subprocess.run(
         [sys.executable, "-c", code], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def import_error_without(packages: tuple[str, ...], module: str, cwd: Path) -> str:
+    """The ImportError that `import module` raises in a fresh interpreter where `packages` (top-level
+    names) are not installed, or "" if it imports."""
+    code = f"""
+import sys
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {packages!r}:
+            raise ImportError(f"No module named {{name!r}}")
+sys.meta_path.insert(0, NotInstalled())
+import mlflow_neuron
+try:
+    import {module}
+except ImportError as error:
+    print(error)
+"""
+    result = run_python(code, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import textwrap
 import warnings
 
 import mlflow
 import pytest
 import torch
-from conftest import artifact_files, run_python
+from conftest import artifact_files, import_error_without, run_python
 from mlflow.tracking import MlflowClient
 
 from mlflow_neuron import MLflowNeuronWarning
@@ -206,25 +205,9 @@ def test_defaults_and_options_pass_through():
 
 
 def test_without_lightning_the_module_says_how_to_install_it(tmp_path):
-    code = textwrap.dedent(
-        """
-        import sys
-        class NoLightning:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("lightning", "pytorch_lightning"):
-                    raise ImportError(f"No module named {name!r}")
-        sys.meta_path.insert(0, NoLightning())
-        import mlflow_neuron
-        try:
-            import mlflow_neuron.lightning
-        except ImportError as error:
-            print("ImportError:", error)
-        """
-    )
-    result = run_python(code, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert 'ImportError: mlflow_neuron.lightning needs Lightning' in result.stdout
-    assert 'pip install "mlflow-neuron[lightning]"' in result.stdout
+    error = import_error_without(("lightning", "pytorch_lightning"), "mlflow_neuron.lightning", tmp_path)
+    assert error.startswith("mlflow_neuron.lightning needs Lightning")
+    assert 'pip install "mlflow-neuron[lightning]"' in error
 
 
 def test_importing_mlflow_neuron_imports_no_training_framework(tmp_path):
