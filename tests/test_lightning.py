@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import mlflow
@@ -20,17 +19,6 @@ from mlflow_neuron.lightning import ProfilerCallback  # noqa: E402
 
 CYCLE_FILES = {"ops.json", "steps.json", "step_totals.json", "timeline.json", "key_averages.txt", "manifest.json",
                "trace.json.gz"}
-
-
-@pytest.fixture(autouse=True)
-def no_experiment_left_behind(monkeypatch):
-    """`mlflow.set_experiment` sets process-wide state, MLFLOW_EXPERIMENT_ID included: undo it."""
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    before = os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    yield
-    os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    if before is not None:
-        os.environ["MLFLOW_EXPERIMENT_ID"] = before
 
 
 class TinyRegression(L.LightningModule):

@@ -6,7 +6,6 @@ logs to.
 
 from __future__ import annotations
 
-import os
 import types
 import warnings
 
@@ -37,18 +36,6 @@ def offline(monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     for name in ("DISABLE_MLFLOW_INTEGRATION", "MLFLOW_RUN_ID", "MLFLOW_NESTED_RUN", "HF_MLFLOW_LOG_ARTIFACTS"):
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture(autouse=True)
-def no_experiment_left_behind(monkeypatch):
-    """`mlflow.set_experiment` (MLflowCallback calls it too) sets process-wide state, MLFLOW_EXPERIMENT_ID
-    included: undo it."""
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    before = os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    yield
-    os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    if before is not None:
-        os.environ["MLFLOW_EXPERIMENT_ID"] = before
 
 
 class RandomTokens(torch.utils.data.Dataset):
