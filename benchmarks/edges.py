@@ -13,45 +13,22 @@ Everything runs on 127.0.0.1, in fresh interpreters, as a user would run it.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from servers import MlflowServer, free_port  # noqa: E402
+from servers import HungServer, MlflowServer, free_port  # noqa: E402
+from shutdown_budget import budget_script, moments  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
 ENV.pop("MLFLOW_TRACKING_URI", None)
 CLI = [sys.executable, "-m", "mlflow_neuron.cli"]
 NO_SUCH_RUN = "0123456789abcdef0123456789abcdef"
-
-
-def hung_socket() -> tuple[str, threading.Event]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    sock.settimeout(0.2)
-    stop, held = threading.Event(), []
-
-    def accept() -> None:
-        deadline = time.monotonic() + 600
-        while not stop.is_set() and time.monotonic() < deadline:
-            try:
-                held.append(sock.accept()[0])
-            except socket.timeout:
-                continue
-        for conn in held:
-            conn.close()
-        sock.close()
-
-    threading.Thread(target=accept, daemon=True).start()
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", stop
 
 
 def timed(argv: list[str], cwd: Path) -> tuple[int, float, str, str]:
@@ -62,7 +39,7 @@ def timed(argv: list[str], cwd: Path) -> tuple[int, float, str, str]:
 
 def unreachable(work: Path) -> None:
     print("## 1. unreachable servers\n\n| server | command | exit | seconds | lines | output |\n|---|---|---|---|---|---|")
-    hung, stop = hung_socket()
+    hung = HungServer(lifetime_s=600)
     (work / "outbox").mkdir()
     commands = {
         "compare": ["compare", "--experiment", "rmsnorm-variants", "--fail-if-slower", "10"],
@@ -70,55 +47,32 @@ def unreachable(work: Path) -> None:
         "ingest": ["ingest", str(ROOT / "tests")],
         "sync": ["sync", "--outbox", str(work / "outbox")],
     }
-    servers = {"dead :9": "http://127.0.0.1:9", "refusing": f"http://127.0.0.1:{free_port()}", "hung": hung}
+    servers = {"dead :9": "http://127.0.0.1:9", "refusing": f"http://127.0.0.1:{free_port()}", "hung": hung.uri}
     for label, uri in servers.items():
         for name, argv in commands.items():
             code, seconds, out, err = timed(CLI + argv + ["--tracking-uri", uri], work)
             lines = (out + err).strip().splitlines()
             print(f"| {label} | {name} | {code} | {seconds:.1f} | {len(lines)} | `{lines[-1] if lines else ''}` |")
-    stop.set()
-
-
-BUDGET_SCRIPT = """
-import atexit, time, warnings
-atexit.register(lambda: print("last_atexit", time.time(), flush=True))
-from torch.profiler import ProfilerActivity, profile, schedule
-from mlflow_neuron import MLflowProfilerCallback
-from workloads import inputs, rms_norm_naive
-warnings.simplefilter("ignore")
-callback = MLflowProfilerCallback(tracking_uri=URI, experiment_id="0", outbox=OUTBOX)
-x, w = inputs()
-with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2),
-             on_trace_ready=callback) as prof:
-    for _ in range(8):
-        rms_norm_naive(x, w)
-        prof.step()
-    print("loop_end", time.time(), flush=True)
-print("profiler_exited", time.time(), flush=True)
-if CLOSE:
-    callback.close()
-    print("closed", time.time(), flush=True)
-"""
+    hung.close()
 
 
 def budget(work: Path) -> None:
     print("\n## 2. shutdown against a hung server, flush_timeout_s=10 (default)\n")
     print("| close() | profiler exit | close() | to last atexit | to process exit | records in outbox |")
     print("|---|---|---|---|---|---|")
-    hung, stop = hung_socket()
+    hung = HungServer(lifetime_s=600)
     for close in (True, False):
         outbox = work / f"outbox-{close}"
-        code = f"URI = {hung!r}\nOUTBOX = {str(outbox)!r}\nCLOSE = {close}\n" + BUDGET_SCRIPT
-        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, cwd=work,
-                                timeout=300)  # fmt: skip
+        result = subprocess.run([sys.executable, "-c", budget_script(hung.uri, str(outbox), close)],
+                                capture_output=True, text=True, env=ENV, cwd=work, timeout=300)  # fmt: skip
         exited = time.time()
-        t = {k: float(v) for k, v in (line.split() for line in result.stdout.splitlines())}
+        t = moments(result.stdout)
         start = t["loop_end"]
         closed = f"{t['closed'] - t['profiler_exited']:.2f} s" if close else "-"
         records = len([p for p in outbox.iterdir() if not p.name.startswith(".")]) if outbox.is_dir() else 0
         print(f"| {'yes' if close else 'no'} | {t['profiler_exited'] - start:.2f} s | {closed} | "
               f"{t['last_atexit'] - start:.2f} s | {exited - start:.2f} s | {records} |")  # fmt: skip
-    stop.set()
+    hung.close()
 
 
 REJECTED_SCRIPT = """

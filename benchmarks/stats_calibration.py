@@ -3,7 +3,7 @@
     python benchmarks/stats_calibration.py [--pairs 1000] [--seed 0]
 
 A step's time is the sum of K kernels; each takes 100 us with uniform ±30% jitter and, with
-probability 2%, stalls 10x longer (see `mlflow_neuron._calibration`). Runs have 10 steps each
+probability 2%, stalls 10x longer (see `tests/synthetic_steps.py`). Runs have 10 steps each
 unless stated. Printed per noise model:
 
 - coverage: share of 95% intervals that contain the true ratio (about 95% expected);
@@ -17,12 +17,17 @@ the gate fires when any op or the TOTAL is proven slower.
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 import time
 
 import numpy as np
 
-from mlflow_neuron._calibration import Noise, rates
-from mlflow_neuron._compare import RunProfile, compare, regressions
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from mlflow_neuron._compare import RunProfile, compare, regressions  # noqa: E402
+from synthetic_steps import Noise, rates  # noqa: E402
 
 
 def row_rates(pairs: int, seed: int) -> None:
@@ -48,7 +53,7 @@ def row_rates(pairs: int, seed: int) -> None:
 def profile(label: str, rng: np.random.Generator, ops: int, scale: float) -> RunProfile:
     import pandas as pd
 
-    from mlflow_neuron._calibration import steps
+    from synthetic_steps import steps
 
     rows = [{"cycle": 1 + step // 5, "step": step, "name": f"aten::op{i}", "calls": 1,
              "self_device_time_us": value, "self_cpu_time_us": 1.0}

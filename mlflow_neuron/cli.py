@@ -195,18 +195,13 @@ def compare(args: argparse.Namespace, out=None) -> int:
     from pathlib import Path
 
     import mlflow
-    from mlflow.tracking import MlflowClient
 
     from . import _render
-    from ._compare import compare as compare_profiles
-    from ._mlflow_runs import attach_comparison, load_profiles, load_timelines, resolve_runs
+    from ._mlflow_runs import attach_comparison, compare_runs, load_timelines
 
     out = out or sys.stdout
-
-    # compare_runs() in three steps, so the statistics options reach compare().
-    client = MlflowClient(args.tracking_uri)
-    profiles = load_profiles(client, resolve_runs(client, args.runs or [], args.experiment), args.step)
-    frame = compare_profiles(profiles, args.baseline, args.metric, skip_steps=args.skip_steps, noise_pct=args.noise_pct)
+    frame = compare_runs(args.runs or [], args.baseline, args.metric, args.step, experiment=args.experiment,
+                         tracking_uri=args.tracking_uri, skip_steps=args.skip_steps, noise_pct=args.noise_pct)
     rendered = {
         "table": lambda: _render.text(frame, args.top),
         "markdown": lambda: _render.markdown(frame, args.top),

@@ -16,7 +16,7 @@ import os
 import pathlib
 import subprocess
 import sys
-from contextlib import contextmanager, redirect_stdout
+from contextlib import redirect_stdout
 
 KERNELS = {"aten::mul": 100, "aten::mean": 40, "aten::add": 20, "aten::rsqrt": 30}
 NOISE = {"FAKE_NEURON_JITTER": "0.3", "FAKE_NEURON_STALL_RATE": "0.02", "FAKE_NEURON_STALL_FACTOR": "10"}
@@ -27,25 +27,11 @@ def kernels(scale: float) -> str:
     return ",".join(f"{op}={round(us * scale)}" for op, us in KERNELS.items())
 
 
-@contextmanager
-def garbage_collector_paused():
-    """Python's garbage collector runs when allocations cross a threshold, wherever that happens:
-    in a recorded step it adds milliseconds to that step's host time. Paused for the few ms of a
-    run's profiled loop (what the callback allocates is collected afterwards)."""
-    import gc
-
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def make_runs(uri: str, pairs: int, cpu_pairs: int, so: str | None) -> None:
     """Worker: logs the runs of every pair (one process, so the fake device is activated once)."""
     import mlflow
     import torch
+    from rmsnorm_variants import garbage_collector_paused  # examples/rmsnorm_variants.py
     from torch.profiler import ProfilerActivity
     from workloads import profile_rmsnorm
 
@@ -98,7 +84,7 @@ def log_pairs(work: pathlib.Path, so: str | None, pairs: int, cpu_pairs: int, se
     code = (f"import calibration_runs; calibration_runs.make_runs({uri!r}, {pairs}, {cpu_pairs}, "
             f"{so if so is None else repr(so)})")  # fmt: skip
     env = {**os.environ, **NOISE, "FAKE_NEURON_SEED": str(seed),
-           "PYTHONPATH": os.pathsep.join([str(here.parent), str(here)])}  # fmt: skip
+           "PYTHONPATH": os.pathsep.join([str(here.parent), str(here), str(here.parent / "examples")])}  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, cwd=work, env=env, capture_output=True, text=True)
     return uri
 

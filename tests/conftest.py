@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
+
+import fake_device
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -43,6 +46,40 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
 @pytest.fixture
 def strict(monkeypatch):
     monkeypatch.setenv("MLFLOW_NEURON_STRICT", "1")
+
+
+@pytest.fixture(scope="session")
+def fake_profiler(tmp_path_factory):
+    """The fake PrivateUse1 Kineto profiler (tests/fake_device), compiled once per session."""
+    try:
+        return fake_device.build(tmp_path_factory.mktemp("fake_device"))
+    except fake_device.FakeDeviceUnavailable as reason:
+        pytest.skip(f"fake PrivateUse1 profiler unavailable: {reason}")
+
+
+@pytest.fixture
+def dead_server() -> str:
+    """An http URI on a loopback port where nothing listens."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def profile_offline(dead_server: str, outbox: Path, cycles: int = 3, **kwargs):
+    """Profiles `cycles` cycles into run "offline" while the server is down: each goes to `outbox`."""
+    from workloads import profile_rmsnorm
+
+    from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
+
+    callback = MLflowProfilerCallback(
+        tracking_uri=dead_server, experiment_id="0", run_name="offline", outbox=outbox, retry_wait_s=0.01, **kwargs
+    )
+    with pytest.warns(MLflowNeuronWarning, match="not sent"):
+        steps = profile_rmsnorm(callback, steps=4 * cycles, wait=1, warmup=1, active=2)
+        callback.close()
+    assert steps == 4 * cycles  # the training loop always completes
+    return callback
 
 
 @pytest.fixture
@@ -81,3 +118,24 @@ def run_python(code: str, cwd: Path, env: dict | None = None, timeout: int = 300
     return subprocess.run(
         [sys.executable, "-c", code], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def import_error_without(packages: tuple[str, ...], module: str, cwd: Path) -> str:
+    """The ImportError that `import module` raises in a fresh interpreter where `packages` (top-level
+    names) are not installed, or "" if it imports."""
+    code = f"""
+import sys
+class NotInstalled:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {packages!r}:
+            raise ImportError(f"No module named {{name!r}}")
+sys.meta_path.insert(0, NotInstalled())
+import mlflow_neuron
+try:
+    import {module}
+except ImportError as error:
+    print(error)
+"""
+    result = run_python(code, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip()

@@ -1,4 +1,5 @@
-"""Real servers for tests: an `mlflow server` process, a latency-adding TCP proxy, Postgres.
+"""Real servers for tests: an `mlflow server` process, a latency-adding TCP proxy, a hung socket,
+Postgres.
 
     with MlflowServer(tmp_path / "srv") as server:          # sqlite backend, served artifacts
         client = MlflowClient(server.uri)                   # http://127.0.0.1:PORT
@@ -8,6 +9,9 @@
 
     with DelayProxy(server.port, delay_s=0.05) as proxy:    # +50 ms on every REST request
         client = MlflowClient(proxy.uri)
+
+    with HungServer() as hung:                              # accepts connections, never answers
+        client = MlflowClient(hung.uri)                     # every call waits for its timeout
 
 Everything binds 127.0.0.1 only, every wait is bounded, and every process or thread started
 here ends by itself: servers are stopped at interpreter exit and, should the test process be
@@ -335,6 +339,49 @@ class MlflowServer:
     def __repr__(self) -> str:
         state = "alive" if self.alive else "stopped"
         return f"MlflowServer({self.uri}, {self.backend_store_uri!r}, {state})"
+
+
+# --------------------------------------------------------------------------------------------
+# a server that hangs
+
+
+class HungServer:
+    """A socket on 127.0.0.1 that accepts connections and never answers; it closes by itself."""
+
+    def __init__(self, lifetime_s: float = 180.0) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((HOST, 0))
+        self._sock.listen(64)
+        self._sock.settimeout(0.2)
+        self.uri = f"http://{HOST}:{self._sock.getsockname()[1]}"
+        self._held: list[socket.socket] = []
+        self._stop = threading.Event()
+        self._deadline = time.monotonic() + lifetime_s
+        self._thread = threading.Thread(target=self._accept, name="hung-server", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set() and time.monotonic() < self._deadline:
+            try:
+                conn, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            self._held.append(conn)  # held open, never read from or answered
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        for conn in self._held:
+            conn.close()
+        self._sock.close()
+
+    def __enter__(self) -> HungServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # --------------------------------------------------------------------------------------------

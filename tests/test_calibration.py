@@ -8,7 +8,6 @@ them.
 """
 
 import pytest
-from test_fake_device import fake_profiler  # noqa: F401 - the session fixture that builds it
 
 import calibration_runs
 
@@ -16,7 +15,7 @@ PAIRS, CPU_PAIRS = 20, 10
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory, fake_profiler):  # noqa: F811
+def store(tmp_path_factory, fake_profiler):
     return calibration_runs.log_pairs(tmp_path_factory.mktemp("calibration"), str(fake_profiler), PAIRS, CPU_PAIRS)
 
 

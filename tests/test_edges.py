@@ -4,10 +4,8 @@ records the server refuses for good; honest progress lines; strict input checks 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -16,7 +14,8 @@ import mlflow
 import pytest
 from conftest import ROOT, TESTS, artifact_files, run_python
 from mlflow.tracking import MlflowClient
-from servers import MlflowServer, free_port
+from servers import HungServer, MlflowServer, free_port
+from shutdown_budget import budget_script, moments
 from torch.profiler import tensorboard_trace_handler
 from workloads import profile_rmsnorm
 
@@ -29,39 +28,6 @@ from mlflow_neuron.cli import _exit_for
 from mlflow_neuron.cli import main as cli_main
 
 NO_SUCH_RUN = "0123456789abcdef0123456789abcdef"
-
-
-class HungServer:
-    """A socket on 127.0.0.1 that accepts connections and never answers; it closes by itself."""
-
-    def __init__(self, lifetime_s: float = 180.0) -> None:
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(64)
-        self._sock.settimeout(0.2)
-        self.uri = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        self._held: list[socket.socket] = []
-        self._stop = threading.Event()
-        self._deadline = time.monotonic() + lifetime_s
-        self._thread = threading.Thread(target=self._accept, name="hung-server", daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set() and time.monotonic() < self._deadline:
-            try:
-                conn, _ = self._sock.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            self._held.append(conn)  # held open, never read from or answered
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-        for conn in self._held:
-            conn.close()
-        self._sock.close()
 
 
 @pytest.fixture
@@ -168,35 +134,14 @@ def test_the_installed_command_against_a_hung_server(hung_server):
 
 # -- 2. flush_timeout_s is one budget from the loop's end to process exit -----------------------------
 
-BUDGET_SCRIPT = """
-import atexit, time, warnings
-atexit.register(lambda: print("last_atexit", time.time(), flush=True))  # registered first: runs last
-from torch.profiler import ProfilerActivity, profile, schedule
-from mlflow_neuron import MLflowProfilerCallback
-from workloads import inputs, rms_norm_naive
-warnings.simplefilter("ignore")
-callback = MLflowProfilerCallback(tracking_uri=URI, experiment_id="0", outbox=OUTBOX, flush_timeout_s=BUDGET)
-x, w = inputs()
-with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2),
-             on_trace_ready=callback) as prof:
-    for _ in range(8):
-        rms_norm_naive(x, w)
-        prof.step()
-    print("loop_end", time.time(), flush=True)
-if CLOSE:
-    callback.close()
-"""
-
-
 @pytest.mark.parametrize("close", [True, False], ids=["close", "no-close"])
 def test_shutdown_waits_one_budget_in_all_against_a_hung_server(hung_server, tmp_path, close):
     budget = 4.0
-    values = {"URI": repr(hung_server), "OUTBOX": repr(str(tmp_path / "outbox")), "BUDGET": budget, "CLOSE": close}
-    result = run_python("".join(f"{k} = {v}\n" for k, v in values.items()) + BUDGET_SCRIPT, tmp_path, timeout=120)
+    result = run_python(budget_script(hung_server, str(tmp_path / "outbox"), close, budget), tmp_path, timeout=120)
     exited = time.time()
     assert result.returncode == 0, result.stderr
-    times = dict(line.split() for line in result.stdout.splitlines())
-    loop_end, last_atexit = float(times["loop_end"]), float(times["last_atexit"])
+    times = moments(result.stdout)
+    loop_end, last_atexit = times["loop_end"], times["last_atexit"]
     # Profiler exit, close() and interpreter exit share one budget (plus a second for the outbox).
     assert last_atexit - loop_end < budget + 1.0, last_atexit - loop_end
     # What follows is the interpreter's own teardown of torch and mlflow (1.5-2.5 s here, with no

@@ -12,8 +12,6 @@ import pytest
 from conftest import artifact_files, read_artifact, read_json_artifact, run_python
 from mlflow.tracking import MlflowClient
 
-import fake_device
-
 KERNELS = "aten::mul=785,aten::rsqrt=40,aten::add=20"
 
 SCENARIO = """
@@ -37,14 +35,6 @@ with mlflow.start_run() as run, warnings.catch_warnings(record=True) as caught:
 print(json.dumps({{"run_id": run.info.run_id,
                   "warnings": [str(w.message) for w in caught if "mlflow-neuron" in str(w.message)]}}))
 """
-
-
-@pytest.fixture(scope="session")
-def fake_profiler(tmp_path_factory):
-    try:
-        return fake_device.build(tmp_path_factory.mktemp("fake_device"))
-    except fake_device.FakeDeviceUnavailable as reason:
-        pytest.skip(f"fake PrivateUse1 profiler unavailable: {reason}")
 
 
 def run_scenario(fake_profiler, tmp_path, mode, steps=4, strict="1"):

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import textwrap
 import warnings
 
 import mlflow
 import pytest
 import torch
-from conftest import artifact_files, run_python
+from conftest import artifact_files, import_error_without, run_python
 from mlflow.tracking import MlflowClient
 
 from mlflow_neuron import MLflowNeuronWarning
@@ -21,17 +19,6 @@ from mlflow_neuron.lightning import ProfilerCallback  # noqa: E402
 
 CYCLE_FILES = {"ops.json", "steps.json", "step_totals.json", "timeline.json", "key_averages.txt", "manifest.json",
                "trace.json.gz"}
-
-
-@pytest.fixture(autouse=True)
-def no_experiment_left_behind(monkeypatch):
-    """`mlflow.set_experiment` sets process-wide state, MLFLOW_EXPERIMENT_ID included: undo it."""
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    before = os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    yield
-    os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    if before is not None:
-        os.environ["MLFLOW_EXPERIMENT_ID"] = before
 
 
 class TinyRegression(L.LightningModule):
@@ -206,25 +193,9 @@ def test_defaults_and_options_pass_through():
 
 
 def test_without_lightning_the_module_says_how_to_install_it(tmp_path):
-    code = textwrap.dedent(
-        """
-        import sys
-        class NoLightning:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("lightning", "pytorch_lightning"):
-                    raise ImportError(f"No module named {name!r}")
-        sys.meta_path.insert(0, NoLightning())
-        import mlflow_neuron
-        try:
-            import mlflow_neuron.lightning
-        except ImportError as error:
-            print("ImportError:", error)
-        """
-    )
-    result = run_python(code, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert 'ImportError: mlflow_neuron.lightning needs Lightning' in result.stdout
-    assert 'pip install "mlflow-neuron[lightning]"' in result.stdout
+    error = import_error_without(("lightning", "pytorch_lightning"), "mlflow_neuron.lightning", tmp_path)
+    assert error.startswith("mlflow_neuron.lightning needs Lightning")
+    assert 'pip install "mlflow-neuron[lightning]"' in error
 
 
 def test_importing_mlflow_neuron_imports_no_training_framework(tmp_path):

@@ -1,40 +1,19 @@
 """Nothing lost: cycles the tracking server does not take go to the outbox; sync delivers them once."""
 
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import artifact_files
+from conftest import artifact_files, profile_offline
 from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._outbox import pending
 from mlflow_neuron.cli import main as cli_main
-
-
-@pytest.fixture
-def dead_server():
-    """An http URI on a loopback port where nothing listens."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
-
-
-def profile_offline(dead_server, outbox, cycles=3, **kwargs):
-    callback = MLflowProfilerCallback(
-        tracking_uri=dead_server, experiment_id="0", run_name="offline", outbox=outbox, retry_wait_s=0.01, **kwargs
-    )
-    with pytest.warns(MLflowNeuronWarning, match="not sent"):
-        steps = profile_rmsnorm(callback, steps=4 * cycles, wait=1, warmup=1, active=2)
-        callback.close()
-    assert steps == 4 * cycles  # the training loop always completes
-    return callback
 
 
 def assert_each_cycle_once(client, run_id, steps):

@@ -16,7 +16,6 @@ import sys
 import threading
 from pathlib import Path
 
-import fake_device
 import numpy as np
 import pytest
 import torch
@@ -319,14 +318,6 @@ seen = test_raw.run_shapes([ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
 print(json.dumps({label: [p.device_time, p.total_self_device_time_us, p.attributed_device_time_us]
                   for label, p in seen.items()}))
 """
-
-
-@pytest.fixture(scope="module")
-def fake_profiler(tmp_path_factory):
-    try:
-        return fake_device.build(tmp_path_factory.mktemp("fake_device"))
-    except fake_device.FakeDeviceUnavailable as reason:
-        pytest.skip(f"fake PrivateUse1 profiler unavailable: {reason}")
 
 
 @pytest.mark.parametrize("mode", ["kernels", "runtime"])

@@ -1,6 +1,6 @@
 """The statistics behind compare: the interval's method, its coverage, and the gate's calibration.
 
-Simulated per-step samples (see `mlflow_neuron._calibration`) with fixed seeds: every number here
+Simulated per-step samples (see `tests/synthetic_steps.py`) with fixed seeds: every number here
 is reproducible, and each simulation takes well under a second.
 """
 
@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mlflow_neuron._calibration import Noise, rates, steps
 from mlflow_neuron._compare import TOTAL, RunProfile, compare, regressions
 from mlflow_neuron._stats import _u_counts, moses_rank, outlier_mask, ratio_interval
+from synthetic_steps import Noise, rates, steps
 
 
 @pytest.mark.parametrize("n, m, rank", [(3, 3, 0), (4, 4, 1), (5, 5, 3), (10, 10, 24), (20, 20, 128),

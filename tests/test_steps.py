@@ -15,7 +15,6 @@ import pandas as pd
 import pytest
 from conftest import read_json_artifact, run_python
 from mlflow.tracking import MlflowClient
-from test_fake_device import fake_profiler  # noqa: F401 - the session fixture that builds it
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowProfilerCallback
@@ -114,7 +113,7 @@ def noisy_run(so, tmp_path, seed):
     return MlflowClient(uri), json.loads(result.stdout.strip().splitlines()[-1])["run_id"]
 
 
-def test_device_steps_add_up_and_kernels_stay_with_their_ops(fake_profiler, tmp_path):  # noqa: F811
+def test_device_steps_add_up_and_kernels_stay_with_their_ops(fake_profiler, tmp_path):
     client, run_id = noisy_run(fake_profiler, tmp_path / "a", seed=3)
     device = {p.step: p.value for p in client.get_metric_history(run_id, "profiler/step/self_device_time_us")}
     assert sorted(device) == [2, 3, 4, 7, 8, 9]

@@ -14,7 +14,6 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-import fake_device
 import mlflow
 import numpy as np
 import pytest
@@ -169,14 +168,6 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
         prof.step()
 print(json.dumps(out))
 """
-
-
-@pytest.fixture(scope="module")
-def fake_profiler(tmp_path_factory):
-    try:
-        return fake_device.build(tmp_path_factory.mktemp("fake_device"))
-    except fake_device.FakeDeviceUnavailable as reason:
-        pytest.skip(f"fake PrivateUse1 profiler unavailable: {reason}")
 
 
 def fake_device_cycle(fake_profiler, tmp_path, caps=(2000,)):

@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import statistics
 
 import mlflow
 import pytest
+from conftest import profile_offline
 from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
-from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback, compare_runs, load_timelines, render
+from mlflow_neuron import MLflowProfilerCallback, compare_runs, load_timelines, render
 from mlflow_neuron._ingest import ingest
 from mlflow_neuron._mlflow_traces import COMPLETE_TAG, CYCLE_KEY_TAG
 from mlflow_neuron._outbox import load, pending
@@ -79,21 +79,9 @@ def test_timeline_max_spans_is_checked_at_construction(bad, tracking_uri):
         MLflowProfilerCallback(run_id="0" * 32, timeline_max_spans=bad)
 
 
-@pytest.fixture
-def dead_server():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
-
-
 def test_offline_cycles_keep_their_timeline_and_sync_logs_one_trace_each(dead_server, tmp_path):
     outbox = tmp_path / "outbox"
-    callback = MLflowProfilerCallback(tracking_uri=dead_server, experiment_id="0", run_name="offline",
-                                      outbox=outbox, retry_wait_s=0.01)  # fmt: skip
-    with pytest.warns(MLflowNeuronWarning, match="not sent"):
-        profile_rmsnorm(callback, steps=12, wait=1, warmup=1, active=2)
-        callback.close()
+    profile_offline(dead_server, outbox, cycles=3)
     records = pending(outbox)
     assert len(records) == 3
     for record in records:
@@ -124,10 +112,7 @@ def test_offline_cycles_keep_their_timeline_and_sync_logs_one_trace_each(dead_se
 
 def test_an_outbox_record_from_before_timelines_still_syncs(dead_server, tmp_path):
     outbox = tmp_path / "outbox"
-    callback = MLflowProfilerCallback(tracking_uri=dead_server, experiment_id="0", outbox=outbox, retry_wait_s=0.01)
-    with pytest.warns(MLflowNeuronWarning, match="not sent"):
-        profile_rmsnorm(callback, steps=4, wait=1, warmup=1, active=2)
-        callback.close()
+    profile_offline(dead_server, outbox, cycles=1)
     [record] = pending(outbox)
     data = json.loads((record / "record.json").read_text())
     del data["timeline"]
@@ -144,10 +129,7 @@ def test_an_outbox_record_from_before_timelines_still_syncs(dead_server, tmp_pat
 
 def test_a_damaged_timeline_file_skips_the_trace_and_the_cycle_still_syncs(dead_server, tmp_path):
     outbox = tmp_path / "outbox"
-    callback = MLflowProfilerCallback(tracking_uri=dead_server, experiment_id="0", outbox=outbox, retry_wait_s=0.01)
-    with pytest.warns(MLflowNeuronWarning, match="not sent"):
-        profile_rmsnorm(callback, steps=4, wait=1, warmup=1, active=2)
-        callback.close()
+    profile_offline(dead_server, outbox, cycles=1)
     [record] = pending(outbox)
     (record / "files" / "timeline.json").write_text('{"name": "truncat')
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"

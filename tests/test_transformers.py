@@ -6,15 +6,13 @@ logs to.
 
 from __future__ import annotations
 
-import os
-import textwrap
 import types
 import warnings
 
 import mlflow
 import pytest
 import torch
-from conftest import artifact_files, run_python
+from conftest import artifact_files, import_error_without
 from mlflow.tracking import MlflowClient
 
 from mlflow_neuron import MLflowNeuronWarning
@@ -38,18 +36,6 @@ def offline(monkeypatch):
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     for name in ("DISABLE_MLFLOW_INTEGRATION", "MLFLOW_RUN_ID", "MLFLOW_NESTED_RUN", "HF_MLFLOW_LOG_ARTIFACTS"):
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture(autouse=True)
-def no_experiment_left_behind(monkeypatch):
-    """`mlflow.set_experiment` (MLflowCallback calls it too) sets process-wide state, MLFLOW_EXPERIMENT_ID
-    included: undo it."""
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    before = os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    yield
-    os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    if before is not None:
-        os.environ["MLFLOW_EXPERIMENT_ID"] = before
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -187,22 +173,6 @@ def test_bad_settings_are_rejected_at_construction(kwargs, error, message):
 
 
 def test_without_transformers_the_module_says_how_to_install_it(tmp_path):
-    code = textwrap.dedent(
-        """
-        import sys
-        class NoTransformers:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] == "transformers":
-                    raise ImportError(f"No module named {name!r}")
-        sys.meta_path.insert(0, NoTransformers())
-        import mlflow_neuron
-        try:
-            import mlflow_neuron.transformers
-        except ImportError as error:
-            print("ImportError:", error)
-        """
-    )
-    result = run_python(code, cwd=tmp_path)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "ImportError: mlflow_neuron.transformers needs Hugging Face Transformers" in result.stdout
-    assert 'pip install "mlflow-neuron[transformers]"' in result.stdout
+    error = import_error_without(("transformers",), "mlflow_neuron.transformers", tmp_path)
+    assert error.startswith("mlflow_neuron.transformers needs Hugging Face Transformers")
+    assert 'pip install "mlflow-neuron[transformers]"' in error
