@@ -58,19 +58,20 @@ def unreachable(work: Path) -> None:
 
 def budget(work: Path) -> None:
     print("\n## 2. shutdown against a hung server, flush_timeout_s=10 (default)\n")
-    print("| close() | profiler exit | close() | to last atexit | to process exit | records in outbox |")
-    print("|---|---|---|---|---|---|")
+    print("| cycles processed | close() | profiler exit | close() | to last atexit | to process exit | records in outbox |")
+    print("|---|---|---|---|---|---|---|")
     hung = HungServer(lifetime_s=600)
-    for close in (True, False):
-        outbox = work / f"outbox-{close}"
-        result = subprocess.run([sys.executable, "-c", budget_script(hung.uri, str(outbox), close)],
+    for helper, close in ((False, True), (False, False), (True, True), (True, False)):
+        outbox = work / f"outbox-{close}-{helper}"
+        result = subprocess.run([sys.executable, "-c", budget_script(hung.uri, str(outbox), close, helper=helper)],
                                 capture_output=True, text=True, env=ENV, cwd=work, timeout=300)  # fmt: skip
         exited = time.time()
         t = moments(result.stdout)
         start = t["loop_end"]
         closed = f"{t['closed'] - t['profiler_exited']:.2f} s" if close else "-"
         records = len([p for p in outbox.iterdir() if not p.name.startswith(".")]) if outbox.is_dir() else 0
-        print(f"| {'yes' if close else 'no'} | {t['profiler_exited'] - start:.2f} s | {closed} | "
+        print(f"| {'helper process' if helper else 'in-process'} | {'yes' if close else 'no'} | "
+              f"{t['profiler_exited'] - start:.2f} s | {closed} | "
               f"{t['last_atexit'] - start:.2f} s | {exited - start:.2f} s | {records} |")  # fmt: skip
     hung.close()
 

@@ -17,6 +17,8 @@ from workloads import inputs, rms_norm_naive
 warnings.simplefilter("ignore")
 budget = {} if BUDGET is None else {"flush_timeout_s": BUDGET}
 callback = MLflowProfilerCallback(tracking_uri=URI, experiment_id="0", outbox=OUTBOX, **budget)
+if HELPER and not callback.start_helper(120):  # every cycle through the helper process
+    raise SystemExit("the helper process did not start")
 x, w = inputs()
 with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2),
              on_trace_ready=callback) as prof:
@@ -31,10 +33,11 @@ if CLOSE:
 """
 
 
-def budget_script(uri: str, outbox: str, close: bool, flush_timeout_s: float | None = None) -> str:
+def budget_script(uri: str, outbox: str, close: bool, flush_timeout_s: float | None = None,
+                  helper: bool = False) -> str:  # fmt: skip
     """The code for `python -c` (with the repository and tests/ on PYTHONPATH); `flush_timeout_s`
-    None keeps the callback's default."""
-    values = {"URI": uri, "OUTBOX": outbox, "CLOSE": close, "BUDGET": flush_timeout_s}
+    None keeps the callback's default; `helper` starts the helper process before the loop."""
+    values = {"URI": uri, "OUTBOX": outbox, "CLOSE": close, "BUDGET": flush_timeout_s, "HELPER": helper}
     return "".join(f"{name} = {value!r}\n" for name, value in values.items()) + _SCRIPT
 
 

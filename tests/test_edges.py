@@ -134,10 +134,12 @@ def test_the_installed_command_against_a_hung_server(hung_server):
 
 # -- 2. flush_timeout_s is one budget from the loop's end to process exit -----------------------------
 
+@pytest.mark.parametrize("helper", [False, True], ids=["first-cycles-in-process", "helper"])
 @pytest.mark.parametrize("close", [True, False], ids=["close", "no-close"])
-def test_shutdown_waits_one_budget_in_all_against_a_hung_server(hung_server, tmp_path, close):
+def test_shutdown_waits_one_budget_in_all_against_a_hung_server(hung_server, tmp_path, close, helper):
     budget = 4.0
-    result = run_python(budget_script(hung_server, str(tmp_path / "outbox"), close, budget), tmp_path, timeout=120)
+    script = budget_script(hung_server, str(tmp_path / "outbox"), close, budget, helper=helper)
+    result = run_python(script, tmp_path, timeout=180)
     exited = time.time()
     assert result.returncode == 0, result.stderr
     times = moments(result.stdout)

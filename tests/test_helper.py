@@ -18,7 +18,6 @@ import pytest
 from conftest import ROOT, read_json_artifact, run_python
 from mlflow.tracking import MlflowClient
 from torch.profiler import tensorboard_trace_handler
-from test_fake_device import fake_profiler  # noqa: F401 - the session fixture that builds it
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback, _devices, _handoff, _record
@@ -80,7 +79,7 @@ def test_the_helper_logs_what_torchs_own_parse_gives_on_every_row(tracking_uri, 
     assert manifest["framework_trace"].endswith(".pt.trace.json.gz" if exporter == "tensorboard_gz" else "export_chrome_trace")
 
 
-def test_fake_device_kernels_come_out_the_same_from_the_helper(fake_profiler, tmp_path):  # noqa: F811
+def test_fake_device_kernels_come_out_the_same_from_the_helper(fake_profiler, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     code = f"""
 import json, pathlib, fake_device, mlflow
