@@ -7,7 +7,7 @@ kernel (tests/fake_device, needs g++; without it CPU ops only, and a note says s
 medians over --reps fresh cycles, seconds:
 
   read              `raw_events_from_kineto(prof)`: what every cycle already pays in the sender
-  aggregate         `_raw.aggregate(raw)`: the same
+  aggregate         `_aggregate.aggregate(raw)`: the same
   streams           what `read_kineto_cycle(prof)` adds to that read: each device event's stream
                     (and the shapes reader), from the same list of Kineto events
   build             `build_timeline(raw, inputs=...)`
@@ -83,7 +83,8 @@ def main() -> None:
     from mlflow import MlflowClient
 
     from mlflow_neuron._mlflow_traces import log_timeline
-    from mlflow_neuron._raw import aggregate, raw_events_from_kineto
+    from mlflow_neuron._aggregate import aggregate
+    from mlflow_neuron._kineto import raw_events_from_kineto
     from mlflow_neuron._timeline import build_timeline
     from mlflow_neuron._timeline_sources import _inputs_from_events
 

@@ -47,16 +47,16 @@ from typing import Any
 
 import numpy as np
 
-from ._raw import (
+from ._raw_events import (
     DEVICE_KERNEL,
     DEVICE_OTHER,
     HOST,
     MEMORY_EVENT_NAME,
     OUT_OF_MEMORY_EVENT_NAME,
     RawEvents,
-    _empty,
-    _factorize,
-    _uncovered_memory,
+    empty_events,
+    factorize,
+    uncovered_memory,
 )
 
 EXTERNAL_ID, CORRELATION = "external_id", "correlation"
@@ -212,7 +212,7 @@ def _ns(us: np.ndarray) -> np.ndarray:
 
 def _chrome_columns(rows: list, memory: list, trace_start_us: float | None, dialect: str | None) -> tuple:
     if not rows and not memory:
-        return _empty(None), Linking(EXTERNAL_ID, 0, 0, 0, 0, 0.0, 0.0)
+        return empty_events(None), Linking(EXTERNAL_ID, 0, 0, 0, 0, 0.0, 0.0)
     names, ts, dur, thread, device_class, role, target, external, correlation, annotation = (
         zip(*rows) if rows else [()] * 10
     )
@@ -223,7 +223,7 @@ def _chrome_columns(rows: list, memory: list, trace_start_us: float | None, dial
         origin = _ns(np.array([trace_start_us]))[0]
     else:  # the Python exporter writes no trace start: the first event stands in (floats differ in the last bits)
         origin = min(a.min() for a in (start, mem_start) if len(a))
-    raw_names, name_id = _factorize(list(names) + [r[0] for r in memory])
+    raw_names, name_id = factorize(list(names) + [r[0] for r in memory])
     m = len(rows)
     device_class = np.array(device_class, np.int8)
     own, linked, how, dialect = _link(start.tolist(), end.tolist(), thread, role, target, external, correlation,
@@ -234,7 +234,7 @@ def _chrome_columns(rows: list, memory: list, trace_start_us: float | None, dial
     if memory:
         oom = np.array([r[0] == OUT_OF_MEMORY_EVENT_NAME for r in memory], bool)
         records = (name_id[m:], mem_start - origin, np.array([r[2] for r in memory], np.int64), oom)
-        extra = _uncovered_memory(records, columns[1], columns[2], device_class == HOST)
+        extra = uncovered_memory(records, columns[1], columns[2], device_class == HOST)
         columns = [np.concatenate([c, x]) for c, x in zip(columns, extra)]
     use_device = "device" if (device_class != HOST).any() else None
     linking = _summary(dialect, how, device_class.tolist(), annotation, dur)

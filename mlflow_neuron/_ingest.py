@@ -19,10 +19,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _chrome, _devices, _files, _raw, _record
+from . import _chrome, _devices, _files, _record
+from ._aggregate import aggregate
 from ._extract import CycleProfile
 from ._keys import OpKeys
 from ._mlflow_io import RunLogger, human_size, sent_files
+from ._raw_events import RawEvents
 from ._record import CycleRecord, RunRef
 from ._report import MLflowNeuronWarning
 from ._timeline import DEFAULT_MAX_SPANS, Timeline, build_timeline
@@ -98,16 +100,16 @@ def linked_profile_of(trace: dict, source: Path, last_step: int = 0) -> tuple[Cy
     return _read_cycle(trace, source, last_step)[:2]
 
 
-def _read_cycle(trace: dict, source: Path, last_step: int) -> tuple[CycleProfile, _chrome.Linking, _raw.RawEvents]:
+def _read_cycle(trace: dict, source: Path, last_step: int) -> tuple[CycleProfile, _chrome.Linking, RawEvents]:
     device, device_profiled = _devices.device_of_trace(trace)
     raw, linking = _chrome.read_chrome_trace(trace)
-    profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step)
+    profile = aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step)
     if not profile.ops:
         raise ValueError(f"{source}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
     return profile, linking, raw
 
 
-def timeline_of(trace: dict, raw: _raw.RawEvents, step: int, max_spans: int = DEFAULT_MAX_SPANS) -> Timeline:
+def timeline_of(trace: dict, raw: RawEvents, step: int, max_spans: int = DEFAULT_MAX_SPANS) -> Timeline:
     """The cycle's timeline from its trace: the span tree the callback logs for the same cycle."""
     inputs = timeline_inputs_from_chrome_trace(trace, raw)
     return build_timeline(raw, cycle_step=step, max_spans=max_spans, inputs=inputs)

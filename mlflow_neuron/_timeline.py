@@ -10,7 +10,7 @@ The tree, top down:
 
 - the cycle, `profiler/step_<N>`;
 - its `ProfilerStep#N` ranges;
-- inside each step the host ops, nested as torch nests them (`_raw`'s rules: per-thread interval
+- inside each step the host ops, nested as torch nests them (`_aggregate`'s rules: per-thread interval
   nesting in `(start, -end)` order, an only child named like its parent merged into it). A
   top-level op of another thread (autograd, dataloader) goes under the step its start falls in,
   else under the cycle; async events are leaves there too;
@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _raw
+from . import _aggregate
+from ._raw_events import DEVICE_KERNEL, DEVICE_OTHER, HOST, RawEvents
 from ._steps import step_numbers
 
 CYCLE, STEP, OP, STREAM, KERNEL, SUMMARY = "cycle", "step", "op", "stream", "kernel", "summary"
@@ -110,7 +111,7 @@ class TimelineInputs:
 
 
 def build_timeline(
-    raw: _raw.RawEvents,
+    raw: RawEvents,
     *,
     cycle_step: int,
     max_spans: int = DEFAULT_MAX_SPANS,
@@ -163,14 +164,14 @@ class _Tree:
     calls: np.ndarray  # calls of the event's (name, host/device) in the cycle
 
 
-def _tree(raw: _raw.RawEvents) -> _Tree:
-    """The numbers `_raw.aggregate` computes per event, kept per event instead of summed."""
+def _tree(raw: RawEvents) -> _Tree:
+    """The numbers `_aggregate.aggregate` computes per event, kept per event instead of summed."""
     n = len(raw)
-    names, name_of = _raw._display_names(raw.names)
-    host = raw.device_class == _raw.HOST
+    names, name_of = _aggregate._display_names(raw.names)
+    host = raw.device_class == HOST
     sync_host = host & ~raw.is_async
-    thread = _raw._linked_threads(raw, sync_host)
-    kernels = _raw._kernel_sums(raw, sync_host)
+    thread = _aggregate._linked_threads(raw, sync_host)
+    kernels = _aggregate._kernel_sums(raw, sync_host)
     is_legacy = sync_host & (raw.legacy_device_us > 0)
     order = np.lexsort((np.arange(n), -raw.end_ns, raw.start_ns))
     start, end = raw.start_ns[order], raw.end_ns[order]
@@ -179,28 +180,28 @@ def _tree(raw: _raw.RawEvents) -> _Tree:
     kernels, is_legacy = kernels[order], is_legacy[order]
 
     tree = np.flatnonzero(sync_host)
-    parent_local, depth_local = _raw._cpu_parents(thread[order][tree], start[tree], end[tree])
+    parent_local, depth_local = _aggregate._cpu_parents(thread[order][tree], start[tree], end[tree])
     parent = np.full(n, -1, np.int64)
     depth = np.zeros(n, np.int64)
     parent[tree] = np.where(parent_local >= 0, tree[np.maximum(parent_local, 0)], -1)
     depth[tree] = depth_local
-    survivor, parent, kernel_owner = _raw._remove_dup_nodes(name, parent)
+    survivor, parent, kernel_owner = _aggregate._remove_dup_nodes(name, parent)
 
     duration_us = end / 1000.0 - start / 1000.0
     cpu_total = np.where(host, duration_us, 0.0)
     has_parent = survivor & (parent >= 0)
     child_cpu = np.bincount(parent[has_parent], weights=cpu_total[has_parent], minlength=n)
     self_cpu = np.where(sync_host, cpu_total - child_cpu, 0.0)
-    device = (cls == _raw.DEVICE_KERNEL) | (cls == _raw.DEVICE_OTHER)
+    device = (cls == DEVICE_KERNEL) | (cls == DEVICE_OTHER)
     self_device = np.zeros(n)
     if raw.use_device:
         device_total = np.where(device, duration_us, 0.0)
         self_device = device_total.copy()
         own = kernels[kernel_owner]
         if (own != 0).any():
-            _raw._host_device_time(own, is_legacy, parent, depth, survivor & sync_host, device_total, self_device)
+            _aggregate._host_device_time(own, is_legacy, parent, depth, survivor & sync_host, device_total, self_device)
     present = (survivor & sync_host) | (host & ~sync_host) | device
-    step_id = [i for i, s in enumerate(names) if s == _raw._STEP_NAME]
+    step_id = [i for i, s in enumerate(names) if s == _aggregate._STEP_NAME]
     is_step = present & sync_host & np.isin(name, step_id)
     key = name * 2 + device
     counted = present & ~(host & ~sync_host)
@@ -377,7 +378,7 @@ def _launchers(raw, t: _Tree, ids: np.ndarray) -> dict[int, str]:
     wanted = np.unique(wanted[wanted > 0])
     if len(wanted) == 0:
         return {}
-    host = np.flatnonzero((raw.device_class == _raw.HOST) & (raw.linked_correlation_id == 0)
+    host = np.flatnonzero((raw.device_class == HOST) & (raw.linked_correlation_id == 0)
                           & np.isin(raw.correlation_id, wanted))  # fmt: skip
     names = {k: _demangle(raw.names[k]) for k in np.unique(raw.name_id[host]).tolist()}
     return {int(c): names[k] for c, k in zip(raw.correlation_id[host].tolist(), raw.name_id[host].tolist())}

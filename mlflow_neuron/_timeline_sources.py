@@ -18,27 +18,28 @@ from typing import Any
 
 import numpy as np
 
-from . import _chrome, _raw
+from . import _chrome, _kineto
+from ._raw_events import HOST, MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME, RawEvents, factorize
 from ._timeline import DeviceLanes, TimelineInputs
 
 
-def read_kineto_cycle(prof: Any) -> tuple[_raw.RawEvents, TimelineInputs] | None:
+def read_kineto_cycle(prof: Any) -> tuple[RawEvents, TimelineInputs] | None:
     """`raw_events_from_kineto(prof)` and its `timeline_inputs_from_kineto`, from one read of
     the Kineto events (building that list is most of a second read's cost); None where
     `raw_events_from_kineto` gives None."""
-    read = _raw.read_kineto_events(prof)
+    read = _kineto.read_kineto_events(prof)
     if read is None:
         return None
     raw, events, origin = read
     return raw, _inputs_from_events(events, raw, origin)
 
 
-def timeline_inputs_from_kineto(prof: Any, raw: _raw.RawEvents) -> TimelineInputs:
+def timeline_inputs_from_kineto(prof: Any, raw: RawEvents) -> TimelineInputs:
     """Origin, device streams (named `<DEVICE> <index> stream <id>`, e.g. `NEURON 0 stream 0`)
     and an input-shapes reader for `raw = raw_events_from_kineto(prof)`, from the same cycle's
     Kineto results (`prof` may be the snapshot `kineto_reader` holds). Pieces that cannot be
     matched to `raw` are None. `read_kineto_cycle` gives both from one read."""
-    _, result = _raw.kineto_results_of(prof)
+    _, result = _kineto.kineto_results_of(prof)
     try:
         origin = int(result.trace_start_ns())
         events = result.events()
@@ -47,7 +48,7 @@ def timeline_inputs_from_kineto(prof: Any, raw: _raw.RawEvents) -> TimelineInput
     return _inputs_from_events(events, raw, origin)
 
 
-def _inputs_from_events(events: list, raw: _raw.RawEvents, origin: int) -> TimelineInputs:
+def _inputs_from_events(events: list, raw: RawEvents, origin: int) -> TimelineInputs:
     try:
         kept = _kineto_rows(events, raw, origin)
     except Exception:  # noqa: BLE001 - another torch's events: no streams, no shapes
@@ -55,7 +56,7 @@ def _inputs_from_events(events: list, raw: _raw.RawEvents, origin: int) -> Timel
     if kept is None:
         return TimelineInputs(origin)
     kind = type(events[0])
-    dev = np.flatnonzero(raw.device_class[: len(kept)] != _raw.HOST)
+    dev = np.flatnonzero(raw.device_class[: len(kept)] != HOST)
     lane = np.full(len(raw), -1, np.int64)
     names: tuple[str, ...] = ()
     if len(dev):
@@ -83,7 +84,7 @@ def _device_label(device_type: Any) -> str:
     return str(getattr(device_type, "name", device_type)).split(".")[-1].upper()
 
 
-def _kineto_rows(events: list, raw: _raw.RawEvents, origin: int) -> np.ndarray | None:
+def _kineto_rows(events: list, raw: RawEvents, origin: int) -> np.ndarray | None:
     """The index of the Kineto event behind each of raw's first rows, as `_read_kineto` keeps
     them; None when they do not line up (then raw came from somewhere else)."""
     if not events:
@@ -93,8 +94,8 @@ def _kineto_rows(events: list, raw: _raw.RawEvents, origin: int) -> np.ndarray |
         kept = np.arange(len(events))
         if _rows_match(events, kept, raw, origin):
             return kept
-    names, name_id = _raw._factorize(list(map(kind.name, events)))
-    keep = ~np.array([_raw._is_filtered(s) for s in names], dtype=bool)[name_id]
+    names, name_id = factorize(list(map(kind.name, events)))
+    keep = ~np.array([_kineto._is_filtered(s) for s in names], dtype=bool)[name_id]
     hidden = getattr(kind, "is_hidden_event", None)
     if hidden is not None:
         keep &= ~np.fromiter(map(hidden, events), dtype=bool, count=len(events))
@@ -102,7 +103,7 @@ def _kineto_rows(events: list, raw: _raw.RawEvents, origin: int) -> np.ndarray |
     return kept if len(kept) <= len(raw) and _rows_match(events, kept, raw, origin) else None
 
 
-def _rows_match(events: list, kept: np.ndarray, raw: _raw.RawEvents, origin: int) -> bool:
+def _rows_match(events: list, kept: np.ndarray, raw: RawEvents, origin: int) -> bool:
     """Whether ~256 evenly spread rows (and the last) have the kept events' names and times."""
     sample = np.unique(np.append(np.linspace(0, len(kept) - 1, min(len(kept), 256)).astype(np.int64), len(kept) - 1))
     for r in sample.tolist():
@@ -127,7 +128,7 @@ def chrome_origin_ns(trace: dict) -> int | None:
     return None
 
 
-def timeline_inputs_from_chrome_trace(trace: dict, raw: _raw.RawEvents) -> TimelineInputs:
+def timeline_inputs_from_chrome_trace(trace: dict, raw: RawEvents) -> TimelineInputs:
     """Origin, stream names and input shapes (`args["Input Dims"]`) for
     `raw = raw_events_from_chrome_trace(trace)`. Its device rows are split by (pid, tid) already;
     the names come from the trace's `process_name`/`thread_name` metadata."""
@@ -151,7 +152,7 @@ def timeline_inputs_from_chrome_trace(trace: dict, raw: _raw.RawEvents) -> Timel
     names = [""] * len(order)
     for (pid, tid), k in order.items():
         names[k] = f"{pid_names.get(pid, pid)} {tid_names.get((pid, tid), f'stream {tid}')}".strip()
-    lane = np.where(raw.device_class != _raw.HOST, raw.thread, -1)
+    lane = np.where(raw.device_class != HOST, raw.thread, -1)
 
     def read_shapes(raw_rows: np.ndarray) -> list:
         return [dims[r] if r < len(dims) and dims[r] and any(dims[r]) else None for r in raw_rows.tolist()]
@@ -163,7 +164,7 @@ def _chrome_row(event: dict, args: dict) -> str | None:
     """"op" for an event `raw_events_from_chrome_trace` makes a row of (rows come first, in trace
     order), "memory" for a memory record (after them), None for anything else."""
     name, ph = event.get("name"), event.get("ph")
-    if name in (_raw.MEMORY_EVENT_NAME, _raw.OUT_OF_MEMORY_EVENT_NAME) and ph in ("i", "I", "X"):
+    if name in (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME) and ph in ("i", "I", "X"):
         return "memory"
     if ph != "X" or event.get("cat") not in _chrome._CHROME_CLASSES or str(args.get("hidden", "")) == "1":
         return None

@@ -24,7 +24,9 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from workloads import inputs, rms_norm_naive
 
-from mlflow_neuron._raw import HOST, raw_events_from_chrome_trace, raw_events_from_kineto
+from mlflow_neuron._chrome import raw_events_from_chrome_trace
+from mlflow_neuron._kineto import raw_events_from_kineto
+from mlflow_neuron._raw_events import HOST
 from mlflow_neuron._timeline import (
     CYCLE,
     KERNEL,
@@ -145,7 +147,9 @@ import fake_device
 fake_device.activate(pathlib.Path(sys.argv[1]))
 from torch.profiler import ProfilerActivity, profile, schedule
 from workloads import inputs, rms_norm_naive
-from mlflow_neuron._raw import aggregate, raw_events_from_chrome_trace, raw_events_from_kineto
+from mlflow_neuron._aggregate import aggregate
+from mlflow_neuron._chrome import raw_events_from_chrome_trace
+from mlflow_neuron._kineto import raw_events_from_kineto
 from mlflow_neuron._timeline import build_timeline
 from mlflow_neuron._timeline_sources import timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
 x, w = inputs()
