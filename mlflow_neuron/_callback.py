@@ -21,10 +21,10 @@ from . import _devices, _files, _kineto, _neuron_monitor, _outbox, _record, _set
 from . import _render as render
 from ._aggregate import aggregate
 from ._distributed import broadcast_from_primary, current_rank
+from ._event_tree import EventTree, event_tree
 from ._extract import MISSING, PRESENT, CycleProfile, extract_cycle
 from ._keys import OpKeys
 from ._mlflow_io import RunLogger, check_reachable, current_run_ref
-from ._raw_events import RawEvents
 from ._record import RunRef
 from ._report import Reporter, logger
 from ._sender import Sender
@@ -395,8 +395,10 @@ class MLflowProfilerCallback:
                 if read is None:
                     raise RuntimeError(f"this torch's Kineto results could not be read ({torch.__version__})")
                 raw, inputs = read if with_timeline else (read, None)
-                profile = aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step)
-                timeline = self._timeline(raw, step, inputs) if with_timeline else None
+                tree = event_tree(raw)  # linked once, for the numbers and the timeline
+                profile = aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step,
+                                    tree=tree)  # fmt: skip
+                timeline = self._timeline(tree, step, inputs) if with_timeline else None
                 return profile, render.cycle_table(profile), timeline
 
             return summarize
@@ -406,10 +408,11 @@ class MLflowProfilerCallback:
         profile, table = self._profile_from_events(prof, device, device_profiled, last_step)
         return lambda: (profile, table, None)
 
-    def _timeline(self, raw: RawEvents, step: int, inputs: Any) -> Any:
+    def _timeline(self, tree: EventTree, step: int, inputs: Any) -> Any:
         """The cycle's span tree; None (one warning) when it cannot be built: the rest still goes."""
         try:
-            return build_timeline(raw, cycle_step=step, max_spans=self.timeline_max_spans, inputs=inputs)
+            return build_timeline(tree.raw, cycle_step=step, max_spans=self.timeline_max_spans, inputs=inputs,
+                                  tree=tree)  # fmt: skip
         except Exception as error:  # noqa: BLE001
             self.reporter.problem("timeline", f"profiler step {step} has no timeline (its trace is not logged)", error)
             return None

@@ -3,15 +3,16 @@
 Example::
 
     raw, inputs = read_kineto_cycle(prof)      # _timeline_sources; or raw_events_from_kineto + ...
-    timeline = build_timeline(raw, cycle_step=prof.step_num, inputs=inputs)
+    tree = event_tree(raw)                     # shared with aggregate(raw, ..., tree=tree)
+    timeline = build_timeline(raw, cycle_step=prof.step_num, inputs=inputs, tree=tree)
     Path("timeline.json").write_text(timeline.to_json())   # replayable: Timeline.from_json(text)
 
 The tree, top down:
 
 - the cycle, `profiler/step_<N>`;
 - its `ProfilerStep#N` ranges;
-- inside each step the host ops, nested as torch nests them (`_aggregate`'s rules: per-thread interval
-  nesting in `(start, -end)` order, an only child named like its parent merged into it). A
+- inside each step the host ops, nested as torch nests them (`_event_tree`'s rules: per-thread
+  interval nesting in `(start, -end)` order, an only child named like its parent merged into it). A
   top-level op of another thread (autograd, dataloader) goes under the step its start falls in,
   else under the cycle; async events are leaves there too;
 - one span per device stream (NeuronCore, CUDA stream), under the cycle, holding that stream's
@@ -37,8 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import _aggregate
-from ._raw_events import DEVICE_KERNEL, DEVICE_OTHER, HOST, RawEvents
+from ._event_tree import STEP_NAME, EventTree, event_tree
+from ._raw_events import HOST, RawEvents
 from ._steps import step_numbers
 
 CYCLE, STEP, OP, STREAM, KERNEL, SUMMARY = "cycle", "step", "op", "stream", "kernel", "summary"
@@ -116,6 +117,7 @@ def build_timeline(
     cycle_step: int,
     max_spans: int = DEFAULT_MAX_SPANS,
     inputs: TimelineInputs | None = None,
+    tree: EventTree | None = None,
 ) -> Timeline:
     """The span tree of one cycle (see the module docstring).
 
@@ -127,9 +129,10 @@ def build_timeline(
             epoch origin (without one, times stay trace-relative), the device streams (without
             them a chrome trace's device rows split by (pid, tid), Kineto's all go to one "device"
             stream), and input shapes (recorded with `record_shapes=True`).
+        tree: `event_tree(raw)`, when the caller has it already (from aggregating the cycle).
 
     Raises:
-        ValueError: max_spans < 1, or `lanes` does not fit `raw`.
+        ValueError: max_spans < 1, `lanes` does not fit `raw`, or `tree` is another's.
     """
     if max_spans < 1:
         raise ValueError(f"max_spans must be at least 1, got {max_spans}")
@@ -142,13 +145,16 @@ def build_timeline(
         return Timeline(root_name, cycle_step, origin_ns, (root,), 1, 0)
     if lanes is not None and len(lanes.lane) != n:
         raise ValueError(f"lanes has {len(lanes.lane)} rows, the events {n}")
-    t = _tree(raw)
+    if tree is not None and tree.raw is not raw:
+        raise ValueError("tree is not the tree of these events: pass event_tree(raw)")
+    t = _tree(tree if tree is not None else event_tree(raw))
     return _select(raw, t, root_name, cycle_step, origin_ns, max_spans, lanes, input_shapes)
 
 
 @dataclass
 class _Tree:
-    """Per event, in torch's list order (`order` maps back to raw rows)."""
+    """Per event, in torch's list order (`order` maps back to raw rows): the `EventTree`'s columns
+    the timeline reads, and which events become spans."""
 
     order: np.ndarray
     start: np.ndarray
@@ -164,50 +170,16 @@ class _Tree:
     calls: np.ndarray  # calls of the event's (name, host/device) in the cycle
 
 
-def _tree(raw: RawEvents) -> _Tree:
-    """The numbers `_aggregate.aggregate` computes per event, kept per event instead of summed."""
-    n = len(raw)
-    names, name_of = _aggregate._display_names(raw.names)
-    host = raw.device_class == HOST
-    sync_host = host & ~raw.is_async
-    thread = _aggregate._linked_threads(raw, sync_host)
-    kernels = _aggregate._kernel_sums(raw, sync_host)
-    is_legacy = sync_host & (raw.legacy_device_us > 0)
-    order = np.lexsort((np.arange(n), -raw.end_ns, raw.start_ns))
-    start, end = raw.start_ns[order], raw.end_ns[order]
-    name = name_of[raw.name_id[order]]
-    cls, sync_host, host = raw.device_class[order], sync_host[order], host[order]
-    kernels, is_legacy = kernels[order], is_legacy[order]
-
-    tree = np.flatnonzero(sync_host)
-    parent_local, depth_local = _aggregate._cpu_parents(thread[order][tree], start[tree], end[tree])
-    parent = np.full(n, -1, np.int64)
-    depth = np.zeros(n, np.int64)
-    parent[tree] = np.where(parent_local >= 0, tree[np.maximum(parent_local, 0)], -1)
-    depth[tree] = depth_local
-    survivor, parent, kernel_owner = _aggregate._remove_dup_nodes(name, parent)
-
-    duration_us = end / 1000.0 - start / 1000.0
-    cpu_total = np.where(host, duration_us, 0.0)
-    has_parent = survivor & (parent >= 0)
-    child_cpu = np.bincount(parent[has_parent], weights=cpu_total[has_parent], minlength=n)
-    self_cpu = np.where(sync_host, cpu_total - child_cpu, 0.0)
-    device = (cls == DEVICE_KERNEL) | (cls == DEVICE_OTHER)
-    self_device = np.zeros(n)
-    if raw.use_device:
-        device_total = np.where(device, duration_us, 0.0)
-        self_device = device_total.copy()
-        own = kernels[kernel_owner]
-        if (own != 0).any():
-            _aggregate._host_device_time(own, is_legacy, parent, depth, survivor & sync_host, device_total, self_device)
-    present = (survivor & sync_host) | (host & ~sync_host) | device
-    step_id = [i for i, s in enumerate(names) if s == _aggregate._STEP_NAME]
-    is_step = present & sync_host & np.isin(name, step_id)
-    key = name * 2 + device
-    counted = present & ~(host & ~sync_host)
-    calls = np.bincount(key[counted], minlength=2 * len(names))[key]
-    return _Tree(order, start, end, name, names, present, device, np.where(present, parent, -1),
-                 self_cpu, self_device, is_step, calls)  # fmt: skip
+def _tree(tree: EventTree) -> _Tree:
+    """What the timeline draws of the event tree: which events become spans, and their calls."""
+    async_host = tree.host & ~tree.sync_host
+    present = (tree.survivor & tree.sync_host) | async_host | tree.device
+    step_id = [i for i, s in enumerate(tree.names) if s == STEP_NAME]
+    is_step = present & tree.sync_host & np.isin(tree.name, step_id)
+    key = tree.name * 2 + tree.device
+    calls = np.bincount(key[present & ~async_host], minlength=2 * len(tree.names))[key]
+    return _Tree(tree.order, tree.start_ns, tree.end_ns, tree.name, tree.names, present, tree.device,
+                 np.where(present, tree.parent, -1), tree.self_cpu_us, tree.self_device_us, is_step, calls)  # fmt: skip
 
 
 def _select(raw, t: _Tree, root_name: str, cycle_step: int, origin_ns: int, max_spans: int,
