@@ -143,9 +143,9 @@ def _kernel_sums(raw: RawEvents, sync_host: np.ndarray) -> np.ndarray:
         found = ids[at] == raw.correlation_id[frontend]
         takers, at = frontend[found], at[found]
         kernels[takers] = by_id[at]
-        for event, which in zip(takers.tolist(), at.tolist()):
-            if legacy[event] > 0:  # rare: a legacy kernel and linked ones on one event
-                kernels[event] = sum(durations[slot == which].tolist(), float(legacy[event]))
+        both = legacy[takers] > 0  # rare: a legacy kernel and linked ones on one event
+        for event, which in zip(takers[both].tolist(), at[both].tolist()):
+            kernels[event] = sum(durations[slot == which].tolist(), float(legacy[event]))
     return kernels
 
 
