@@ -152,6 +152,7 @@ def _read_kineto(events: list, kind: Any, trace_start: int, use_device: str | No
     if hidden_of is not None:
         filtered |= np.fromiter(map(hidden_of, events), dtype=bool, count=n)
     keep = ~filtered
+    source = np.flatnonzero(keep)
     memory = _memory_records(events, kind, raw_names, name_id, trace_start)
     kept = list(itertools.compress(events, keep)) if not keep.all() else events
     m = len(kept)
@@ -182,15 +183,16 @@ def _read_kineto(events: list, kind: Any, trace_start: int, use_device: str | No
         values = np.fromiter(map(legacy, host_events), dtype=np.float64, count=len(host_events))
         legacy_us[host] = np.where(values > 0, values, 0.0)
     name_ids = name_id[keep]
-    columns = [name_ids, start, end, thread, device_class, correlation, linked, is_async, annotation, legacy_us]
+    columns = [name_ids, start, end, thread, device_class, correlation, linked, is_async, annotation, legacy_us,
+               source]  # fmt: skip
     if memory is not None:
         extra = uncovered_memory(memory, start, end, host)
         columns = [np.concatenate([c, x]) for c, x in zip(columns, extra)]
-    return RawEvents(tuple(raw_names), *columns, use_device=use_device)
+    return RawEvents(tuple(raw_names), *columns[:-1], use_device=use_device, source_index=columns[-1])
 
 
 def _memory_records(events: list, kind: Any, raw_names: list, name_id: np.ndarray, trace_start: int):
-    """`[memory]` and `[OutOfMemory]` records as (name ids, start, thread, is_oom), or None."""
+    """`[memory]` and `[OutOfMemory]` records as (name ids, start, thread, is_oom, index), or None."""
     special = [i for i, s in enumerate(raw_names) if s in (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME)]
     if not special:
         return None
@@ -199,7 +201,7 @@ def _memory_records(events: list, kind: Any, raw_names: list, name_id: np.ndarra
     ids = name_id[rows]
     start = np.fromiter(map(kind.start_ns, records), np.int64, len(records)) - trace_start
     thread = np.fromiter(map(kind.start_thread_id, records), np.int64, len(records))
-    return ids, start, thread, np.array([raw_names[i] == OUT_OF_MEMORY_EVENT_NAME for i in ids], bool)
+    return ids, start, thread, np.array([raw_names[i] == OUT_OF_MEMORY_EVENT_NAME for i in ids], bool), rows
 
 
 def _is_filtered(name: str) -> bool:

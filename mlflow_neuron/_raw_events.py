@@ -24,6 +24,9 @@ class RawEvents:
     start. `device_class`: HOST (CPU), DEVICE_KERNEL (CUDA/PrivateUse1/XPU: attached to the op
     they link to), DEVICE_OTHER (MTIA/HPU device rows), OTHER (any other device type).
     `use_device`: the profiler's device; without one torch reports no device time at all.
+    `source_index`: where each row came from, for readers of more of the same events (the
+    timeline's streams and shapes): its index in Kineto's `events()` list or in a chrome trace's
+    `traceEvents`; None when unknown.
     """
 
     names: tuple[str, ...]  # distinct names as recorded
@@ -38,6 +41,7 @@ class RawEvents:
     is_user_annotation: np.ndarray
     legacy_device_us: np.ndarray  # device time from legacy fallback stubs, 0 where none
     use_device: str | None
+    source_index: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.name_id)
@@ -52,16 +56,16 @@ class RawEvents:
 
 def empty_events(use_device: str | None) -> RawEvents:
     i, b = np.zeros(0, np.int64), np.zeros(0, bool)
-    return RawEvents((), i, i, i, i, np.zeros(0, np.int8), i, i, b, b, np.zeros(0), use_device=use_device)
+    return RawEvents((), i, i, i, i, np.zeros(0, np.int8), i, i, b, b, np.zeros(0), use_device=use_device, source_index=i)
 
 
 def uncovered_memory(memory: tuple, start: np.ndarray, end: np.ndarray, host: np.ndarray) -> tuple:
     """Columns of the memory events torch adds: OOM records, and `[memory]` records outside every
     host event (torch matches them to any host event, on any thread, whose span holds them).
 
-    `memory`: the records as (name ids, start, thread, is_oom); both readers append the result
-    after their rows."""
-    ids, at, thread, oom = memory
+    `memory`: the records as (name ids, start, thread, is_oom, source index); both readers append
+    the result (RawEvents' columns, `source_index` last) after their rows."""
+    ids, at, thread, oom, source = memory
     covered = np.zeros(len(at), bool)
     if host.any():
         s, e = start[host], end[host]
@@ -74,7 +78,7 @@ def uncovered_memory(memory: tuple, start: np.ndarray, end: np.ndarray, host: np
     k = len(order)
     zeros = np.zeros(k, np.int64)
     return (ids[order], at[order], at[order], thread[order], np.full(k, HOST, np.int8), zeros, zeros,
-            np.zeros(k, bool), np.zeros(k, bool), np.zeros(k))  # fmt: skip
+            np.zeros(k, bool), np.zeros(k, bool), np.zeros(k), source[order])  # fmt: skip
 
 
 def factorize(values: list) -> tuple[list, np.ndarray]:
