@@ -275,7 +275,7 @@ def _summaries(parent: np.ndarray, kept: np.ndarray, present: np.ndarray) -> tup
     dropped = np.flatnonzero(present & ~kept[:n])
     anchor = np.full(len(parent), -1, np.int64)
     anchor[dropped] = up[dropped]
-    return anchor, np.unique(anchor[dropped])
+    return anchor, np.flatnonzero(np.bincount(anchor[dropped], minlength=len(parent)))  # sorted, unique
 
 
 def _nearest_kept(parent: np.ndarray, kept: np.ndarray) -> np.ndarray:
@@ -294,7 +294,9 @@ def _summary_spans(t: _Tree, anchor, summarized, index, parent, origin_ns: int, 
     if len(summarized) == 0:
         return []
     rows = np.flatnonzero(anchor[:n] >= 0)
-    slot = np.searchsorted(summarized, anchor[rows])
+    slot_of = np.zeros(len(anchor), np.int64)
+    slot_of[summarized] = np.arange(len(summarized))
+    slot = slot_of[anchor[rows]]
     count = np.bincount(slot, minlength=len(summarized))
     outer = parent[rows] == anchor[rows]
     duration = (t.end - t.start)[rows]
