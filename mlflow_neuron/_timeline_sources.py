@@ -94,7 +94,7 @@ def _device_label(device_type: Any) -> str:
 def _rows_match(events: list, rows: np.ndarray, raw: RawEvents, origin: int) -> bool:
     """Whether raw's rows are these events: ~256 evenly spread rows (and the last) have their
     events' names and times."""
-    if len(rows) == 0 or int(rows.max()) >= len(events) or int(rows.min()) < 0:
+    if len(rows) == 0 or not _indexes_into(rows, len(events)):
         return len(rows) == 0
     sample = np.unique(np.append(np.linspace(0, len(rows) - 1, min(len(rows), 256)).astype(np.int64), len(rows) - 1))
     for r in sample.tolist():
@@ -105,6 +105,10 @@ def _rows_match(events: list, rows: np.ndarray, raw: RawEvents, origin: int) -> 
     return True
 
 
+def _indexes_into(rows: np.ndarray, count: int) -> bool:
+    return len(rows) == 0 or (int(rows.min()) >= 0 and int(rows.max()) < count)
+
+
 def timeline_inputs_from_chrome_trace(trace: dict, raw: RawEvents) -> TimelineInputs:
     """Origin, stream names and input shapes (`args["Input Dims"]`) for
     `raw = raw_events_from_chrome_trace(trace)`. Its device rows are split by (pid, tid) already;
@@ -113,7 +117,7 @@ def timeline_inputs_from_chrome_trace(trace: dict, raw: RawEvents) -> TimelineIn
     events = trace.get("traceEvents", ())
     origin = chrome_origin_ns(trace)
     rows = raw.source_index
-    if rows is None or (len(rows) and (int(rows.max()) >= len(events) or int(rows.min()) < 0)):
+    if rows is None or not _indexes_into(rows, len(events)):
         return TimelineInputs(origin)
     dev = np.flatnonzero(raw.device_class != HOST)
     lane = np.full(len(raw), -1, np.int64)
@@ -150,7 +154,6 @@ def chrome_origin_ns(trace: dict) -> int | None:
             ts = event.get("ts")
             if isinstance(ts, (int, float)) and isinstance(base, int):
                 return base + int(_chrome._ns(np.array([float(ts)]))[0])
-            return None
     return None
 
 
