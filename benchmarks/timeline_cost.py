@@ -149,7 +149,7 @@ def main() -> None:
                 verdicts.append((path, ops, trace, ratios))
     print("trace = streams + build + stage + log: building the cycle's trace and logging it")
     for path, ops, trace, ratios in verdicts:
-        against = "; ".join(f"{r:.0%} of {name} ({'met' if r <= TARGET else 'missed'})" for name, r in ratios.items())
+        against = "; ".join(f"{r:.1%} of {name} ({'met' if r <= TARGET else 'missed'})" for name, r in ratios.items())
         print(f"{path} path, {ops:,} ops: trace {trace:.3f} s = {against}; target {TARGET:.0%}")
     callback_cost(args, device, store)
 
