@@ -98,7 +98,8 @@ def main() -> None:
     print(f"compare {args.runs} runs x {args.ops} ops: pure {pure * 1000:.0f} ms; "
           f"compare_runs from a local sqlite store {full:.2f} s (reading {args.runs} runs dominates)")
 
-    from mlflow_neuron import _chrome, _devices, _raw
+    from mlflow_neuron import _chrome, _devices
+    from mlflow_neuron._aggregate import aggregate
     from mlflow_neuron._ingest import load_trace
 
     path = trace_file(work, args.events)
@@ -109,7 +110,7 @@ def main() -> None:
     def parse_and_aggregate():
         loaded = load_trace(path)
         device, profiled = _devices.device_of_trace(loaded)
-        _raw.aggregate(_chrome.raw_events_from_chrome_trace(loaded), device=device, device_profiled=profiled)
+        aggregate(_chrome.raw_events_from_chrome_trace(loaded), device=device, device_profiled=profiled)
 
     import json
 

@@ -1,4 +1,4 @@
-"""Training-thread cost of reading one profiler cycle: the fast path (`mlflow_neuron._raw`) against
+"""Training-thread cost of reading one profiler cycle: the fast path (`_kineto` + `_aggregate`) against
 torch's own parse, on cycles of N CPU ops each launching one fake "neuron" device kernel.
 
     python benchmarks/extraction.py [--quick] [--reps 5]     # ~2 min on 2 cores; --quick ~1 min
@@ -60,7 +60,8 @@ def profile_cycle(ops: int, with_device: bool):
 
 
 def fast_path(prof, device):
-    from mlflow_neuron._raw import aggregate, raw_events_from_kineto
+    from mlflow_neuron._aggregate import aggregate
+    from mlflow_neuron._kineto import raw_events_from_kineto
 
     raw = raw_events_from_kineto(prof)
     assert raw is not None, "the fast path declined this profile"
@@ -136,7 +137,8 @@ def _status_mib(field: str) -> float:
 
 def rss_child(mode: str, ops: int) -> None:
     """Prints: whole-process peak, RSS held after the profile, peak while reading it (MiB)."""
-    import mlflow_neuron._raw  # noqa: F401 - loaded in every child: the callback has it loaded anyway
+    import mlflow_neuron._aggregate  # noqa: F401 - loaded in every child: the callback has them loaded anyway
+    import mlflow_neuron._kineto  # noqa: F401
 
     note = activate_fake_device()
     device = "cpu" if note else "neuron"

@@ -17,10 +17,12 @@ from typing import Any
 
 import torch
 
-from . import _devices, _files, _neuron_monitor, _outbox, _raw, _record, _settings
+from . import _devices, _files, _kineto, _neuron_monitor, _outbox, _record, _settings
 from . import _render as render
+from ._aggregate import aggregate
 from ._complete import Completer, guarded_timeline
 from ._distributed import broadcast_from_primary, current_rank
+from ._event_tree import event_tree
 from ._extract import PRESENT, CycleProfile, extract_cycle
 from ._handoff import Handoff
 from ._mlflow_io import RunLogger, check_reachable, current_run_ref
@@ -436,19 +438,21 @@ class MLflowProfilerCallback:
         step = int(getattr(prof, "step_num", 0))
         last_step = max(step - 1, 0)  # the cycle's last active step
         with_timeline = self.log_timeline and self.rank.is_primary
-        read_later = _raw.kineto_reader(prof, with_timeline=with_timeline)
+        read_later = _kineto.kineto_reader(prof, with_timeline=with_timeline)
         if read_later is not None:
             def summarize() -> tuple[CycleProfile, str, Any]:
                 read = read_later()
                 if read is None:
                     raise RuntimeError(f"this torch's Kineto results could not be read ({torch.__version__})")
                 raw, inputs = read if with_timeline else (read, None)
-                profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step)
+                tree = event_tree(raw)  # linked once, for the numbers and the timeline
+                profile = aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step,
+                                    tree=tree)  # fmt: skip
                 timeline = None
                 if with_timeline:
-                    timeline = guarded_timeline(
-                        self.reporter, step, lambda: build_timeline(raw, cycle_step=step, max_spans=self.timeline_max_spans, inputs=inputs)
-                    )
+                    timeline = guarded_timeline(self.reporter, step, lambda: build_timeline(
+                        raw, cycle_step=step, max_spans=self.timeline_max_spans, inputs=inputs, tree=tree
+                    ))  # fmt: skip
                 return profile, render.cycle_table(profile), timeline
 
             return summarize
@@ -546,7 +550,7 @@ def _deferred_export(prof: Any) -> Callable[[Path], None] | None:
     `export_chrome_trace` is `kineto_results.save(path)`; the results object belongs to this cycle
     alone (the next cycle gets a new one), so the sender can write it while training goes on.
     """
-    results = _raw.kineto_results_of(prof)[1]
+    results = _kineto.kineto_results_of(prof)[1]
     if results is None or not callable(getattr(results, "save", None)):
         return None
 

@@ -47,16 +47,16 @@ from typing import Any
 
 import numpy as np
 
-from ._raw import (
+from ._raw_events import (
     DEVICE_KERNEL,
     DEVICE_OTHER,
     HOST,
     MEMORY_EVENT_NAME,
     OUT_OF_MEMORY_EVENT_NAME,
     RawEvents,
-    _empty,
-    _factorize,
-    _uncovered_memory,
+    empty_events,
+    factorize,
+    uncovered_memory,
 )
 
 EXTERNAL_ID, CORRELATION = "external_id", "correlation"
@@ -157,7 +157,7 @@ def read_chrome_trace(trace: Mapping[str, Any], *, dialect: str | None = None) -
         if name in (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME) and phase in ("i", "I", "X"):
             ts, _, name = _checked(event, index, "ts")  # Kineto writes instants, the Python exporter X
             thread = threads.setdefault((event.get("pid"), event.get("tid")), len(threads))
-            memory.append((name, ts, thread))
+            memory.append((name, ts, thread, index))
         elif phase == "X" and cat in _CHROME_CLASSES:
             ts, dur, name = _checked(event, index, "ts", "dur")
             args = event.get("args") or {}
@@ -173,7 +173,7 @@ def read_chrome_trace(trace: Mapping[str, Any], *, dialect: str | None = None) -
             thread = threads.setdefault((event.get("pid"), event.get("tid")), len(threads))
             rows.append((name, ts, dur, thread, device_class, role, cat == _LAUNCH_TARGET,
                          _int_arg(args, "External id", index), _int_arg(args, "correlation", index),
-                         cat in _ANNOTATION_CATEGORIES))  # fmt: skip
+                         cat in _ANNOTATION_CATEGORIES, index))  # fmt: skip
         elif phase == "X" and cat == "Trace" and str(event.get("name", "")).startswith("PyTorch Profiler"):
             trace_start_us = _checked(event, index, "ts")[0]  # Kineto's span starts at trace_start_ns
     return _chrome_columns(rows, memory, trace_start_us, dialect)
@@ -212,9 +212,9 @@ def _ns(us: np.ndarray) -> np.ndarray:
 
 def _chrome_columns(rows: list, memory: list, trace_start_us: float | None, dialect: str | None) -> tuple:
     if not rows and not memory:
-        return _empty(None), Linking(EXTERNAL_ID, 0, 0, 0, 0, 0.0, 0.0)
-    names, ts, dur, thread, device_class, role, target, external, correlation, annotation = (
-        zip(*rows) if rows else [()] * 10
+        return empty_events(None), Linking(EXTERNAL_ID, 0, 0, 0, 0, 0.0, 0.0)
+    names, ts, dur, thread, device_class, role, target, external, correlation, annotation, source = (
+        zip(*rows) if rows else [()] * 11
     )
     start = _ns(np.array(ts, np.float64))
     end = start + np.rint(np.array(dur, np.float64) * 1000).astype(np.int64)
@@ -223,22 +223,23 @@ def _chrome_columns(rows: list, memory: list, trace_start_us: float | None, dial
         origin = _ns(np.array([trace_start_us]))[0]
     else:  # the Python exporter writes no trace start: the first event stands in (floats differ in the last bits)
         origin = min(a.min() for a in (start, mem_start) if len(a))
-    raw_names, name_id = _factorize(list(names) + [r[0] for r in memory])
+    raw_names, name_id = factorize(list(names) + [r[0] for r in memory])
     m = len(rows)
     device_class = np.array(device_class, np.int8)
     own, linked, how, dialect = _link(start.tolist(), end.tolist(), thread, role, target, external, correlation,
                                       dialect)  # fmt: skip
     columns = [name_id[:m], start - origin, end - origin, np.array(thread, np.int64), device_class,
                np.array(own, np.int64), np.array(linked, np.int64), np.zeros(m, bool),
-               np.array(annotation, bool), np.zeros(m)]  # fmt: skip
+               np.array(annotation, bool), np.zeros(m), np.array(source, np.int64)]  # fmt: skip
     if memory:
         oom = np.array([r[0] == OUT_OF_MEMORY_EVENT_NAME for r in memory], bool)
-        records = (name_id[m:], mem_start - origin, np.array([r[2] for r in memory], np.int64), oom)
-        extra = _uncovered_memory(records, columns[1], columns[2], device_class == HOST)
+        records = (name_id[m:], mem_start - origin, np.array([r[2] for r in memory], np.int64), oom,
+                   np.array([r[3] for r in memory], np.int64))  # fmt: skip
+        extra = uncovered_memory(records, columns[1], columns[2], device_class == HOST)
         columns = [np.concatenate([c, x]) for c, x in zip(columns, extra)]
     use_device = "device" if (device_class != HOST).any() else None
     linking = _summary(dialect, how, device_class.tolist(), annotation, dur)
-    return RawEvents(tuple(raw_names), *columns, use_device=use_device), linking
+    return RawEvents(tuple(raw_names), *columns[:-1], use_device=use_device, source_index=columns[-1]), linking
 
 
 def _link(start: list, end: list, thread: tuple, role: tuple, target: tuple, external: tuple, correlation: tuple,

@@ -87,6 +87,7 @@ def guarded_timeline(reporter, step: int, build: Callable[[], Any]) -> Any:
 
 
 def empty_profile(device: str) -> CycleProfile:
-    from ._raw import _empty, aggregate
+    from ._aggregate import aggregate
+    from ._raw_events import empty_events
 
-    return aggregate(_empty(None), device=device, device_profiled=device != _devices.CPU)
+    return aggregate(empty_events(None), device=device, device_profiled=device != _devices.CPU)

@@ -5,7 +5,7 @@
 The training process saves each cycle's chrome trace (Kineto's C++ writer) and sends a job: plain
 data naming the trace, the step, the files to upload and the manifest. Here the trace is parsed
 with orjson, aggregated by the same rules as the callback (`_chrome.raw_events_from_chrome_trace` +
-`_raw.aggregate`, equal to `extract_cycle(prof.events())` on every op row) and delivered by a `Sender`,
+`_aggregate.aggregate`, equal to `extract_cycle(prof.events())` on every op row) and delivered by a `Sender`,
 with its retries and outbox, so the training process keeps its GIL for training.
 
 Protocol: JSON lines. Requests on stdin: `init` (first), `cycle`, `flush`, `spill`, `close`. Answers on
@@ -59,9 +59,11 @@ def summarize_trace(trace: str, fallback: str | None, device: str, device_profil
                     timeline: dict | None = None, reporter: Any = None):  # fmt: skip
     """A cycle's CycleProfile, table and (with `timeline`: step, max_spans) span tree, from its
     chrome trace file (or the gzipped copy)."""
-    from . import _chrome, _raw
+    from . import _chrome
     from . import _render as render
+    from ._aggregate import aggregate
     from ._complete import guarded_timeline
+    from ._event_tree import event_tree
     from ._timeline import build_timeline
     from ._timeline_sources import timeline_inputs_from_chrome_trace
 
@@ -74,12 +76,13 @@ def summarize_trace(trace: str, fallback: str | None, device: str, device_profil
     parsed = _loads(data)
     del data
     raw = _chrome.raw_events_from_chrome_trace(parsed)
-    profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled, default_step=default_step)
+    tree = event_tree(raw)  # linked once, for the numbers and the timeline
+    profile = aggregate(raw, device=device, device_profiled=device_profiled, default_step=default_step, tree=tree)
     spans = None
     if timeline:
         step, max_spans = timeline["step"], timeline["max_spans"]
         spans = guarded_timeline(reporter, step, lambda: build_timeline(
-            raw, cycle_step=step, max_spans=max_spans, inputs=timeline_inputs_from_chrome_trace(parsed, raw)
+            raw, cycle_step=step, max_spans=max_spans, inputs=timeline_inputs_from_chrome_trace(parsed, raw), tree=tree
         ))  # fmt: skip
     return profile, render.cycle_table(profile), spans
 

@@ -19,7 +19,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import _chrome, _devices, _files, _raw, _record
+from . import _chrome, _devices, _files, _record
+from ._aggregate import aggregate
+from ._event_tree import EventTree, event_tree
 from ._extract import CycleProfile
 from ._keys import OpKeys
 from ._mlflow_io import RunLogger, human_size, sent_files
@@ -98,19 +100,22 @@ def linked_profile_of(trace: dict, source: Path, last_step: int = 0) -> tuple[Cy
     return _read_cycle(trace, source, last_step)[:2]
 
 
-def _read_cycle(trace: dict, source: Path, last_step: int) -> tuple[CycleProfile, _chrome.Linking, _raw.RawEvents]:
+def _read_cycle(trace: dict, source: Path, last_step: int) -> tuple[CycleProfile, _chrome.Linking, EventTree]:
+    """The cycle's profile, its linking, and the event tree both the profile and the timeline use."""
     device, device_profiled = _devices.device_of_trace(trace)
     raw, linking = _chrome.read_chrome_trace(trace)
-    profile = _raw.aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step)
+    tree = event_tree(raw)
+    profile = aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step, tree=tree)
     if not profile.ops:
         raise ValueError(f"{source}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
-    return profile, linking, raw
+    return profile, linking, tree
 
 
-def timeline_of(trace: dict, raw: _raw.RawEvents, step: int, max_spans: int = DEFAULT_MAX_SPANS) -> Timeline:
-    """The cycle's timeline from its trace: the span tree the callback logs for the same cycle."""
-    inputs = timeline_inputs_from_chrome_trace(trace, raw)
-    return build_timeline(raw, cycle_step=step, max_spans=max_spans, inputs=inputs)
+def timeline_of(trace: dict, tree: EventTree, step: int, max_spans: int = DEFAULT_MAX_SPANS) -> Timeline:
+    """The cycle's timeline from its trace and the event tree of `raw_events_from_chrome_trace(trace)`
+    (`_read_cycle` aggregated from it): the span tree the callback logs for the same cycle."""
+    inputs = timeline_inputs_from_chrome_trace(trace, tree.raw)
+    return build_timeline(tree.raw, cycle_step=step, max_spans=max_spans, inputs=inputs, tree=tree)
 
 
 def weak_attribution(linking: _chrome.Linking) -> str | None:
@@ -143,7 +148,7 @@ def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int | No
     for index, cycle in enumerate(cycles, 1):
         trace = load_trace(cycle.trace)
         step = step_of(trace, index)
-        profile, linking, raw = _read_cycle(trace, cycle.trace, max(step - 1, 0))
+        profile, linking, tree = _read_cycle(trace, cycle.trace, max(step - 1, 0))
         attribution = linking.as_dict()
         weak = weak_attribution(linking)
         if weak:
@@ -153,11 +158,11 @@ def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int | No
                              attribution=attribution)  # fmt: skip
         if log_timeline:
             try:
-                record.timeline = timeline_of(trace, raw, step, timeline_max_spans)
+                record.timeline = timeline_of(trace, tree, step, timeline_max_spans)
             except Exception as error:  # noqa: BLE001 - as in the callback: the rest of the cycle goes
                 warnings.warn(f"mlflow-neuron: {cycle.trace}: no timeline (no trace is logged for step {step}): "
                               f"{type(error).__name__}: {error}", MLflowNeuronWarning, stacklevel=2)  # fmt: skip
-        del raw
+        del tree
         delivery = record.materialize()
         try:
             _, vanished = logger.deliver(delivery)

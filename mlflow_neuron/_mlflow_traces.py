@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -159,8 +160,8 @@ def span_dicts(timeline: Timeline, trace_id: str, shift_ns: int = 0) -> list[dic
     out = []
     for i, s in enumerate(timeline.spans):
         attributes = {"mlflow.traceRequestId": request_id, "mlflow.spanType": '"UNKNOWN"',
-                      "kind": json.dumps(s.kind)}  # fmt: skip
-        attributes.update((k, json.dumps(v)) for k, v in s.attributes.items())
+                      "kind": _json_value(s.kind)}  # fmt: skip
+        attributes.update((k, _json_value(v)) for k, v in s.attributes.items())
         out.append({
             "trace_id": trace_id,
             "span_id": f"{i + 1:016x}",
@@ -173,6 +174,22 @@ def span_dicts(timeline: Timeline, trace_id: str, shift_ns: int = 0) -> list[dic
             "events": [],
         })  # fmt: skip
     return out
+
+
+def _json_value(value: Any) -> str:
+    """`json.dumps(value)`, without its per-call overhead for the numbers and strings that almost
+    every attribute is (2,000 spans carry ~14,000 of them)."""
+    kind = type(value)
+    if kind is str:
+        return _json_string(value)
+    if kind is int:
+        return int.__repr__(value)
+    if kind is float and math.isfinite(value):
+        return float.__repr__(value)
+    return json.dumps(value)
+
+
+_json_string = json.encoder.encode_basestring_ascii  # what json.dumps uses for a str (C when available)
 
 
 def _quoted(value: str) -> str:

@@ -3,15 +3,16 @@
 Example::
 
     raw, inputs = read_kineto_cycle(prof)      # _timeline_sources; or raw_events_from_kineto + ...
-    timeline = build_timeline(raw, cycle_step=prof.step_num, inputs=inputs)
+    tree = event_tree(raw)                     # shared with aggregate(raw, ..., tree=tree)
+    timeline = build_timeline(raw, cycle_step=prof.step_num, inputs=inputs, tree=tree)
     Path("timeline.json").write_text(timeline.to_json())   # replayable: Timeline.from_json(text)
 
 The tree, top down:
 
 - the cycle, `profiler/step_<N>`;
 - its `ProfilerStep#N` ranges;
-- inside each step the host ops, nested as torch nests them (`_raw`'s rules: per-thread interval
-  nesting in `(start, -end)` order, an only child named like its parent merged into it). A
+- inside each step the host ops, nested as torch nests them (`_event_tree`'s rules: per-thread
+  interval nesting in `(start, -end)` order, an only child named like its parent merged into it). A
   top-level op of another thread (autograd, dataloader) goes under the step its start falls in,
   else under the cycle; async events are leaves there too;
 - one span per device stream (NeuronCore, CUDA stream), under the cycle, holding that stream's
@@ -31,13 +32,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
 import torch
 
-from . import _raw
+from ._event_tree import STEP_NAME, EventTree, event_tree
+from ._raw_events import HOST, RawEvents
 from ._steps import step_numbers
 
 CYCLE, STEP, OP, STREAM, KERNEL, SUMMARY = "cycle", "step", "op", "stream", "kernel", "summary"
@@ -58,6 +60,9 @@ class TimelineSpan:
     attributes: dict[str, Any] = field(default_factory=dict)
 
 
+_SPAN_FIELDS = tuple(f.name for f in fields(TimelineSpan))
+
+
 @dataclass(frozen=True)
 class Timeline:
     """A cycle's span tree; parents come before their children. Plain data: `to_json` /
@@ -71,7 +76,10 @@ class Timeline:
     dropped: int  # of those, left out (summarized)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), separators=(",", ":"), allow_nan=False)
+        # `asdict` would deep-copy every span's attributes first: most of the time at 2,000 spans.
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["spans"] = [{k: getattr(span, k) for k in _SPAN_FIELDS} for span in self.spans]
+        return json.dumps(data, separators=(",", ":"), allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> Timeline:
@@ -110,11 +118,12 @@ class TimelineInputs:
 
 
 def build_timeline(
-    raw: _raw.RawEvents,
+    raw: RawEvents,
     *,
     cycle_step: int,
     max_spans: int = DEFAULT_MAX_SPANS,
     inputs: TimelineInputs | None = None,
+    tree: EventTree | None = None,
 ) -> Timeline:
     """The span tree of one cycle (see the module docstring).
 
@@ -126,9 +135,10 @@ def build_timeline(
             epoch origin (without one, times stay trace-relative), the device streams (without
             them a chrome trace's device rows split by (pid, tid), Kineto's all go to one "device"
             stream), and input shapes (recorded with `record_shapes=True`).
+        tree: `event_tree(raw)`, when the caller has it already (from aggregating the cycle).
 
     Raises:
-        ValueError: max_spans < 1, or `lanes` does not fit `raw`.
+        ValueError: max_spans < 1, `lanes` does not fit `raw`, or `tree` is another's.
     """
     if max_spans < 1:
         raise ValueError(f"max_spans must be at least 1, got {max_spans}")
@@ -141,13 +151,16 @@ def build_timeline(
         return Timeline(root_name, cycle_step, origin_ns, (root,), 1, 0)
     if lanes is not None and len(lanes.lane) != n:
         raise ValueError(f"lanes has {len(lanes.lane)} rows, the events {n}")
-    t = _tree(raw)
+    if tree is not None and tree.raw is not raw:
+        raise ValueError("tree is not the tree of these events: pass event_tree(raw)")
+    t = _tree(tree if tree is not None else event_tree(raw))
     return _select(raw, t, root_name, cycle_step, origin_ns, max_spans, lanes, input_shapes)
 
 
 @dataclass
 class _Tree:
-    """Per event, in torch's list order (`order` maps back to raw rows)."""
+    """Per event, in torch's list order (`order` maps back to raw rows): the `EventTree`'s columns
+    the timeline reads, and which events become spans."""
 
     order: np.ndarray
     start: np.ndarray
@@ -163,50 +176,16 @@ class _Tree:
     calls: np.ndarray  # calls of the event's (name, host/device) in the cycle
 
 
-def _tree(raw: _raw.RawEvents) -> _Tree:
-    """The numbers `_raw.aggregate` computes per event, kept per event instead of summed."""
-    n = len(raw)
-    names, name_of = _raw._display_names(raw.names)
-    host = raw.device_class == _raw.HOST
-    sync_host = host & ~raw.is_async
-    thread = _raw._linked_threads(raw, sync_host)
-    kernels = _raw._kernel_sums(raw, sync_host)
-    is_legacy = sync_host & (raw.legacy_device_us > 0)
-    order = np.lexsort((np.arange(n), -raw.end_ns, raw.start_ns))
-    start, end = raw.start_ns[order], raw.end_ns[order]
-    name = name_of[raw.name_id[order]]
-    cls, sync_host, host = raw.device_class[order], sync_host[order], host[order]
-    kernels, is_legacy = kernels[order], is_legacy[order]
-
-    tree = np.flatnonzero(sync_host)
-    parent_local, depth_local = _raw._cpu_parents(thread[order][tree], start[tree], end[tree])
-    parent = np.full(n, -1, np.int64)
-    depth = np.zeros(n, np.int64)
-    parent[tree] = np.where(parent_local >= 0, tree[np.maximum(parent_local, 0)], -1)
-    depth[tree] = depth_local
-    survivor, parent, kernel_owner = _raw._remove_dup_nodes(name, parent)
-
-    duration_us = end / 1000.0 - start / 1000.0
-    cpu_total = np.where(host, duration_us, 0.0)
-    has_parent = survivor & (parent >= 0)
-    child_cpu = np.bincount(parent[has_parent], weights=cpu_total[has_parent], minlength=n)
-    self_cpu = np.where(sync_host, cpu_total - child_cpu, 0.0)
-    device = (cls == _raw.DEVICE_KERNEL) | (cls == _raw.DEVICE_OTHER)
-    self_device = np.zeros(n)
-    if raw.use_device:
-        device_total = np.where(device, duration_us, 0.0)
-        self_device = device_total.copy()
-        own = kernels[kernel_owner]
-        if (own != 0).any():
-            _raw._host_device_time(own, is_legacy, parent, depth, survivor & sync_host, device_total, self_device)
-    present = (survivor & sync_host) | (host & ~sync_host) | device
-    step_id = [i for i, s in enumerate(names) if s == _raw._STEP_NAME]
-    is_step = present & sync_host & np.isin(name, step_id)
-    key = name * 2 + device
-    counted = present & ~(host & ~sync_host)
-    calls = np.bincount(key[counted], minlength=2 * len(names))[key]
-    return _Tree(order, start, end, name, names, present, device, np.where(present, parent, -1),
-                 self_cpu, self_device, is_step, calls)  # fmt: skip
+def _tree(tree: EventTree) -> _Tree:
+    """What the timeline draws of the event tree: which events become spans, and their calls."""
+    async_host = tree.host & ~tree.sync_host
+    present = (tree.survivor & tree.sync_host) | async_host | tree.device
+    step_id = [i for i, s in enumerate(tree.names) if s == STEP_NAME]
+    is_step = present & tree.sync_host & np.isin(tree.name, step_id)
+    key = tree.name * 2 + tree.device
+    calls = np.bincount(key[present & ~async_host], minlength=2 * len(tree.names))[key]
+    return _Tree(tree.order, tree.start_ns, tree.end_ns, tree.name, tree.names, present, tree.device,
+                 np.where(present, tree.parent, -1), tree.self_cpu_us, tree.self_device_us, is_step, calls)  # fmt: skip
 
 
 def _select(raw, t: _Tree, root_name: str, cycle_step: int, origin_ns: int, max_spans: int,
@@ -302,7 +281,7 @@ def _summaries(parent: np.ndarray, kept: np.ndarray, present: np.ndarray) -> tup
     dropped = np.flatnonzero(present & ~kept[:n])
     anchor = np.full(len(parent), -1, np.int64)
     anchor[dropped] = up[dropped]
-    return anchor, np.unique(anchor[dropped])
+    return anchor, np.flatnonzero(np.bincount(anchor[dropped], minlength=len(parent)))  # sorted, unique
 
 
 def _nearest_kept(parent: np.ndarray, kept: np.ndarray) -> np.ndarray:
@@ -321,7 +300,9 @@ def _summary_spans(t: _Tree, anchor, summarized, index, parent, origin_ns: int, 
     if len(summarized) == 0:
         return []
     rows = np.flatnonzero(anchor[:n] >= 0)
-    slot = np.searchsorted(summarized, anchor[rows])
+    slot_of = np.zeros(len(anchor), np.int64)
+    slot_of[summarized] = np.arange(len(summarized))
+    slot = slot_of[anchor[rows]]
     count = np.bincount(slot, minlength=len(summarized))
     outer = parent[rows] == anchor[rows]
     duration = (t.end - t.start)[rows]
@@ -377,7 +358,7 @@ def _launchers(raw, t: _Tree, ids: np.ndarray) -> dict[int, str]:
     wanted = np.unique(wanted[wanted > 0])
     if len(wanted) == 0:
         return {}
-    host = np.flatnonzero((raw.device_class == _raw.HOST) & (raw.linked_correlation_id == 0)
+    host = np.flatnonzero((raw.device_class == HOST) & (raw.linked_correlation_id == 0)
                           & np.isin(raw.correlation_id, wanted))  # fmt: skip
     names = {k: _demangle(raw.names[k]) for k in np.unique(raw.name_id[host]).tolist()}
     return {int(c): names[k] for c, k in zip(raw.correlation_id[host].tolist(), raw.name_id[host].tolist())}

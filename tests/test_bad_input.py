@@ -140,9 +140,9 @@ def test_files_that_vanish_or_grow_before_upload_lose_nothing_else(tracking_uri,
 
 
 def test_events_unreadable_off_the_training_thread_lose_nothing_else(tracking_uri, monkeypatch):
-    import mlflow_neuron._raw as raw
+    import mlflow_neuron._kineto as kineto
 
-    monkeypatch.setattr(raw, "read_kineto_events", lambda prof: None)  # a torch this reader does not know
+    monkeypatch.setattr(kineto, "read_kineto_events", lambda prof: None)  # a torch this reader does not know
     with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="could not be read"):
         assert profile_rmsnorm(MLflowProfilerCallback()) == 4
     files = artifact_files(MlflowClient(), run.info.run_id)

@@ -218,7 +218,7 @@ def test_a_rank_that_logs_no_metrics_hands_its_files_to_the_helper(tracking_uri,
 def test_the_helper_logs_the_timeline_the_training_process_would_build(tracking_uri):
     """The helper builds the cycle's trace from the chrome trace file: the same spans, to the
     nanosecond, as the in-process path builds from Kineto's events."""
-    from mlflow_neuron._raw import raw_events_from_kineto
+    from mlflow_neuron._kineto import raw_events_from_kineto
     from mlflow_neuron._timeline import build_timeline
     from mlflow_neuron._timeline_sources import timeline_inputs_from_kineto
 

@@ -1,4 +1,4 @@
-"""The fast path (`_raw`) against torch's own parse: the same cycle read both ways must give the same
+"""The fast path (`_kineto` + `_aggregate`) against torch's own parse: the same cycle read both ways must give the same
 CycleProfile, row for row.
 
 Layers: random cycles through torch's genuine FunctionEvent/EventList code; real torch.profiler
@@ -26,15 +26,10 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from workloads import inputs, rms_norm_naive
 
 from mlflow_neuron._extract import MISSING, PRESENT, CycleProfile, extract_cycle
-from mlflow_neuron._raw import (
-    DEVICE_KERNEL,
-    DEVICE_OTHER,
-    HOST,
-    RawEvents,
-    aggregate,
-    raw_events_from_chrome_trace,
-    raw_events_from_kineto,
-)
+from mlflow_neuron._aggregate import aggregate
+from mlflow_neuron._chrome import raw_events_from_chrome_trace
+from mlflow_neuron._kineto import raw_events_from_kineto
+from mlflow_neuron._raw_events import DEVICE_KERNEL, DEVICE_OTHER, HOST, RawEvents
 
 TESTS = Path(__file__).parent
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")  # repeating schedules
@@ -448,10 +443,10 @@ def test_chrome_trace_ignores_unknown_categories_and_phases():
     assert empty.ops == () and empty.event_count == 0
 
 
-def test_raw_imports_without_mlflow():
+def test_the_fast_path_imports_without_mlflow():
     code = (
         "import sys; sys.modules['mlflow'] = None\n"
-        "import mlflow_neuron._raw\n"
+        "import mlflow_neuron._kineto, mlflow_neuron._aggregate, mlflow_neuron._chrome\n"
         "assert 'mlflow.tracking' not in sys.modules\n"
     )
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}

@@ -23,7 +23,9 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from workloads import inputs, rms_norm_naive
 
-from mlflow_neuron._raw import HOST, raw_events_from_chrome_trace, raw_events_from_kineto
+from mlflow_neuron._chrome import raw_events_from_chrome_trace
+from mlflow_neuron._kineto import raw_events_from_kineto
+from mlflow_neuron._raw_events import HOST
 from mlflow_neuron._timeline import (
     CYCLE,
     KERNEL,
@@ -144,7 +146,9 @@ import fake_device
 fake_device.activate(pathlib.Path(sys.argv[1]))
 from torch.profiler import ProfilerActivity, profile, schedule
 from workloads import inputs, rms_norm_naive
-from mlflow_neuron._raw import aggregate, raw_events_from_chrome_trace, raw_events_from_kineto
+from mlflow_neuron._aggregate import aggregate
+from mlflow_neuron._chrome import raw_events_from_chrome_trace
+from mlflow_neuron._kineto import raw_events_from_kineto
 from mlflow_neuron._timeline import build_timeline
 from mlflow_neuron._timeline_sources import timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
 x, w = inputs()
@@ -484,6 +488,35 @@ def test_read_kineto_cycle_reads_what_raw_events_from_kineto_reads(settings):
     names = [got.names[i] for i in got.name_id]
     mul = [s for n, s in zip(names, shapes) if n == "aten::mul"]
     assert mul == ([[[4, 512], [4, 512]], [[4, 512], [4, 1]], [[4, 512], [512]]] if settings else [None] * 3)
+
+
+def test_each_row_knows_the_event_it_was_read_from(tmp_path):
+    """`RawEvents.source_index`, in both readers: what the timeline's streams and shapes read
+    back. `record_function` and `profile_memory` add events the readers filter."""
+    from torch.profiler import record_function
+
+    x, w = inputs()
+    seen = {}
+
+    def on_cycle(prof):
+        seen["raw"] = raw_events_from_kineto(prof)
+        seen["events"] = prof.profiler.kineto_results.events()
+        prof.export_chrome_trace(str(tmp_path / "trace.json"))
+
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=1),
+                 on_trace_ready=on_cycle, profile_memory=True) as prof:  # fmt: skip
+        for _ in range(2):
+            with record_function("block"):
+                rms_norm_naive(x, w)
+            prof.step()
+    raw, events = seen["raw"], seen["events"]
+    assert len(raw) < len(events)  # some events filtered: the rows are not the events' positions
+    assert [events[k].name() for k in raw.source_index.tolist()] == [raw.names[i] for i in raw.name_id]
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    raw = raw_events_from_chrome_trace(trace)
+    found = [trace["traceEvents"][k] for k in raw.source_index.tolist()]
+    assert [e["name"] for e in found] == [raw.names[i] for i in raw.name_id]
+    assert any(e["name"] == "block" for e in found)
 
 
 def test_top_level_ops_of_other_threads_go_under_the_step_they_start_in():

@@ -1,0 +1,87 @@
+"""`RawEvents`: one profiler cycle's events in numpy columns, the shape both readers produce
+(`_kineto` from torch's Kineto results, `_chrome` from a chrome trace) and the aggregator and the
+timeline read. Pure: no torch, no MLflow, no files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import pandas as pd
+
+# Device classes of RawEvents.device_class.
+HOST, DEVICE_KERNEL, DEVICE_OTHER, OTHER = 0, 1, 2, 3
+
+MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME = "[memory]", "[OutOfMemory]"
+
+
+@dataclass(frozen=True, eq=False)
+class RawEvents:
+    """One cycle's events as torch turns them into `FunctionEvent`s, before linking, in columns.
+
+    Row order is the recording order (torch's tie-break). Times are nanoseconds from the trace
+    start. `device_class`: HOST (CPU), DEVICE_KERNEL (CUDA/PrivateUse1/XPU: attached to the op
+    they link to), DEVICE_OTHER (MTIA/HPU device rows), OTHER (any other device type).
+    `use_device`: the profiler's device; without one torch reports no device time at all.
+    `source_index`: where each row came from, for readers of more of the same events (the
+    timeline's streams and shapes): its index in Kineto's `events()` list or in a chrome trace's
+    `traceEvents`; None when unknown.
+    """
+
+    names: tuple[str, ...]  # distinct names as recorded
+    name_id: np.ndarray  # index into names
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    thread: np.ndarray
+    device_class: np.ndarray
+    correlation_id: np.ndarray
+    linked_correlation_id: np.ndarray  # 0: not linked
+    is_async: np.ndarray
+    is_user_annotation: np.ndarray
+    legacy_device_us: np.ndarray  # device time from legacy fallback stubs, 0 where none
+    use_device: str | None
+    source_index: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.name_id)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, np.ndarray) and len(value) != n:
+                raise ValueError(f"RawEvents.{f.name} has {len(value)} rows, name_id has {n}")
+
+    def __len__(self) -> int:
+        return len(self.name_id)
+
+
+def empty_events(use_device: str | None) -> RawEvents:
+    i, b = np.zeros(0, np.int64), np.zeros(0, bool)
+    return RawEvents((), i, i, i, i, np.zeros(0, np.int8), i, i, b, b, np.zeros(0), use_device=use_device, source_index=i)
+
+
+def uncovered_memory(memory: tuple, start: np.ndarray, end: np.ndarray, host: np.ndarray) -> tuple:
+    """Columns of the memory events torch adds: OOM records, and `[memory]` records outside every
+    host event (torch matches them to any host event, on any thread, whose span holds them).
+
+    `memory`: the records as (name ids, start, thread, is_oom, source index); both readers append
+    the result (RawEvents' columns, `source_index` last) after their rows."""
+    ids, at, thread, oom, source = memory
+    covered = np.zeros(len(at), bool)
+    if host.any():
+        s, e = start[host], end[host]
+        order = np.argsort(s, kind="stable")
+        reach = np.maximum.accumulate(e[order])
+        last = np.searchsorted(s[order], at, side="right") - 1
+        covered = (last >= 0) & (reach[np.maximum(last, 0)] >= at)
+    emit = oom | ~covered
+    order = np.concatenate([np.flatnonzero(emit & ~oom), np.flatnonzero(oom)])  # torch: memory, then OOM
+    k = len(order)
+    zeros = np.zeros(k, np.int64)
+    return (ids[order], at[order], at[order], thread[order], np.full(k, HOST, np.int8), zeros, zeros,
+            np.zeros(k, bool), np.zeros(k, bool), np.zeros(k), source[order])  # fmt: skip
+
+
+def factorize(values: list) -> tuple[list, np.ndarray]:
+    """(distinct values in first-seen order, each value's index into them)."""
+    codes, uniques = pd.factorize(np.asarray(values, dtype=object))
+    return list(uniques), codes.astype(np.int64)
