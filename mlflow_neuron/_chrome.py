@@ -81,6 +81,8 @@ _LAUNCH_CATEGORIES = frozenset(
 
 # Roles of a row for linking.
 _OP, _LAUNCH, _DEVICE, _OTHER_HOST = 0, 1, 2, 3
+_NUMBERS = frozenset({int, float})  # bool is neither: `_checked` refuses it
+_NO_ARGS: Mapping = {}
 
 
 @dataclass(frozen=True)
@@ -150,33 +152,76 @@ def read_chrome_trace(trace: Mapping[str, Any], *, dialect: str | None = None) -
         raise ValueError("not a chrome trace: expected a JSON object with a 'traceEvents' list")
     rows, memory, trace_start_us = [], [], None
     threads: dict[Any, int] = {}
-    for index, event in enumerate(trace["traceEvents"]):
-        if not isinstance(event, Mapping):
+    events = trace["traceEvents"]
+    for index, event in enumerate(events):
+        if type(event) is not dict and not isinstance(event, Mapping):
             raise ValueError(f"traceEvents[{index}] is {type(event).__name__}, not an object")
-        phase, cat, name = event.get("ph"), event.get("cat"), event.get("name")
-        if name in (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME) and phase in ("i", "I", "X"):
+        get = event.get
+        phase, cat, name = get("ph"), get("cat"), get("name")
+        if (name == MEMORY_EVENT_NAME or name == OUT_OF_MEMORY_EVENT_NAME) and phase in ("i", "I", "X"):
             ts, _, name = _checked(event, index, "ts")  # Kineto writes instants, the Python exporter X
-            thread = threads.setdefault((event.get("pid"), event.get("tid")), len(threads))
+            thread = threads.setdefault((get("pid"), get("tid")), len(threads))
             memory.append((name, ts, thread, index))
-        elif phase == "X" and cat in _CHROME_CLASSES:
-            ts, dur, name = _checked(event, index, "ts", "dur")
-            args = event.get("args") or {}
-            if isinstance(args, Mapping) and str(args.get("hidden", "")) == "1":
+            continue
+        if phase != "X":
+            continue
+        kind = _KINDS.get(cat)
+        if kind is not None:
+            # The common case is checked inline (this loop is most of a helper's cycle); finiteness
+            # and negative durations are checked on the columns, in `_checked_numbers`.
+            ts, dur = get("ts"), get("dur")
+            if type(name) is not str or type(ts) not in _NUMBERS or type(dur) not in _NUMBERS:
+                ts, dur, name = _checked(event, index, "ts", "dur")
+            args = get("args") or _NO_ARGS
+            if type(args) is not dict and not isinstance(args, Mapping):
+                args = _NO_ARGS
+            hidden = args.get("hidden")
+            if hidden is not None and str(hidden) == "1":
                 continue  # Kineto's "hidden" metadata: torch drops these events
-            device_class = _CHROME_CLASSES[cat]
-            if device_class != HOST:
-                role = _DEVICE
-            elif cat in _TORCH_OP_CATEGORIES:
-                role = _OP
-            else:
-                role = _LAUNCH if cat in _LAUNCH_CATEGORIES else _OTHER_HOST
-            thread = threads.setdefault((event.get("pid"), event.get("tid")), len(threads))
-            rows.append((name, ts, dur, thread, device_class, role, cat == _LAUNCH_TARGET,
-                         _int_arg(args, "External id", index), _int_arg(args, "correlation", index),
-                         cat in _ANNOTATION_CATEGORIES, index))  # fmt: skip
-        elif phase == "X" and cat == "Trace" and str(event.get("name", "")).startswith("PyTorch Profiler"):
+            external, correlation = args.get("External id", 0), args.get("correlation", 0)
+            if type(external) is not int:
+                external = _int_arg(args, "External id", index)
+            if type(correlation) is not int:
+                correlation = _int_arg(args, "correlation", index)
+            key = (get("pid"), get("tid"))
+            thread = threads.get(key)
+            if thread is None:
+                thread = threads[key] = len(threads)
+            rows.append((name, ts, dur, thread, *kind, external, correlation, index))
+        elif cat == "Trace" and str(name or "").startswith("PyTorch Profiler"):
             trace_start_us = _checked(event, index, "ts")[0]  # Kineto's span starts at trace_start_ns
+    _checked_numbers(rows, events)
     return _chrome_columns(rows, memory, trace_start_us, dialect)
+
+
+def _kinds() -> dict[str, tuple]:
+    """Per category: (device class, role, is the launch target, is an annotation) of its rows."""
+    kinds = {}
+    for cat, device_class in _CHROME_CLASSES.items():
+        if device_class != HOST:
+            role = _DEVICE
+        elif cat in _TORCH_OP_CATEGORIES:
+            role = _OP
+        else:
+            role = _LAUNCH if cat in _LAUNCH_CATEGORIES else _OTHER_HOST
+        kinds[cat] = (device_class, role, cat == _LAUNCH_TARGET, cat in _ANNOTATION_CATEGORIES)
+    return kinds
+
+
+_KINDS = _kinds()
+
+
+def _checked_numbers(rows: list, events: list) -> None:
+    """The ValueError `_checked` gives for the first row whose ts or dur is not finite, or whose
+    dur is negative (the row loop only checked their types)."""
+    if not rows:
+        return
+    ts = np.fromiter((r[1] for r in rows), np.float64, len(rows))
+    dur = np.fromiter((r[2] for r in rows), np.float64, len(rows))
+    bad = ~(np.isfinite(ts) & np.isfinite(dur) & (dur >= 0))
+    if bad.any():
+        index = rows[int(np.argmax(bad))][-1]
+        _checked(events[index], index, "ts", "dur")
 
 
 def _checked(event: Mapping, index: int, *keys: str) -> tuple:
@@ -213,7 +258,7 @@ def _ns(us: np.ndarray) -> np.ndarray:
 def _chrome_columns(rows: list, memory: list, trace_start_us: float | None, dialect: str | None) -> tuple:
     if not rows and not memory:
         return empty_events(None), Linking(EXTERNAL_ID, 0, 0, 0, 0, 0.0, 0.0)
-    names, ts, dur, thread, device_class, role, target, external, correlation, annotation, source = (
+    names, ts, dur, thread, device_class, role, target, annotation, external, correlation, source = (
         zip(*rows) if rows else [()] * 11
     )
     start = _ns(np.array(ts, np.float64))
