@@ -248,15 +248,22 @@ class MLflowProfilerCallback:
         return max(self.flush_timeout_s - self._waited_s - current, 0.0)
 
     def _flush_within_budget(self) -> None:
-        """Waits for pending cycles for what is left of the budget; the rest goes to the outbox."""
+        """Waits for pending cycles for what is left of the budget; the rest goes to the outbox.
+        Then the helper process, if any, ends: its profile is over."""
         started = time.monotonic()
         try:
-            if self.flush(self._budget_left()):
-                return
+            flushed = self.flush(self._budget_left())
         finally:
             self._waited_s += time.monotonic() - started
         try:
-            self._sender.spill(f"it was not sent within flush_timeout_s={self.flush_timeout_s:g} s")
+            if not flushed:
+                self._sender.spill(f"it was not sent within flush_timeout_s={self.flush_timeout_s:g} s")
+            if isinstance(self._sender, Handoff):
+                started = time.monotonic()
+                try:
+                    self._sender.retire(self._budget_left())
+                finally:
+                    self._waited_s += time.monotonic() - started
         except Exception as error:  # noqa: BLE001
             self.reporter.problem("flush", "could not store pending cycles in the outbox", error)
 

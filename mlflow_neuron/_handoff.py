@@ -13,6 +13,8 @@ Trouble with the helper never reaches training:
   settled (a job is settled when its staged folder is gone: delivered, or stored in the outbox) go
   to the in-process sender, and the helper is restarted once; after a second failure every job
   goes the in-process way;
+- when the profile stops, the callback retires the helper (`retire`): it finishes or stores its
+  jobs and exits, so no helper outlives its profile; the next profile's first cycle starts one;
 - `flush(timeout)` and `close(timeout)` wait for it within their timeout. A helper still busy when
   `close`'s time is up is stopped, and its unsettled jobs are stored in the outbox here, so that
   after `close` every cycle is delivered or in the outbox, as with the in-process sender.
@@ -218,6 +220,26 @@ class Handoff:
             if self._proc is not None and self._ready and not self._fallen_back:
                 self._proc.send({"op": "spill", "why": why})
         return self.inner.spill(why)
+
+    def retire(self, timeout: float) -> bool:
+        """Ends the helper when a profile stopped: it delivers or stores what it holds within
+        `timeout` (at least a second: storing there is quicker than starting over here); jobs it did
+        not settle go to the in-process sender. A later cycle starts a new helper. False if it had
+        to be stopped."""
+        answered = self._request("close", time.monotonic() + max(timeout, 1.0))
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is None:
+                return answered
+            if answered and self._ready:
+                proc.end_input()
+            else:
+                proc.kill()
+            self._settle_gone(proc)
+            for job in self._unsettled():
+                self._submit_inline(job)
+            self._sent = []
+            return answered
 
     def close(self, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
