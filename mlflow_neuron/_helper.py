@@ -37,7 +37,10 @@ try:  # a fast parser is a dependency; the standard one keeps a broken install w
     import orjson
 
     def _loads(data: bytes) -> Any:
-        return orjson.loads(data)
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:  # e.g. NaN, which Python's json writes and reads and orjson refuses
+            return json.loads(data)
 
     PARSER = "orjson"
 except ImportError:  # pragma: no cover

@@ -253,3 +253,18 @@ def test_no_helper_outlives_its_profile_and_the_next_profile_starts_one(tracking
         assert second.pid != first.pid and second.wait(30) == 0
         callback.close()
     assert callback.cycles_logged == 2 and callback._sender.jobs_sent == 2
+
+
+def test_a_trace_orjson_refuses_is_read_by_the_standard_parser(tmp_path):
+    """Python's exporter writes NaN for a NaN float; orjson refuses that, json reads it."""
+    from mlflow_neuron._helper import summarize_trace
+
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 1.0, "dur": 2.0, "pid": 1, "tid": 1,
+         "args": {"External id": 1, "Flops": float("nan")}},
+    ]}  # fmt: skip
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    assert "NaN" in path.read_text()
+    profile, table, timeline = summarize_trace(str(path), None, "cpu", False, 0)
+    assert [op.name for op in profile.ops] == ["aten::add"] and timeline is None
