@@ -158,6 +158,8 @@ class MLflowProfilerCallback:
         )  # fmt: skip
         if process == "helper" and background:  # background=False: everything on the training thread
             self._sender = Handoff(self._sender, self.reporter, self._completer, exit_budget_s=flush_timeout_s)
+            # A callback dropped unclosed leaves no helper behind; at exit, close() does it all.
+            weakref.finalize(self, self._sender.release).atexit = False
         self._created_ns = time.time_ns()
         self._watcher: _files.OutputFolderWatcher | None = None
         self._params_read = False

@@ -221,6 +221,14 @@ class Handoff:
                 self._proc.send({"op": "spill", "why": why})
         return self.inner.spill(why)
 
+    def release(self) -> None:
+        """Lets the helper go without waiting (its callback is gone): it delivers or stores what it
+        holds, as at a closed stdin, and exits."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is not None:
+                proc.end_input()
+
     def retire(self, timeout: float) -> bool:
         """Ends the helper when a profile stopped: it delivers or stores what it holds within
         `timeout` (at least a second: storing there is quicker than starting over here); jobs it did

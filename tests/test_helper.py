@@ -268,3 +268,13 @@ def test_a_trace_orjson_refuses_is_read_by_the_standard_parser(tmp_path):
     assert "NaN" in path.read_text()
     profile, table, timeline = summarize_trace(str(path), None, "cpu", False, 0)
     assert [op.name for op in profile.ops] == ["aten::add"] and timeline is None
+
+
+def test_a_callback_dropped_without_close_lets_its_helper_go(tracking_uri):
+    import gc
+
+    callback = started(MLflowProfilerCallback(experiment_id="0"))
+    proc = callback._sender._proc.proc
+    del callback
+    gc.collect()
+    assert proc.wait(60) == 0
