@@ -145,7 +145,7 @@ def rss_child(path: str, ops: int, work: Path) -> None:
     helper_kb = None
     if callback is not None:
         callback.flush(300)
-        helper_kb = getattr(callback._sender, "_state", {}).get("peak_rss_kb")
+        helper_kb = getattr(callback._sender, "helper_peak_rss_kb", None)
         callback.close()
     print(json.dumps({"training_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "helper_kb": helper_kb}))
 

@@ -122,6 +122,7 @@ class Handoff:
         self.parser: str | None = None  # what the helper parses traces with, once it is ready
         self.helper_pid: int | None = None
         self.jobs_sent = 0  # cycles handed to a helper process
+        self.helper_peak_rss_kb: int | None = None  # the largest peak RSS a helper reported
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._proc: HelperProcess | None = None
@@ -412,6 +413,9 @@ class Handoff:
         if not state:
             return
         self._state = state
+        rss = state.get("peak_rss_kb")
+        if rss:
+            self.helper_peak_rss_kb = max(rss, self.helper_peak_rss_kb or 0)
         run_id = state.get("run_id")
         if run_id and self.inner.logger.run.run_id is None:
             self.inner.logger.run = replace(self.inner.logger.run, run_id=run_id)
