@@ -56,6 +56,18 @@ class Completer:
                     _record.DEVICE_TIME_TAG: PRESENT if self._device_time_seen else profile.device_time,
                 }
 
+    def export(self) -> dict:
+        """What a Completer in another process must know to go on where this one is: the op keys
+        handed out (an op keeps its key across cycles) and whether device time was seen."""
+        with self._lock:
+            return {"keys": self.keys.known(), "device_time_seen": self._device_time_seen}
+
+    def absorb(self, known: dict) -> None:
+        """Takes what another Completer of the same run `export`ed."""
+        with self._lock:
+            self.keys.adopt(known.get("keys") or {})
+            self._device_time_seen |= bool(known.get("device_time_seen"))
+
     def metrics(self, profile: CycleProfile) -> dict[str, float]:
         metrics = {}
         if self.primary:

@@ -131,6 +131,7 @@ class Handoff:
         self._failures = 0
         self._fallen_back = False
         self._closing = False
+        self._retiring: HelperProcess | None = None
         self._sent: list[dict] = []  # jobs the helper has, maybe not settled yet
         self._seq = itertools.count(1)
         self._unaccepted: dict[int, float] = {}  # cycle seq -> monotonic time sent
@@ -187,6 +188,8 @@ class Handoff:
         with self._lock:
             if self._fallen_back or self._closing or self._proc is None:
                 return False
+            if self.inner.logger.run.run_id is None:
+                return False  # the run is created in-process first: two processes must not both create it
             self._check_hang()
             return self._ready and self._proc is not None
 
@@ -227,24 +230,27 @@ class Handoff:
         holds, as at a closed stdin, and exits."""
         with self._lock:
             proc, self._proc = self._proc, None
-            if proc is not None:
+            if proc is not None:  # an explicit close: a forked child of training may hold the pipe open
+                proc.send({"op": "close", "seq": 0, "timeout": None})
                 proc.end_input()
 
     def retire(self, timeout: float) -> bool:
         """Ends the helper when a profile stopped: it delivers or stores what it holds within
-        `timeout` (at least a second: storing there is quicker than starting over here); jobs it did
-        not settle go to the in-process sender. A later cycle starts a new helper. False if it had
-        to be stopped."""
-        answered = self._request("close", time.monotonic() + max(timeout, 1.0))
+        `timeout`; jobs it did not settle go to the in-process sender. A later cycle starts a new
+        helper. False if it had to be stopped."""
+        with self._lock:
+            self._retiring = self._proc  # its exit is expected: not a failure
+        answered = self._request("close", time.monotonic() + max(timeout, 0.0))
         with self._lock:
             proc, self._proc = self._proc, None
-            if proc is None:
-                return answered
-            if answered and self._ready:
-                proc.end_input()
-            else:
-                proc.kill()
-            self._settle_gone(proc)
+            if proc is not None:
+                if answered and self._ready:
+                    proc.end_input()
+                else:
+                    proc.kill()
+                self._settle_gone(proc)
+            # else its exit came first and was settled then
+            self._retiring = None
             for job in self._unsettled():
                 self._submit_inline(job)
             self._sent = []
@@ -288,7 +294,7 @@ class Handoff:
             "sender": {"max_pending": inner.max_pending, "retries": inner.retries,
                        "retry_wait_s": inner.retry_wait_s, "outbox": str(inner.outbox)},
             "completer": {"top_k": completer.top_k, "rank": completer.rank, "primary": completer.primary,
-                          "all_ranks": completer.all_ranks},
+                          "all_ranks": completer.all_ranks, "known": completer.export()},
             "exit_budget_s": self.exit_budget_s,
         }  # fmt: skip
 
@@ -401,8 +407,10 @@ class Handoff:
                 self._take_state(message.get("state") or {})
                 if kind == "reply":
                     self._replies[message["seq"]] = message
+                    if message.get("known"):
+                        self.completer.absorb(message["known"])
             elif kind == "eof":
-                if self._closing:
+                if self._closing or proc is self._retiring:
                     self._settle_gone(proc)
                     self._proc = None
                 else:

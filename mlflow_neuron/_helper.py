@@ -176,10 +176,15 @@ class Helper:
         self.reporter = ForwardingReporter(channel)
         self.exit_budget_s = float(init.get("exit_budget_s", 10.0))
         self.sender = Sender(RunLogger(RunRef(**init["run"])), self.reporter, background=True, **init["sender"])
-        self.completer = Completer(self.reporter, **init["completer"])
+        settings = dict(init["completer"])
+        known = settings.pop("known", {})
+        self.completer = Completer(self.reporter, **settings)
+        self.completer.absorb(known)  # the run's op keys and device-time flag so far
         self._last_state: dict | None = None
         self._closed = threading.Event()
-        threading.Thread(target=self._report_state, name="mlflow-neuron-helper-state", daemon=True).start()
+        self._state_thread = threading.Thread(target=self._report_state, name="mlflow-neuron-helper-state",
+                                              daemon=True)  # fmt: skip
+        self._state_thread.start()
 
     def state(self) -> dict:
         return {
@@ -204,7 +209,8 @@ class Helper:
             self.channel.send(type="reply", seq=request["seq"], ok=bool(ok), state=self.state())
         elif op == "close":
             self.close(request.get("timeout"))
-            self.channel.send(type="reply", seq=request["seq"], ok=True, state=self.state())
+            self.channel.send(type="reply", seq=request["seq"], ok=True, state=self.state(),
+                              known=self.completer.export())  # fmt: skip
             return False
         return True
 
@@ -213,6 +219,7 @@ class Helper:
         _exit_after(budget + EXIT_GRACE_S, "close")
         self._guarded(lambda: self.sender.close(budget))
         self._closed.set()
+        self._state_thread.join(1.0)  # no state older than the reply may follow it
 
     def _guarded(self, action):
         try:
@@ -247,13 +254,16 @@ def _exit_after(seconds: float, why: str) -> None:
     threading.Thread(target=watchdog, name="mlflow-neuron-helper-watchdog", daemon=True).start()
 
 
-def _watch_parent(parent: int, budget: float) -> None:
-    """Ends the helper when its parent is gone and stdin did not say so (a grandchild holds it)."""
+def _watch_parent(parent: int, helper: Helper) -> None:
+    """Ends the helper when its parent is gone and stdin did not say so (a forked child of the
+    training process, such as a DataLoader worker, still holds the pipe): what it holds is
+    delivered or stored first."""
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
-        _exit_after(budget + EXIT_GRACE_S, "the parent is gone")
+        helper.close(None)  # with its own watchdog
+        os._exit(0)
 
     threading.Thread(target=watch, name="mlflow-neuron-helper-parent", daemon=True).start()
 
@@ -285,7 +295,7 @@ def main() -> int:
 
                 torch.set_num_threads(1)
                 helper = Helper(request, channel)
-                _watch_parent(parent, helper.exit_budget_s)
+                _watch_parent(parent, helper)
                 channel.send(type="ready", pid=os.getpid(), parser=PARSER)
                 continue
             if helper is None:

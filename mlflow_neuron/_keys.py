@@ -57,6 +57,17 @@ class OpKeys:
         self._owner_of[key] = name
         return key
 
+    def known(self) -> dict[str, str]:
+        """Every name -> key handed out so far."""
+        return dict(self._key_of)
+
+    def adopt(self, known: dict[str, str]) -> None:
+        """Takes keys handed out elsewhere for the same run, where they clash with none here."""
+        for name, key in known.items():
+            if name not in self._key_of and key not in self._owner_of:
+                self._key_of[name] = key
+                self._owner_of[key] = name
+
     def keys(self, names: list[str]) -> dict[str, str]:
         """Keys for `names`; sorted first so the outcome does not depend on their order."""
         return {name: self.key(name) for name in sorted(names)}

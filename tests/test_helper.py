@@ -253,6 +253,7 @@ def test_no_helper_outlives_its_profile_and_the_next_profile_starts_one(tracking
         assert second.pid != first.pid and second.wait(30) == 0
         callback.close()
     assert callback.cycles_logged == 2 and callback._sender.jobs_sent == 2
+    assert callback.reporter.counts == {} and callback._sender._failures == 0  # retiring is not failing
 
 
 def test_a_trace_orjson_refuses_is_read_by_the_standard_parser(tmp_path):
@@ -278,3 +279,20 @@ def test_a_callback_dropped_without_close_lets_its_helper_go(tracking_uri):
     del callback
     gc.collect()
     assert proc.wait(60) == 0
+
+
+def test_op_keys_and_the_device_time_flag_go_on_across_helpers():
+    from mlflow_neuron._complete import Completer
+
+    class Quiet:
+        def problem(self, *args):
+            raise AssertionError(args)
+
+    first = Completer(Quiet(), top_k=5, rank=0, primary=True, all_ranks=False)
+    taken = first.keys.key("aten::mul")
+    first._device_time_seen = True
+    second = Completer(Quiet(), top_k=5, rank=0, primary=True, all_ranks=False)
+    second.keys.key("aten_mul")  # a name that could have wanted the same key
+    second.absorb(first.export())
+    assert second.keys.key("aten::mul") == taken and second._device_time_seen
+    assert len(set(second.keys.known().values())) == 2  # two names never share a key
