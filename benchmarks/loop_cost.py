@@ -11,7 +11,8 @@ repeat=0): one cycle every 7 steps. In one run it times, median of `--repeats`:
   (`process="helper"`), each against a local sqlite store and a real `mlflow server` (127.0.0.1).
 
 "loop" is the wall time of the steps, "drain" the profiler's exit (the callback waits there for the
-cycles still pending); "vs tensorboard" compares loops, "with drain" loop + drain. The callback's helper is started and warmed before the loop (its one-time
+cycles still pending); "vs tensorboard" compares median loops, "repeats" the lowest and highest
+ratio of one repeat's loop to tensorboard's in the same round, "with drain" loop + drain. The callback's helper is started and warmed before the loop (its one-time
 start-up is printed apart): the loop then shows the steady state of a long training run.
 "in-flight" compares the median step while a cycle is being processed (handed off, not yet
 delivered) with the median step with none; the steps that end a cycle (the trace save) are
@@ -223,13 +224,17 @@ def main(argv: list[str] | None = None) -> None:
 def report(ops: int, steps: int, results: dict[str, list[dict]]) -> None:
     cycles = results["no-op handler"][0]["kinds"].count("cycle")
     print(f"\n{ops:,} ops/step, {steps} steps ({cycles} cycles)")
-    print(f"  {'path':<32}{'loop s':>8}{'drain s':>9}{'vs tensorboard':>16}{'with drain':>12}{'in-flight':>11}  notes")
+    print(f"  {'path':<32}{'loop s':>8}{'drain s':>9}{'vs tensorboard':>16}{'repeats':>13}{'with drain':>12}"
+          f"{'in-flight':>11}  notes")  # fmt: skip
     tensorboard = statistics.median(r["loop"] for r in results["tensorboard_trace_handler"])
     tensorboard_all = statistics.median(r["loop"] + r["drain"] for r in results["tensorboard_trace_handler"])
     for name, runs in results.items():
         loop = statistics.median(r["loop"] for r in runs)
         drain = statistics.median(r["drain"] for r in runs)
         whole = statistics.median(r["loop"] + r["drain"] for r in runs)
+        # Each repeat against tensorboard's in the same round: how far one run's ratio can stray.
+        paired = [r["loop"] / t["loop"] for r, t in zip(runs, results["tensorboard_trace_handler"])]
+        spread = f"{min(paired):.2f}-{max(paired):.2f}x"
         ratio = in_flight_ratio(runs)
         notes = []
         if sum(r.get("spilled", 0) for r in runs):
@@ -238,7 +243,7 @@ def report(ops: int, steps: int, results: dict[str, list[dict]]) -> None:
             notes.append(f"helper start {statistics.median(r['startup'] for r in runs):.1f} s, parser {runs[0]['parser']}, "
                          f"{min(r['jobs'] for r in runs)} of {cycles} cycles through it")
         flight = f"{ratio:.2f}x" if ratio is not None else "-"
-        print(f"  {name:<32}{loop:>8.2f}{drain:>9.2f}{loop / tensorboard:>15.2f}x{whole / tensorboard_all:>11.2f}x{flight:>11}  {', '.join(notes)}")
+        print(f"  {name:<32}{loop:>8.2f}{drain:>9.2f}{loop / tensorboard:>15.2f}x{spread:>13}{whole / tensorboard_all:>11.2f}x{flight:>11}  {', '.join(notes)}")
 
 
 if __name__ == "__main__":
