@@ -26,11 +26,12 @@ aggregate, and (chrome) against parse + read + aggregate. Issue 12's target is 2
 aggregation at 100k ops; the last lines say where each path stands against each denominator.
 
 Then the whole callback cycle, `MLflowProfilerCallback(log_timeline=True)` against `False`, into
-the same kind of store (`--callback-reps` cycles each, medians):
+the same kind of store (`--callback-reps` cycles each, medians), through the helper process
+(started ahead of each cycle):
 
-  training ms       the callback call on the training thread (the sender does the rest)
-  sender s          from that call's return until `flush()` returns: read, aggregate, timeline,
-                    tables, trace gzip, metrics, artifacts and (on) the MLflow trace
+  training ms       the callback call on the training thread: the trace save and the hand-off
+  helper s          from that call's return until `flush()` returns: the helper's parse,
+                    aggregate, timeline, tables, trace gzip, metrics, artifacts and (on) the MLflow trace
   timeline.json KB  the staged timeline file uploaded with the cycle
 
 No assertions.
@@ -226,7 +227,7 @@ def callback_cost(args, device: str, store: pathlib.Path) -> None:
     uri = f"sqlite:///{store / 'callback.db'}"
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment("callback-cost", artifact_location=str(store / "callback-artifacts"))
-    header = ("ops/cycle", "log_timeline", "training ms", "sender s", "timeline.json KB", "trace spans")
+    header = ("ops/cycle", "log_timeline", "training ms", "helper s", "timeline.json KB", "trace spans")
     print()
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
@@ -246,6 +247,9 @@ def callback_cost(args, device: str, store: pathlib.Path) -> None:
                 sender.append(time.perf_counter() - t1)
 
             for _ in range(args.callback_reps):
+                # Each profile ends its helper; starting the next ahead keeps every cycle on that path.
+                if not callback.start_helper(300):
+                    raise RuntimeError("the helper process did not start")
                 profile_cycle(ops, args.steps, device != "cpu", on_trace_ready=timed)
             callback.close()
             kb, spans = "-", "-"
