@@ -13,7 +13,6 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-import mlflow
 import pandas as pd
 from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
@@ -370,7 +369,7 @@ def _children(client: MlflowClient, run: Run) -> list[Run]:
 def _experiment_id(client: MlflowClient, name: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
-        raise RunNotFound(f"no experiment named {name!r} at {mlflow.get_tracking_uri()}")
+        raise RunNotFound(f"no experiment named {name!r} at {client.tracking_uri}")
     return experiment.experiment_id
 
 

@@ -377,3 +377,9 @@ def test_registering_a_model_version_in_mlflow_3_then_annotating_it(tracking_uri
 def test_gitignore_covers_what_a_run_leaves_behind():
     ignored = set((ROOT / ".gitignore").read_text().split())
     assert {"mlflow-neuron-outbox/", "mlflow.db", "neuron_profile/"} <= ignored
+
+
+def test_a_missing_experiment_names_the_store_that_was_searched(tmp_path, capsys):
+    uri = f"sqlite:///{tmp_path / 'other.db'}"
+    assert cli_main(["compare", "--experiment", "nope", "--tracking-uri", uri]) == EXIT_USAGE
+    assert f"no experiment named 'nope' at {uri}" in capsys.readouterr().err
