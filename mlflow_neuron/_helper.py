@@ -53,7 +53,7 @@ except ImportError:  # pragma: no cover
 
 EXIT_GRACE_S = 30.0  # on top of the close budget: time to write what is left into the outbox
 STATE_POLL_S = 0.05
-NICE = 10  # scheduler weight 110 against training's 1024 (nice 0) when both want one core
+NICE = 19  # the lowest priority: when training and the helper want one core, training gets ~98% of it
 
 
 # -- turning a job into a record (also used in-process when the helper is gone) --------------------
@@ -274,7 +274,7 @@ def main() -> int:
     os.dup2(2, 1)  # stray prints (MLflow's, torch's) go to stderr, never into the protocol
     sys.stdout = sys.stderr
     try:
-        os.nice(NICE)  # training wins a shared core: the helper gets about a tenth of it
+        os.nice(NICE)  # training wins a shared core
     except (AttributeError, OSError):
         pass
     channel = Channel(protocol)
