@@ -140,7 +140,6 @@ class MLflowProfilerCallback:
         self.profile_output_dir = os.fspath(profile_output_dir) if profile_output_dir else None
         self.reporter = Reporter(strict)
         self.rank = current_rank()
-        self.process = process
         self.cycles_read = 0
         run = current_run_ref(
             run_id, tracking_uri, experiment_id=experiment_id, run_name=run_name, run_key=uuid.uuid4().hex
@@ -163,7 +162,6 @@ class MLflowProfilerCallback:
         self._created_ns = time.time_ns()
         self._watcher: _files.OutputFolderWatcher | None = None
         self._params_read = False
-        self._device_time_seen = False
         self._events_seen = 0  # for acc_events profiles, whose event list keeps earlier cycles
         self._summary_tool = _devices.neuron_summary_tool()
         self._neuron_monitor = _neuron_monitor.start_if_enabled(

@@ -238,39 +238,13 @@ class Handoff:
         """Ends the helper when a profile stopped: it delivers or stores what it holds within
         `timeout`; jobs it did not settle go to the in-process sender. A later cycle starts a new
         helper. False if it had to be stopped."""
-        with self._lock:
-            self._retiring = self._proc  # its exit is expected: not a failure
-        answered = self._request("close", time.monotonic() + max(timeout, 0.0))
-        with self._lock:
-            proc, self._proc = self._proc, None
-            if proc is not None:
-                if answered and self._ready:
-                    proc.end_input()
-                else:
-                    proc.kill()
-                self._settle_gone(proc)
-            # else its exit came first and was settled then
-            self._retiring = None
-            for job in self._unsettled():
-                self._submit_inline(job)
-            self._sent = []
-            return answered
+        return self._end_helper(time.monotonic() + max(timeout, 0.0))
 
     def close(self, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._closing = True
-        answered = self._request("close", deadline)
-        with self._lock:
-            proc, self._proc = self._proc, None
-            if proc is not None and not (answered and self._ready):
-                proc.kill()  # out of time, or never ready: what it holds goes to the outbox from here
-                self._settle_gone(proc)
-            elif proc is not None:
-                proc.end_input()
-            for job in self._unsettled():
-                self.inner.submit(self._record(job))  # close() below stores them: the time is up
-            self._sent = []
+        self._end_helper(deadline)  # what it did not settle, inner.close() below stores: the time is up
         self.inner.close(_left(deadline))
         self.raise_worker_errors()
 
@@ -328,15 +302,34 @@ class Handoff:
             what = "took no cycle" if self._ready else "did not start"
             self._fail(f"the helper process {what} in {time.monotonic() - since:.0f} s")
 
-    def _fail(self, why: str) -> None:
-        """One warning; then a restart, or from the second failure on, the in-process sender."""
+    def _end_helper(self, deadline: float | None) -> bool:
+        """Asks the helper to deliver or store what it holds and exit by `deadline`, stops it if it
+        did not answer, and lets it go; False if it had to be stopped."""
+        with self._lock:
+            self._retiring = self._proc  # its exit is expected: not a failure
+        answered = self._request("close", deadline)
+        with self._lock:
+            self._let_go(graceful=answered and self._ready)
+            self._retiring = None
+        return answered
+
+    def _let_go(self, *, graceful: bool) -> None:
+        """Forgets the current helper (its input closed if `graceful`, else killed; one whose exit
+        came first was settled then) and gives the jobs it did not settle to the in-process sender."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            proc.kill()
+            if graceful:
+                proc.end_input()
+            else:
+                proc.kill()
             self._settle_gone(proc)
         unsettled, self._sent = self._unsettled(), []
-        for job in unsettled:  # processed here, while a new helper starts (or for good)
+        for job in unsettled:
             self._submit_inline(job)
+
+    def _fail(self, why: str) -> None:
+        """One warning; then a restart, or from the second failure on, the in-process sender."""
+        self._let_go(graceful=False)  # its jobs are processed here, while a new helper starts (or for good)
         self._failures += 1
         restart = self._failures <= RESTARTS and not self._closing
         self.reporter.problem(
