@@ -385,7 +385,7 @@ class MLflowProfilerCallback:
             if numbers is None:
                 # Only reading needs the profiler; numbers, tables and tags are made by the sender.
                 summarize = self._read_numbers(prof, device)
-                record.complete = functools.partial(self._completer.complete, summarize, device, primary)
+                record.complete = functools.partial(self._completer.complete, summarize, device)
             if not hand_off:
                 trace_source, record.raw_trace, record.trace_export = self._stage_trace(
                     prof, found, exported, record.staged_dir, neuron_dir
@@ -430,7 +430,7 @@ class MLflowProfilerCallback:
         timeline = {"step": step, "max_spans": self.timeline_max_spans} if self.log_timeline and primary else None
         return {
             "trace": trace, "raw_trace": str(record.raw_trace) if record.raw_trace else None, "device": device,
-            "device_profiled": device != _devices.CPU, "default_step": max(step - 1, 0), "primary": primary,
+            "device_profiled": device != _devices.CPU, "default_step": max(step - 1, 0),
             "timeline": timeline,
         }  # fmt: skip
 

@@ -29,8 +29,7 @@ class Completer:
         self._lock = threading.Lock()  # the sender, or close() storing a record, complete records
 
     def complete(
-        self, summarize: Callable[[], tuple[CycleProfile, str, Any]], device: str, primary: bool,
-        record: _record.CycleRecord,
+        self, summarize: Callable[[], tuple[CycleProfile, str, Any]], device: str, record: _record.CycleRecord,
     ) -> None:  # fmt: skip
         """Fills in a record's numbers, tables and tags; runs in the sender, one record at a time."""
         with self._lock:
@@ -49,7 +48,7 @@ class Completer:
             record.ops_table = _record.ops_table(profile, self.keys)
             record.step_tables = _record.step_tables(profile)
             record.series = self.series(profile)
-            if primary:
+            if self.primary:
                 self._device_time_seen |= profile.device_time == PRESENT
                 record.tags = {
                     _record.DEVICE_TAG: device,

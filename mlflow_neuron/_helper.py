@@ -102,7 +102,7 @@ def summarize_trace(trace: str, fallback: str | None, device: str, device_profil
 
 def record_of(job: dict, completer: Any):
     """The CycleRecord a job describes; its numbers are filled in when the sender materializes it."""
-    from ._record import CycleRecord
+    from ._record import TRACE, CycleRecord
 
     record = CycleRecord(
         step=job["step"],
@@ -121,12 +121,12 @@ def record_of(job: dict, completer: Any):
     numbers = job.get("numbers")
     if numbers:
         record.raw_trace = Path(numbers["raw_trace"]) if numbers.get("raw_trace") else None
-        gzipped = str(Path(job["staged_dir"]) / "trace.json.gz") if numbers.get("raw_trace") else None
+        gzipped = str(Path(job["staged_dir"]) / TRACE) if numbers.get("raw_trace") else None
         summarize = functools.partial(
             summarize_trace, numbers["trace"], gzipped, numbers["device"], numbers["device_profiled"],
             numbers["default_step"], numbers.get("timeline"), completer.reporter,
         )  # fmt: skip
-        record.complete = functools.partial(completer.complete, summarize, numbers["device"], numbers["primary"])
+        record.complete = functools.partial(completer.complete, summarize, numbers["device"])
     return record
 
 
