@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from mlflow_neuron import compare
-from mlflow_neuron._compare import RunProfile
+from mlflow_neuron._compare.frame import RunProfile
 
 
 def median_time(fn, repeat: int = 3) -> float:
@@ -53,7 +53,7 @@ def store_with_runs(work: Path, profiles: list[RunProfile]) -> str:
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    from mlflow_neuron._record import write_table
+    from mlflow_neuron._delivery.record import write_table
 
     uri = f"sqlite:///{work / 'mlflow.db'}"
     client = MlflowClient(uri)
@@ -98,9 +98,10 @@ def main() -> None:
     print(f"compare {args.runs} runs x {args.ops} ops: pure {pure * 1000:.0f} ms; "
           f"compare_runs from a local sqlite store {full:.2f} s (reading {args.runs} runs dominates)")
 
-    from mlflow_neuron import _chrome, _devices
-    from mlflow_neuron._aggregate import aggregate
-    from mlflow_neuron._ingest import load_trace
+    from mlflow_neuron._trace import chrome as _chrome
+    from mlflow_neuron._neuron import devices as _devices
+    from mlflow_neuron._trace.aggregate import aggregate
+    from mlflow_neuron._capture.ingest import load_trace
 
     path = trace_file(work, args.events)
     size_mb = path.stat().st_size / 1e6

@@ -60,8 +60,8 @@ def profile_cycle(ops: int, with_device: bool):
 
 
 def fast_path(prof, device):
-    from mlflow_neuron._aggregate import aggregate
-    from mlflow_neuron._kineto import raw_events_from_kineto
+    from mlflow_neuron._trace.aggregate import aggregate
+    from mlflow_neuron._trace.kineto import raw_events_from_kineto
 
     raw = raw_events_from_kineto(prof)
     assert raw is not None, "the fast path declined this profile"
@@ -69,7 +69,7 @@ def fast_path(prof, device):
 
 
 def torch_parse(prof, device):
-    from mlflow_neuron._extract import extract_cycle
+    from mlflow_neuron._trace.function_events import extract_cycle
 
     return extract_cycle(prof.events(), device=device, device_profiled=device != "cpu")
 
@@ -100,7 +100,7 @@ def timed(fn, *args, **kwargs):
 def measure(ops: int, reps: int, device: str) -> tuple[dict[str, float], int]:
     """Medians over `reps` fresh cycles per reader. (b) and (c) share a cycle: both pay torch's
     parse (`prof.events()`, timed once), then extract_cycle or key_averages() (timed apart)."""
-    from mlflow_neuron._extract import extract_cycle
+    from mlflow_neuron._trace.function_events import extract_cycle
 
     seconds: dict[str, list[float]] = {key: [] for key in "abcd"}
     for rep in range(reps):
@@ -137,8 +137,8 @@ def _status_mib(field: str) -> float:
 
 def rss_child(mode: str, ops: int) -> None:
     """Prints: whole-process peak, RSS held after the profile, peak while reading it (MiB)."""
-    import mlflow_neuron._aggregate  # noqa: F401 - loaded in every child: the callback has them loaded anyway
-    import mlflow_neuron._kineto  # noqa: F401
+    import mlflow_neuron._trace.aggregate  # noqa: F401 - loaded in every child: the callback has them loaded anyway
+    import mlflow_neuron._trace.kineto  # noqa: F401
 
     note = activate_fake_device()
     device = "cpu" if note else "neuron"

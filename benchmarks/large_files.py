@@ -86,7 +86,8 @@ done(base, t0, run_id=callback.run_id, stored=[str(p) for p in callback.outbox_r
 """
 
 SYNC = PRELUDE + """
-from mlflow_neuron import _mlflow_io, _uploads
+from mlflow_neuron._delivery import mlflow_io as _mlflow_io
+from mlflow_neuron._delivery import uploads as _uploads
 from mlflow_neuron.cli import sync
 outbox, uri = sys.argv[1:3]
 base, t0 = start()

@@ -157,10 +157,10 @@ def main() -> None:
 
 def kineto_path(prof, args, log_into) -> dict[str, float]:
     """The callback's sender: Kineto's results read, aggregated, and (timeline on) the trace."""
-    from mlflow_neuron._aggregate import aggregate
-    from mlflow_neuron._event_tree import event_tree
-    from mlflow_neuron._kineto import raw_events_from_kineto
-    from mlflow_neuron._timeline_sources import _inputs_from_events
+    from mlflow_neuron._trace.aggregate import aggregate
+    from mlflow_neuron._trace.event_tree import event_tree
+    from mlflow_neuron._trace.kineto import raw_events_from_kineto
+    from mlflow_neuron._trace.timeline_sources import _inputs_from_events
 
     _, _, device, _ = log_into
     clock = Clock()
@@ -179,11 +179,11 @@ def kineto_path(prof, args, log_into) -> dict[str, float]:
 
 def chrome_path(trace_file: pathlib.Path, parse_json, args, log_into) -> dict[str, float]:
     """A helper process: the cycle's saved chrome trace parsed, read, aggregated, and the trace."""
-    from mlflow_neuron._aggregate import aggregate
-    from mlflow_neuron._chrome import raw_events_from_chrome_trace
-    from mlflow_neuron._event_tree import event_tree
-    from mlflow_neuron._ingest import step_of
-    from mlflow_neuron._timeline_sources import timeline_inputs_from_chrome_trace
+    from mlflow_neuron._trace.aggregate import aggregate
+    from mlflow_neuron._trace.chrome import raw_events_from_chrome_trace
+    from mlflow_neuron._trace.event_tree import event_tree
+    from mlflow_neuron._capture.ingest import step_of
+    from mlflow_neuron._trace.timeline_sources import timeline_inputs_from_chrome_trace
 
     _, _, device, _ = log_into
     clock = Clock()
@@ -202,8 +202,8 @@ def chrome_path(trace_file: pathlib.Path, parse_json, args, log_into) -> dict[st
 
 def trace_cost(raw, tree, inputs, step: int, args, log_into) -> dict[str, float]:
     """build, stage and log of one cycle's trace (the log into a fresh run), and its span counts."""
-    from mlflow_neuron._mlflow_traces import log_timeline
-    from mlflow_neuron._timeline import Timeline, build_timeline
+    from mlflow_neuron._delivery.traces import log_timeline
+    from mlflow_neuron._trace.timeline import Timeline, build_timeline
 
     client, experiment, device, span_storage = log_into
     clock = Clock()

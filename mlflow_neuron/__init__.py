@@ -11,28 +11,28 @@ from typing import Any
 __version__ = "0.1.0"
 
 _HOME = {
-    "MLflowProfilerCallback": "_callback",
-    "DEFAULT_MAX_FILE_BYTES": "_callback",
-    "compare_runs": "_mlflow_runs",
-    "attach_comparison": "_mlflow_runs",
-    "load_timelines": "_mlflow_runs",
-    "annotate_model_version": "_registry",
-    "RunProfile": "_compare",
-    "compare": "_compare",
-    "regressions": "_compare",
-    "ProfilingSetup": "_devices",
-    "compile_backend": "_devices",
-    "pick_device": "_devices",
-    "profiling_setup": "_devices",
-    "synchronize": "_devices",
-    "CycleProfile": "_extract",
-    "OpStats": "_extract",
-    "extract_cycle": "_extract",
-    "readable_key": "_keys",
-    "STRICT_ENV": "_report",
-    "MLflowNeuronWarning": "_report",
+    "MLflowProfilerCallback": "_capture.callback",
+    "DEFAULT_MAX_FILE_BYTES": "_capture.callback",
+    "compare_runs": "_compare.runs",
+    "attach_comparison": "_compare.runs",
+    "load_timelines": "_compare.runs",
+    "annotate_model_version": "_compare.publish",
+    "RunProfile": "_compare.frame",
+    "compare": "_compare.frame",
+    "regressions": "_compare.frame",
+    "ProfilingSetup": "_neuron.devices",
+    "compile_backend": "_neuron.devices",
+    "pick_device": "_neuron.devices",
+    "profiling_setup": "_neuron.devices",
+    "synchronize": "_neuron.devices",
+    "CycleProfile": "_trace.function_events",
+    "OpStats": "_trace.function_events",
+    "extract_cycle": "_trace.function_events",
+    "readable_key": "_delivery.keys",
+    "STRICT_ENV": "_delivery.report",
+    "MLflowNeuronWarning": "_delivery.report",
 }
-_MODULES = {"render": "_render"}
+_MODULES = {"render": "_compare.render"}
 
 __all__ = sorted([*_HOME, *_MODULES, "__version__"])
 

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, _outbox
+from . import __version__
+from ._delivery import outbox as _outbox
 from ._cli_checks import (
     EXIT_FAILED,
     EXIT_OK,
@@ -89,8 +90,8 @@ def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_reject
         print(f"mlflow-neuron sync: error: {refused}", file=err, flush=True)
         return result
     if records:  # MLflow and torch load in seconds: only when there is something to send
-        from ._mlflow_io import RunLogger, check_reachable, human_size, is_permanent, is_unreachable, reason, sent_files
-        from ._record import RunRef
+        from ._delivery.mlflow_io import RunLogger, check_reachable, human_size, is_permanent, is_unreachable, reason, sent_files
+        from ._delivery.record import RunRef
     loggers: dict[tuple, RunLogger] = {}
     unfinished: set[str | None] = set()  # run keys with a record left behind: not ended yet
     for index, record_dir in enumerate(records, 1):
@@ -196,8 +197,8 @@ def compare(args: argparse.Namespace, out=None) -> int:
 
     import mlflow
 
-    from . import _render
-    from ._mlflow_runs import attach_comparison, compare_runs, load_timelines
+    from ._compare.frame import render as _render
+    from ._compare.runs import attach_comparison, compare_runs, load_timelines
 
     out = out or sys.stdout
     frame = compare_runs(args.runs or [], args.baseline, args.metric, args.step, experiment=args.experiment,
@@ -226,7 +227,7 @@ def compare(args: argparse.Namespace, out=None) -> int:
 
 def _gate(frame, percent: float, min_us: float, out) -> int:
     """Exit 1 only for a row whose whole 95% interval lies above +percent; print that interval."""
-    from ._compare import TOTAL, regressions, unchecked
+    from ._compare.frame import TOTAL, regressions, unchecked
 
     base, slower = frame.attrs["baseline"], regressions(frame, percent, min_us)
     for r in slower:
@@ -245,7 +246,7 @@ def _gate(frame, percent: float, min_us: float, out) -> int:
 
 
 def annotate(args: argparse.Namespace, out=None) -> int:
-    from ._registry import annotate_model_version
+    from ._compare.publish import annotate_model_version
 
     out = out or sys.stdout
 
@@ -263,8 +264,8 @@ def ingest(args: argparse.Namespace, out=None) -> int:
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from ._ingest import ingest as ingest_path
-    from ._record import RunRef
+    from ._capture.ingest import ingest as ingest_path
+    from ._delivery.record import RunRef
 
     uri = args.tracking_uri or mlflow.get_tracking_uri()
     if args.run_id:
@@ -285,7 +286,7 @@ def ingest(args: argparse.Namespace, out=None) -> int:
 
 def open_session(args: argparse.Namespace, out=None) -> int:
     """Downloads a cycle's Neuron session folder and opens it in Neuron Explorer (or prints how)."""
-    from ._open import download, open_in_explorer
+    from ._neuron.explorer import download, open_in_explorer
 
     opened = download(args.run, args.step, args.dest, args.tracking_uri)
     return open_in_explorer(opened, launch=not args.no_launch, out=out)
@@ -479,28 +480,28 @@ def _check_server(args: argparse.Namespace) -> None:
 
     A command without --tracking-uri uses MLFLOW_TRACKING_URI (sync: each record's own server,
     probed as it goes)."""
-    from ._probe import check_reachable
+    from ._delivery.probe import check_reachable
 
     uri = getattr(args, "tracking_uri", None)
     if uri is None and args.command != "sync":
         uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         check_reachable(uri)  # before torch and MLflow are imported: a dead server is known in a second
-        from ._mlflow_io import check_tracking_uri
+        from ._delivery.mlflow_io import check_tracking_uri
 
         check_tracking_uri(uri)
 
 
 def _exit_for(error: BaseException) -> tuple[int | None, str]:
     """(exit code, one line) for errors a user can act on; (None, "") for bugs, which keep their traceback."""
-    from ._probe import is_unreachable
+    from ._delivery.probe import is_unreachable
 
     if isinstance(error, ConnectionError):  # the probe's own, which says which server and why
         return EXIT_UNREACHABLE, str(error)
     from mlflow.exceptions import MlflowException
 
-    from ._mlflow_io import reason
-    from ._mlflow_runs import RunNotFound
+    from ._delivery.mlflow_io import reason
+    from ._compare.runs import RunNotFound
 
     if is_unreachable(error):
         return EXIT_UNREACHABLE, f"the tracking server did not answer ({reason(error)})"

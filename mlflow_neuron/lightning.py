@@ -28,8 +28,8 @@ except ImportError as error:
         'mlflow_neuron.lightning needs Lightning (the `lightning` package): pip install "mlflow-neuron[lightning]"'
     ) from error
 
-from ._callback import MLflowProfilerCallback
-from ._step_profiler import ScheduledProfiler as _ScheduledProfiler
+from ._capture.callback import MLflowProfilerCallback
+from ._capture.scheduled import ScheduledProfiler as _ScheduledProfiler
 
 __all__ = ["ProfilerCallback"]
 

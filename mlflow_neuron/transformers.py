@@ -26,8 +26,8 @@ except ImportError as error:
     ) from error
 
 import mlflow
-from ._callback import MLflowProfilerCallback
-from ._step_profiler import ScheduledProfiler as _ScheduledProfiler
+from ._capture.callback import MLflowProfilerCallback
+from ._capture.scheduled import ScheduledProfiler as _ScheduledProfiler
 
 __all__ = ["ProfilerCallback"]
 

@@ -20,7 +20,7 @@ from servers import DelayProxy, MlflowServer
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowProfilerCallback
-from mlflow_neuron._outbox import fallback_folder
+from mlflow_neuron._delivery.outbox import fallback_folder
 from mlflow_neuron.cli import sync
 
 # A sending attempt must fail in seconds, not in MLflow's default minutes of retries.

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlflow_neuron._stats import ratio_interval, without_outliers
+from mlflow_neuron._compare.stats import ratio_interval, without_outliers
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._mlflow_io import RunLogger
-from mlflow_neuron._record import Delivery, RunRef
+from mlflow_neuron._delivery.mlflow_io import RunLogger
+from mlflow_neuron._delivery.record import Delivery, RunRef
 
 
 def ops_rows(client, run_id, tmp_path, step=4):
@@ -140,7 +140,7 @@ def test_files_that_vanish_or_grow_before_upload_lose_nothing_else(tracking_uri,
 
 
 def test_events_unreadable_off_the_training_thread_lose_nothing_else(tracking_uri, monkeypatch):
-    import mlflow_neuron._kineto as kineto
+    import mlflow_neuron._trace.kineto as kineto
 
     monkeypatch.setattr(kineto, "read_kineto_events", lambda prof: None)  # a torch this reader does not know
     with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="could not be read"):

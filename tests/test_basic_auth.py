@@ -12,7 +12,7 @@ from servers import MlflowServer
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._outbox import RECORD, pending
+from mlflow_neuron._delivery.outbox import RECORD, pending
 from mlflow_neuron.cli import sync
 
 ADMIN, PASSWORD = "admin", "test-admin-password-5e1f"

@@ -12,10 +12,10 @@ from workloads import profile_rmsnorm
 
 from mlflow_neuron import compare, compare_runs, regressions, render
 from mlflow_neuron._cli_checks import EXIT_USAGE
-from mlflow_neuron._compare import TOTAL, RunProfile, unchecked
-from mlflow_neuron._registry import top_ops
-from mlflow_neuron._samples import is_wrapper, wrapper_names
-from mlflow_neuron._verdict import short_name
+from mlflow_neuron._compare.frame import TOTAL, RunProfile, unchecked
+from mlflow_neuron._compare.publish import top_ops
+from mlflow_neuron._compare.samples import is_wrapper, wrapper_names
+from mlflow_neuron._compare.verdict import short_name
 from mlflow_neuron.cli import main as cli_main
 
 
@@ -257,7 +257,7 @@ def test_bad_values_are_usage_errors(argv, message, capsys):
 
 
 def test_the_cli_gate_prints_the_interval_and_exits_1_on_a_proven_regression(monkeypatch, capsys):
-    import mlflow_neuron._mlflow_runs as runs
+    import mlflow_neuron._compare.runs as runs
 
     profiles = [jittery("base"), jittery("slow", 1.5)]
     monkeypatch.setattr(runs, "resolve_runs", lambda client, names, experiment: names)
@@ -383,7 +383,7 @@ def test_model_versions_carry_idempotent_performance_annotations(variants, capsy
 
 
 def test_the_description_stays_under_the_backend_limit():
-    from mlflow_neuron._registry import BEGIN, END, with_block
+    from mlflow_neuron._compare.publish import BEGIN, END, with_block
 
     block = "\n".join([BEGIN, "title", "", "| op | t | calls |", "|---|---:|---:|"] + [f"| `op{i}` | 1 | 1 |" for i in range(500)] + [END])
     text = with_block("u" * 4000, block)

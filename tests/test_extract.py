@@ -9,7 +9,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from mlflow_neuron import extract_cycle
-from mlflow_neuron._extract import KERNEL, MISSING, NOT_PROFILED, OP, PRESENT
+from mlflow_neuron._trace.function_events import KERNEL, MISSING, NOT_PROFILED, OP, PRESENT
 
 MUL_US = 785.0  # three muls: 2,355 us, the FACTS.md §4 figure
 
@@ -144,8 +144,8 @@ def test_empty_cycle():
 def test_pure_layers_import_without_mlflow():
     code = (
         "import sys; sys.modules['mlflow'] = None\n"
-        "import mlflow_neuron, mlflow_neuron._extract, mlflow_neuron._record, mlflow_neuron._files, "
-        "mlflow_neuron._settings, mlflow_neuron._keys, mlflow_neuron._devices\n"
+        "import mlflow_neuron, mlflow_neuron._trace.function_events, mlflow_neuron._delivery.record, mlflow_neuron._neuron.output_files, "
+        "mlflow_neuron._capture.settings, mlflow_neuron._delivery.keys, mlflow_neuron._neuron.devices\n"
         "assert 'mlflow.tracking' not in sys.modules\n"
         "try:\n    mlflow_neuron.MLflowProfilerCallback\nexcept ImportError:\n    print('callback needs mlflow')\n"
     )

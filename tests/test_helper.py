@@ -21,8 +21,8 @@ from torch.profiler import tensorboard_trace_handler
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback, _devices, _handoff, _record
-from mlflow_neuron._extract import extract_cycle
-from mlflow_neuron._keys import OpKeys
+from mlflow_neuron._trace.function_events import extract_cycle
+from mlflow_neuron._delivery.keys import OpKeys
 
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
 NUMBERS = ["calls", "self_device_time_us", "device_time_us", "self_cpu_time_us", "cpu_time_us"]
@@ -118,7 +118,7 @@ def test_a_helper_that_dies_on_its_first_cycle_is_restarted_and_loses_nothing(tr
     marker = tmp_path / "died-once"
     dies_once = f"""
 import os, pathlib, sys
-from mlflow_neuron import _helper
+from mlflow_neuron._delivery import helper as _helper
 handle = _helper.Helper.handle
 def dying(self, request):
     if request.get("op") == "cycle" and not pathlib.Path({str(marker)!r}).exists():
@@ -186,13 +186,13 @@ def test_flush_and_close_return_in_time_when_the_helper_hangs_and_keep_every_cyc
 def test_the_helper_exits_when_its_parent_closes_stdin(tmp_path):
     from dataclasses import asdict
 
-    from mlflow_neuron._record import RunRef
+    from mlflow_neuron._delivery.record import RunRef
 
     init = {"op": "init", "run": asdict(RunRef(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_id="0", run_key="k")),
             "sender": {"outbox": str(tmp_path / "outbox")},
             "completer": {"top_k": 5, "rank": 0, "primary": True, "all_ranks": False}, "exit_budget_s": 2}  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow_neuron._helper"], stdin=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow_neuron._delivery.helper"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env, cwd=tmp_path)  # fmt: skip
     proc.stdin.write((json.dumps(init) + "\n").encode())
     proc.stdin.flush()
@@ -217,9 +217,9 @@ def test_a_rank_that_logs_no_metrics_hands_its_files_to_the_helper(tracking_uri,
 def test_the_helper_logs_the_timeline_the_training_process_would_build(tracking_uri):
     """The helper builds the cycle's trace from the chrome trace file: the same spans, to the
     nanosecond, as the in-process path builds from Kineto's events."""
-    from mlflow_neuron._kineto import raw_events_from_kineto
-    from mlflow_neuron._timeline import build_timeline
-    from mlflow_neuron._timeline_sources import timeline_inputs_from_kineto
+    from mlflow_neuron._trace.kineto import raw_events_from_kineto
+    from mlflow_neuron._trace.timeline import build_timeline
+    from mlflow_neuron._trace.timeline_sources import timeline_inputs_from_kineto
 
     built = {}
 
@@ -258,7 +258,7 @@ def test_no_helper_outlives_its_profile_and_the_next_profile_starts_one(tracking
 
 def test_a_trace_orjson_refuses_is_read_by_the_standard_parser(tmp_path):
     """Python's exporter writes NaN for a NaN float; orjson refuses that, json reads it."""
-    from mlflow_neuron._helper import summarize_trace
+    from mlflow_neuron._delivery.helper import summarize_trace
 
     trace = {"traceEvents": [
         {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 1.0, "dur": 2.0, "pid": 1, "tid": 1,
@@ -282,7 +282,7 @@ def test_a_callback_dropped_without_close_lets_its_helper_go(tracking_uri):
 
 
 def test_op_keys_and_the_device_time_flag_go_on_across_helpers():
-    from mlflow_neuron._complete import Completer
+    from mlflow_neuron._delivery.complete import Completer
 
     class Quiet:
         def problem(self, *args):

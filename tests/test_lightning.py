@@ -125,7 +125,7 @@ def test_training_shorter_than_the_first_cycle_warns_once_and_trains_on(tmp_path
 
 
 def test_a_profiler_that_cannot_start_warns_and_training_goes_on(tmp_path, tracking_uri, monkeypatch):
-    import mlflow_neuron._step_profiler as integration
+    import mlflow_neuron._capture.scheduled as integration
 
     def no_setup(*args, **kwargs):
         raise RuntimeError("no profiler today")
@@ -139,7 +139,7 @@ def test_a_profiler_that_cannot_start_warns_and_training_goes_on(tmp_path, track
 
 
 def test_strict_mode_raises_what_would_have_been_a_warning(tmp_path, tracking_uri, monkeypatch, strict):
-    import mlflow_neuron._step_profiler as integration
+    import mlflow_neuron._capture.scheduled as integration
 
     monkeypatch.setattr(integration, "profiling_setup", lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):

@@ -11,7 +11,7 @@ from torch._C._profiler import _ExperimentalConfig
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._devices import neuron_settings
+from mlflow_neuron._neuron.devices import neuron_settings
 
 
 def neuron_files(files, step):

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron import _neuron_monitor as nm
+from mlflow_neuron._neuron import monitor as nm
 
 DOCUMENTED_REPORT = {
     "neuron_runtime_data": [{

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron import _neuron_summary as ns
+from mlflow_neuron._neuron import summary as ns
 
 PUBLISHED = {
     "tensor_engine_active_time_percent": 0.110,

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._outbox import pending
+from mlflow_neuron._delivery.outbox import pending
 from mlflow_neuron.cli import main as cli_main
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mlflow_neuron import _outbox
-from mlflow_neuron._record import Delivery, RunRef
+from mlflow_neuron._delivery import outbox as _outbox
+from mlflow_neuron._delivery.record import Delivery, RunRef
 from mlflow_neuron.cli import sync
 
 URI_WITH_PASSWORD = "http://alice:s3cret-pw@127.0.0.1:5000"

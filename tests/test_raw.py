@@ -25,11 +25,11 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from workloads import inputs, rms_norm_naive
 
-from mlflow_neuron._extract import MISSING, PRESENT, CycleProfile, extract_cycle
-from mlflow_neuron._aggregate import aggregate
-from mlflow_neuron._chrome import raw_events_from_chrome_trace
-from mlflow_neuron._kineto import raw_events_from_kineto
-from mlflow_neuron._raw_events import DEVICE_KERNEL, DEVICE_OTHER, HOST, RawEvents
+from mlflow_neuron._trace.function_events import MISSING, PRESENT, CycleProfile, extract_cycle
+from mlflow_neuron._trace.aggregate import aggregate
+from mlflow_neuron._trace.chrome import raw_events_from_chrome_trace
+from mlflow_neuron._trace.kineto import raw_events_from_kineto
+from mlflow_neuron._trace.events import DEVICE_KERNEL, DEVICE_OTHER, HOST, RawEvents
 
 TESTS = Path(__file__).parent
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")  # repeating schedules
@@ -446,7 +446,7 @@ def test_chrome_trace_ignores_unknown_categories_and_phases():
 def test_the_fast_path_imports_without_mlflow():
     code = (
         "import sys; sys.modules['mlflow'] = None\n"
-        "import mlflow_neuron._kineto, mlflow_neuron._aggregate, mlflow_neuron._chrome\n"
+        "import mlflow_neuron._trace.kineto, mlflow_neuron._trace.aggregate, mlflow_neuron._trace.chrome\n"
         "assert 'mlflow.tracking' not in sys.modules\n"
     )
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}

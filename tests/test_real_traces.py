@@ -30,11 +30,11 @@ import pytest
 from conftest import read_json_artifact
 from mlflow.tracking import MlflowClient
 
-from mlflow_neuron import _devices
-from mlflow_neuron._chrome import CORRELATION, EXTERNAL_ID, read_chrome_trace
-from mlflow_neuron._extract import PRESENT
-from mlflow_neuron._aggregate import aggregate
-from mlflow_neuron._report import MLflowNeuronWarning
+from mlflow_neuron._neuron import devices as _devices
+from mlflow_neuron._trace.chrome import CORRELATION, EXTERNAL_ID, read_chrome_trace
+from mlflow_neuron._trace.function_events import PRESENT
+from mlflow_neuron._trace.aggregate import aggregate
+from mlflow_neuron._delivery.report import MLflowNeuronWarning
 from mlflow_neuron.cli import main as cli_main
 
 REAL = Path(__file__).parent / "fixtures" / "real_traces"
@@ -269,7 +269,7 @@ def _artifact_dirs(client, run_id):
 
 
 def test_the_reader_is_pure():
-    code = "import sys; sys.modules['mlflow'] = None\nimport mlflow_neuron._chrome\n"
+    code = "import sys; sys.modules['mlflow'] = None\nimport mlflow_neuron._trace.chrome\n"
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -16,10 +16,10 @@ import pytest
 from conftest import ROOT, run_python
 from mlflow.tracking.context.abstract_context import RunContextProvider
 
-from mlflow_neuron import _run_context
-from mlflow_neuron._run_context import PREFIX, NeuronRunContextProvider
+from mlflow_neuron._neuron import run_context as _run_context
+from mlflow_neuron._neuron.run_context import PREFIX, NeuronRunContextProvider
 
-ENTRY_POINT = "mlflow_neuron = mlflow_neuron._run_context:NeuronRunContextProvider"
+ENTRY_POINT = "mlflow_neuron = mlflow_neuron._neuron.run_context:NeuronRunContextProvider"
 
 
 def test_it_is_an_mlflow_run_context_provider_that_is_always_in_context():

@@ -20,7 +20,7 @@ from servers import drop_postgres_database, postgres_uri, scratch_postgres_datab
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback, _uploads
-from mlflow_neuron._outbox import pending
+from mlflow_neuron._delivery.outbox import pending
 from mlflow_neuron.cli import sync
 
 pytestmark = pytest.mark.skipif(moto_available() is not None, reason=str(moto_available()))

@@ -23,10 +23,10 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from workloads import inputs, rms_norm_naive
 
-from mlflow_neuron._chrome import raw_events_from_chrome_trace
-from mlflow_neuron._kineto import raw_events_from_kineto
-from mlflow_neuron._raw_events import HOST
-from mlflow_neuron._timeline import (
+from mlflow_neuron._trace.chrome import raw_events_from_chrome_trace
+from mlflow_neuron._trace.kineto import raw_events_from_kineto
+from mlflow_neuron._trace.events import HOST
+from mlflow_neuron._trace.timeline import (
     CYCLE,
     KERNEL,
     OP,
@@ -36,7 +36,7 @@ from mlflow_neuron._timeline import (
     Timeline,
     build_timeline,
 )
-from mlflow_neuron._timeline_sources import timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
+from mlflow_neuron._trace.timeline_sources import timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
 
 TESTS = Path(__file__).parent
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
@@ -146,11 +146,11 @@ import fake_device
 fake_device.activate(pathlib.Path(sys.argv[1]))
 from torch.profiler import ProfilerActivity, profile, schedule
 from workloads import inputs, rms_norm_naive
-from mlflow_neuron._aggregate import aggregate
-from mlflow_neuron._chrome import raw_events_from_chrome_trace
-from mlflow_neuron._kineto import raw_events_from_kineto
-from mlflow_neuron._timeline import build_timeline
-from mlflow_neuron._timeline_sources import timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
+from mlflow_neuron._trace.aggregate import aggregate
+from mlflow_neuron._trace.chrome import raw_events_from_chrome_trace
+from mlflow_neuron._trace.kineto import raw_events_from_kineto
+from mlflow_neuron._trace.timeline import build_timeline
+from mlflow_neuron._trace.timeline_sources import timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
 x, w = inputs()
 out = {}
 def on_cycle(prof):
@@ -306,7 +306,7 @@ def test_cap_and_empty_cycles():
 
 def test_timeline_imports_without_mlflow():
     code = ("import sys; sys.modules['mlflow'] = None\n"
-            "import mlflow_neuron._timeline, mlflow_neuron._timeline_sources, mlflow_neuron._timeline_svg\n")
+            "import mlflow_neuron._trace.timeline, mlflow_neuron._trace.timeline_sources, mlflow_neuron._compare.timeline_svg\n")
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -321,7 +321,7 @@ def cycle_traces(client: MlflowClient, experiment_id: str, run_id: str) -> list:
 
 @pytest.mark.parametrize("span_storage", ["artifact", "tracking_store"])
 def test_the_trace_in_a_real_store_is_the_timeline_linked_to_the_run_once(tracking_uri, span_storage):
-    from mlflow_neuron._mlflow_traces import COMPLETE_TAG, CYCLE_KEY_TAG, log_timeline
+    from mlflow_neuron._delivery.traces import COMPLETE_TAG, CYCLE_KEY_TAG, log_timeline
 
     timeline, _, _ = profile_cpu_cycle(steps=2, record_shapes=True)
     client = MlflowClient(tracking_uri)
@@ -359,7 +359,7 @@ def test_a_partial_write_is_replaced_and_other_processes_find_the_complete_trace
     from mlflow.tracing.client import TracingClient
 
     from conftest import run_python
-    from mlflow_neuron._mlflow_traces import COMPLETE_TAG, CYCLE_KEY_TAG, mlflow_spans, trace_id_for
+    from mlflow_neuron._delivery.traces import COMPLETE_TAG, CYCLE_KEY_TAG, mlflow_spans, trace_id_for
 
     timeline, _, _ = profile_cpu_cycle(steps=1)
     client = MlflowClient(tracking_uri)
@@ -382,8 +382,8 @@ def test_a_partial_write_is_replaced_and_other_processes_find_the_complete_trace
     code = f"""
 import pathlib
 from mlflow import MlflowClient
-from mlflow_neuron._timeline import Timeline
-from mlflow_neuron._mlflow_traces import log_timeline
+from mlflow_neuron._trace.timeline import Timeline
+from mlflow_neuron._delivery.traces import log_timeline
 timeline = Timeline.from_json(pathlib.Path({str(path)!r}).read_text())
 print(log_timeline(MlflowClient({tracking_uri!r}), {run_id!r}, {experiment_id!r}, timeline))
 """
@@ -401,7 +401,7 @@ print(log_timeline(MlflowClient({tracking_uri!r}), {run_id!r}, {experiment_id!r}
 def test_a_timeline_without_an_epoch_origin_ends_at_logging_time(tracking_uri):
     import time
 
-    from mlflow_neuron._mlflow_traces import log_timeline
+    from mlflow_neuron._delivery.traces import log_timeline
 
     x = {"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mul", "ts": 10.0, "dur": 5.5, "pid": 1, "tid": 1}]}
     timeline = build_timeline(raw_events_from_chrome_trace(x), cycle_step=1)
@@ -420,7 +420,7 @@ def test_a_timeline_without_an_epoch_origin_ends_at_logging_time(tracking_uri):
 
 
 def test_representative_step_is_the_one_closest_to_the_median():
-    from mlflow_neuron._timeline_svg import representative_step
+    from mlflow_neuron._compare.timeline_svg import representative_step
 
     assert representative_step({1: 10.0, 2: 50.0, 3: 11.0, 4: 12.0, 5: 13.0}) == 4
     assert representative_step({7: 10.0, 8: 20.0}) == 7  # median 15: a tie, the lower step
@@ -432,7 +432,7 @@ def test_representative_step_is_the_one_closest_to_the_median():
 def test_svg_of_a_step_draws_its_ops_and_kernels_self_contained(fake_profiler, tmp_path):
     import xml.etree.ElementTree as ET
 
-    from mlflow_neuron._timeline_svg import representative_step, step_durations_us, timeline_svg
+    from mlflow_neuron._compare.timeline_svg import representative_step, step_durations_us, timeline_svg
 
     [timeline], _, _ = fake_device_cycle(fake_profiler, tmp_path)
     durations = step_durations_us(timeline)
@@ -463,7 +463,7 @@ def test_read_kineto_cycle_reads_what_raw_events_from_kineto_reads(settings):
     name-matching path instead of the identity one."""
     from dataclasses import fields
 
-    from mlflow_neuron._timeline_sources import read_kineto_cycle
+    from mlflow_neuron._trace.timeline_sources import read_kineto_cycle
 
     x, w = inputs()
     seen = {}
@@ -550,7 +550,7 @@ def test_the_trace_through_a_real_tracking_server(tmp_path):
     server's proxied artifacts, the same exactly-once."""
     from servers import MlflowServer
 
-    from mlflow_neuron._mlflow_traces import COMPLETE_TAG, log_timeline
+    from mlflow_neuron._delivery.traces import COMPLETE_TAG, log_timeline
 
     timeline, _, _ = profile_cpu_cycle(steps=1)
     with MlflowServer(tmp_path / "server") as server:

@@ -4,7 +4,7 @@ import hashlib
 import json
 import os
 
-from mlflow_neuron._uploads import HashingReader, Progress, Sent, file_sha256, record_checksums
+from mlflow_neuron._delivery.uploads import HashingReader, Progress, Sent, file_sha256, record_checksums
 
 
 def test_the_request_body_hashes_what_it_hands_out_and_starts_over_when_rewound(tmp_path):

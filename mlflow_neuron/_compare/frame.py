@@ -1,0 +1,337 @@
+"""Comparing profiled runs (pure: DataFrames in, DataFrames out).
+
+One row per op (original names) and a TOTAL row; one column group per run. Every number is per
+profiler step, over all of a run's active steps (see `_samples`):
+
+- `time_us`: the median per step; `calls`: median calls per step; `share`: of the run's median
+  total; `delta_us`: median minus the baseline's median; `speedup`: baseline median / median;
+- `n`: samples (steps) of the run; `outliers`: how many of this op's samples are outliers;
+- `ratio`, `ratio_low`, `ratio_high`: run / baseline, Hodges–Lehmann, with its 95% interval
+  (NaN where no interval exists; see `_stats` for the method), from the samples that are not
+  outliers;
+- `verdict`: `faster`, `slower`, `no change` (the interval contains 1.0, or the change is under
+  `noise_pct`), `too few samples` (no 95% interval), `new` / `gone` (the op is in one run only),
+  `baseline`.
+
+`frame.attrs` (JSON-serializable) adds: the metric and any fallback, the baseline, runs, n,
+samples sources, ATen calls per step, `outliers` (each one named: run, op, cycle, step, value,
+times the median), `sentences` (the verdict in words, per run), `verdicts` (the TOTAL's), and
+`samples` (of the TOTAL and the top ops, for plots) with their (cycle, step) in `sample_steps`
+(the TOTAL's) and `op_sample_steps` (the ops'; they differ only where per-op samples are cycle
+averages).
+
+Device time is compared when every run has some; otherwise all runs are compared on self CPU time
+and the frame says so in `attrs`: device and CPU microseconds are never mixed in one table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .._compare import stats as _stats
+from .._compare.samples import StepSamples, step_samples
+
+DEVICE_METRIC, CPU_METRIC = "self_device_time_us", "self_cpu_time_us"
+METRICS = (DEVICE_METRIC, CPU_METRIC)
+FIELDS = ("time_us", "calls", "share", "delta_us", "speedup", "n", "outliers", "ratio", "ratio_low", "ratio_high", "verdict")
+TOTAL = "TOTAL"
+FASTER, SLOWER, NO_CHANGE, TOO_FEW = "faster", "slower", "no change", "too few samples"
+NEW, GONE, BASELINE = "new", "gone", "baseline"
+DEFAULT_NOISE_PCT = 2.0
+PLOTTED_OPS = 12  # ops whose samples travel in attrs for the charts (plus the TOTAL)
+
+
+@dataclass(frozen=True)
+class RunProfile:
+    """What a comparison needs from one run: its last cycle's op table and totals, and the
+    per-step samples of every cycle.
+
+    `samples`: one row per (profiler step, host op): columns `cycle` (the cycle's logged step),
+    `step` (the ProfilerStep number), `name`, `self_device_time_us`, `self_cpu_time_us`, `calls`.
+    `step_totals`: one row per profiler step: `cycle`, `step`, `self_device_time_us`,
+    `self_cpu_time_us`, `aten_calls`. `source` says where they came from: SAMPLES_FROM_STEPS (the
+    cycles' steps.json), SAMPLES_FROM_METRICS (step totals from `profiler/step/...` metrics; per-op
+    samples are cycle sums / active steps), SAMPLES_FROM_CYCLES (runs logged before per-step
+    samples: one sample per cycle, its sums / active steps). None: derived from `ops`/`totals`.
+    """
+
+    label: str
+    run_id: str
+    step: int
+    ops: pd.DataFrame  # the rows of ops.json (columns name, kind, calls, self_*_time_us, ...)
+    totals: dict[str, float]  # self_device_time_us, self_cpu_time_us, aten_calls, ...
+    device: str = ""
+    device_time: str = ""  # the run's mlflow_neuron.device_time tag
+    extra: dict = field(default_factory=dict)
+    samples: pd.DataFrame | None = None
+    step_totals: pd.DataFrame | None = None
+    source: str | None = None
+
+
+SAMPLES_FROM_STEPS, SAMPLES_FROM_METRICS, SAMPLES_FROM_CYCLES = "steps", "metrics", "cycles"
+SAMPLE_COLUMNS = ("cycle", "step", "name", "self_device_time_us", "self_cpu_time_us", "calls")
+STEP_TOTAL_COLUMNS = ("cycle", "step", "self_device_time_us", "self_cpu_time_us", "aten_calls")
+
+
+@dataclass(frozen=True)
+class Regression:
+    """An op (or the TOTAL) whose whole interval lies above the gate's threshold."""
+
+    run: str
+    op: str
+    baseline_us: float  # medians per step
+    run_us: float
+    ratio: float = float("nan")
+    ratio_low: float = float("nan")
+    ratio_high: float = float("nan")
+
+    @property
+    def percent(self) -> float:
+        ratio = self.ratio if not np.isnan(self.ratio) else self.run_us / self.baseline_us
+        return (ratio - 1) * 100
+
+
+def compare(
+    profiles: list[RunProfile],
+    baseline: str | None = None,
+    metric: str = DEVICE_METRIC,
+    *,
+    skip_steps: int = 0,
+    noise_pct: float = DEFAULT_NOISE_PCT,
+) -> pd.DataFrame:
+    """The comparison frame; `baseline` is a label or run id (default: the first run).
+
+    Example::
+
+        frame = compare([naive, fused], baseline="naive")
+        frame.loc["TOTAL", ("fused", "verdict")], frame.attrs["sentences"]["fused"]
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}; got {metric!r}")
+    if not profiles:
+        raise ValueError("nothing to compare: no runs")
+    if skip_steps < 0 or noise_pct < 0:
+        raise ValueError(f"skip_steps and noise_pct must be >= 0; got {skip_steps} and {noise_pct}")
+    base = _find(profiles, baseline) if baseline else profiles[0]
+    without_device = [p.label for p in profiles if p.device_time != "present"]
+    used = CPU_METRIC if metric == DEVICE_METRIC and without_device else metric
+    samples = {p.label: step_samples(p, used, skip_steps) for p in profiles}
+
+    medians = pd.DataFrame({label: s.ops.median() for label, s in samples.items()})
+    # Costliest first in any run, so an op that only one variant has (a compiled graph) shows too.
+    order = list(medians.max(axis=1).sort_values(ascending=False, kind="stable").index)
+    columns = {}
+    for label, run in samples.items():
+        for name, values in _run_columns(run, samples[base.label], order, label == base.label, noise_pct).items():
+            columns[(label, name)] = values
+    frame = pd.DataFrame(columns, index=[*order, TOTAL])
+    frame.columns = pd.MultiIndex.from_tuples(frame.columns, names=["run", "field"])
+    frame.index.name = "op"
+    frame.attrs.update(
+        metric=used,
+        requested_metric=metric,
+        fallback=(
+            f"compared on self CPU time: no device time in {', '.join(without_device)}" if used != metric else None
+        ),
+        baseline=base.label,
+        runs={p.label: p.run_id for p in profiles},
+        steps={p.label: p.step for p in profiles},
+        devices={p.label: p.device for p in profiles},
+        aten_calls={label: _count(np.median(s.aten_calls)) if s.aten_calls is not None else None
+                    for label, s in samples.items()},  # fmt: skip
+        n={label: s.n for label, s in samples.items()},
+        sources={label: s.source or "ops" for label, s in samples.items()},
+        skip_steps=skip_steps,
+        noise_pct=noise_pct,
+        confidence=_stats.CONFIDENCE,
+        method="Hodges-Lehmann ratio of per-step samples with Moses' distribution-free 95% interval",
+        wrappers=sorted(_wrappers(profiles) & set(order)),
+    )
+    from .._compare.verdict import sentence  # the wording reads the finished frame
+
+    others = [label for label in samples if label != base.label]
+    frame.attrs["verdicts"] = {label: frame.loc[TOTAL, (label, "verdict")] for label in others}
+    frame.attrs["sentences"] = {label: sentence(frame, label) for label in others}
+    # Added last: pandas deep-copies attrs on every operation, so the bulky ones come after.
+    frame.attrs.update(
+        outliers=_outliers(samples, order),
+        samples={label: _plotted(s, order[:PLOTTED_OPS]) for label, s in samples.items()},
+        sample_steps={label: [list(key) for key in s.steps] for label, s in samples.items()},
+        op_sample_steps={label: [list(key) for key in s.op_keys] for label, s in samples.items()},
+    )
+    return frame
+
+
+def regressions(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> list[Regression]:
+    """Ops (and the TOTAL) whose whole 95% interval of run / baseline lies above +`percent`.
+
+    A point estimate over the line is not enough: per-step noise and stalls move it, and the
+    interval says by how much. Ops under `min_us` (median) in both runs, and wrapper ranges, are
+    left out; the TOTAL is always checked. Rows with too few samples for an interval never fail (see `unchecked`).
+    """
+    found = []
+    for run, op, row in _gated_rows(frame, min_us):
+        if row["ratio_low"] > 1 + percent / 100:
+            found.append(Regression(run, op, *_row_numbers(frame, run, op)))
+    return found
+
+
+def unchecked(frame: pd.DataFrame, min_us: float = 0.0) -> list[Regression]:
+    """The rows the gate could not check: too few samples for a 95% interval."""
+    return [Regression(run, op, *_row_numbers(frame, run, op))
+            for run, op, row in _gated_rows(frame, min_us) if row["verdict"] == TOO_FEW]  # fmt: skip
+
+
+def summary(frame: pd.DataFrame, top: int | None = None) -> pd.DataFrame:
+    """Median times side by side (one column per run) with TOTAL, ATen calls and speedup rows.
+    """
+    times = frame.xs("time_us", axis=1, level="field")
+    ops = times.drop(index=TOTAL)
+    if top is not None:
+        ops = ops.iloc[:top]
+    base = frame.attrs["baseline"]
+    rows = {
+        f"{TOTAL} {frame.attrs['metric']}": times.loc[TOTAL],
+        "ATen calls": pd.Series(frame.attrs["aten_calls"]),
+        f"speedup vs {base}": frame.xs("speedup", axis=1, level="field").loc[TOTAL],
+    }
+    return pd.concat([ops, pd.DataFrame(rows).T[times.columns]])
+
+
+def flat(frame: pd.DataFrame) -> pd.DataFrame:
+    """One level of columns (`<run>/<field>`) and the op as a column: for tables, CSV and JSON.
+
+    Times are rounded to the nanosecond (what the profiler measures), counts are integers.
+    """
+    out = frame.copy()
+    for run, name in frame.columns:
+        if name in ("time_us", "delta_us"):
+            out[(run, name)] = frame[(run, name)].astype(float).round(3)
+        elif name in ("share", "speedup", "ratio", "ratio_low", "ratio_high", "calls"):
+            out[(run, name)] = frame[(run, name)].astype(float).round(4)
+        if name == "calls" and out[(run, name)].dropna().map(float.is_integer).all() or name in ("n", "outliers"):
+            out[(run, name)] = frame[(run, name)].astype("Int64")
+    out.columns = [f"{run}/{name}" for run, name in frame.columns]
+    return out.reset_index()
+
+
+def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base: bool, noise_pct: float) -> dict:
+    """One run's column group: per op in `order`, then the TOTAL."""
+    cols = {name: [] for name in FIELDS}
+    total_median = _median(run.total)
+    times, base_times, calls = _columns(run.ops), _columns(base.ops), _columns(run.calls)
+    rows = [(op, times.get(op), base_times.get(op), _median(calls[op]) if op in calls else np.nan) for op in order]
+    rows.append((TOTAL, run.total, base.total, np.nan))
+    for op, values, base_values, op_calls in rows:
+        median = _median(values) if values is not None else np.nan
+        base_median = _median(base_values) if base_values is not None else np.nan
+        estimate, verdict = _judge(base_values, values, is_base, noise_pct)
+        cols["time_us"].append(median)
+        cols["calls"].append(op_calls)
+        cols["share"].append(median / total_median if total_median else np.nan)
+        cols["delta_us"].append(median - base_median)
+        cols["speedup"].append(base_median / median if median else np.nan)
+        cols["n"].append(run.n if op == TOTAL else len(run.op_keys))
+        cols["outliers"].append(int(_stats.outlier_mask(values).sum()) if values is not None else 0)
+        cols["ratio"].append(estimate.ratio if estimate else np.nan)
+        cols["ratio_low"].append(estimate.low if estimate and estimate.has_interval else np.nan)
+        cols["ratio_high"].append(estimate.high if estimate and estimate.has_interval else np.nan)
+        cols["verdict"].append(verdict)
+    return cols
+
+
+def _columns(table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """A frame's columns as arrays, read once (per-column pandas access dominates otherwise)."""
+    values = table.to_numpy(float)
+    return {name: values[:, i] for i, name in enumerate(table.columns)}
+
+
+def _median(values: np.ndarray) -> float:
+    ordered = np.sort(values)  # np.median costs ~10x more on a handful of samples
+    half = len(ordered) // 2
+    return float(ordered[half]) if len(ordered) % 2 else float(ordered[half - 1] + ordered[half]) / 2
+
+
+def _judge(base_values, values, is_base: bool, noise_pct: float) -> tuple[_stats.RatioEstimate | None, str]:
+    if is_base:
+        return _stats.RatioEstimate(1.0, 1.0, 1.0, exact=True), BASELINE
+    if values is None:
+        return None, GONE
+    if base_values is None:
+        return None, NEW
+    # named outliers (stalls) are left out of the estimate; the medians keep every sample
+    estimate = _stats.ratio_interval(_stats.without_outliers(base_values), _stats.without_outliers(values))
+    if not estimate.has_interval:
+        return estimate, TOO_FEW
+    if estimate.low <= 1 <= estimate.high or abs(estimate.ratio - 1) * 100 < noise_pct:
+        return estimate, NO_CHANGE
+    return estimate, SLOWER if estimate.ratio > 1 else FASTER
+
+
+def _gated_rows(frame: pd.DataFrame, min_us: float):
+    """Rows the gate checks: real ops and the TOTAL. Wrapper ranges (ProfilerStep*, compiled
+    regions, user annotations) are left out: their own time is bookkeeping, and the TOTAL has it."""
+    base, wrappers = frame.attrs["baseline"], set(frame.attrs.get("wrappers", []))
+    for run in frame.columns.get_level_values("run").unique():
+        if run == base:
+            continue
+        for op in frame.index:
+            if op in wrappers:
+                continue
+            row = frame[run].loc[op]
+            largest = np.fmax(row["time_us"], frame.loc[op, (base, "time_us")])  # NaN: not in that run
+            if op != TOTAL and not largest >= min_us:
+                continue
+            yield run, op, row
+
+
+def _row_numbers(frame: pd.DataFrame, run: str, op: str) -> tuple[float, ...]:
+    base = frame.attrs["baseline"]
+    return tuple(float(frame.loc[op, key]) for key in
+                 [(base, "time_us"), (run, "time_us"), (run, "ratio"), (run, "ratio_low"), (run, "ratio_high")])  # fmt: skip
+
+
+def _outliers(samples: dict[str, StepSamples], order: list[str]) -> list[dict]:
+    found = []
+    for label, run in samples.items():
+        times = _columns(run.ops)
+        series = [*((op, times[op], run.op_keys) for op in order if op in times), (TOTAL, run.total, run.steps)]
+        for op, values, keys in series:
+            if len(values) < _stats.MIN_OUTLIER_SAMPLES:
+                continue
+            median = _median(values)
+            for index in np.flatnonzero(_stats.outlier_mask(values)):
+                cycle, step = keys[index]
+                found.append({
+                    "run": label, "op": op, "cycle": cycle, "step": step,
+                    "value_us": round(float(values[index]), 3), "median_us": round(median, 3),
+                    "times_median": round(float(values[index]) / median, 2) if median else None,
+                })  # fmt: skip
+    return found
+
+
+def _plotted(run: StepSamples, ops: list[str]) -> dict[str, list[float]]:
+    plotted = {op: [round(float(v), 3) for v in run.ops[op]] for op in ops if op in run.ops}
+    plotted[TOTAL] = [round(float(v), 3) for v in run.total]
+    return plotted
+
+
+def _wrappers(profiles: list[RunProfile]) -> set[str]:
+    from .._compare.samples import wrapper_names
+
+    return set().union(*(wrapper_names(p.ops) for p in profiles))
+
+
+def _count(value: float) -> int | float:
+    """Counts per step stay integers when they are (a median of two can end in .5)."""
+    return int(value) if float(value).is_integer() else float(value)
+
+
+def _find(profiles: list[RunProfile], key: str) -> RunProfile:
+    for p in profiles:
+        if key in (p.label, p.run_id):
+            return p
+    raise ValueError(f"baseline {key!r} is not among the compared runs ({', '.join(p.label for p in profiles)})")

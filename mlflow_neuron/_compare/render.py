@@ -1,0 +1,286 @@
+"""A comparison frame for people: text, markdown, CSV, JSON, a PNG chart, a self-contained HTML page.
+
+Tables show medians per step, the ratio to the baseline with its 95% interval, the verdict, n and
+outliers; below them every outlier by name and the verdict in words. Displays shorten generated
+names (`CompiledFxGraph f7xp…`); CSV and JSON keep the full names. The HTML page inlines its data,
+styles and chart (a data URI), with no scripts or links: the MLflow UI shows HTML artifacts in a
+sandboxed iframe where links to other artifacts do not resolve.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+
+import pandas as pd
+
+from .._compare.frame import FASTER, NO_CHANGE, SLOWER, TOO_FEW, TOTAL, flat
+from .._compare.verdict import short_names
+
+SHOWN_OUTLIERS = 20
+METHOD_NOTE = (
+    "Each run's samples are its profiled steps, over all cycles. Times are medians per step. "
+    "The ratio is run / baseline (Hodges–Lehmann: the median of all pairwise ratios), with a "
+    "distribution-free 95% interval (Moses, from the exact Mann–Whitney distribution). "
+    "Verdict: faster or slower when the whole interval is on one side of 1.0 and the change is at "
+    "least the noise threshold; no change otherwise; too few samples when no 95% interval exists "
+    "(fewer than 4 steps per run, or single samples from runs logged before per-step samples). "
+    "The gate (--fail-if-slower PCT) fails only when the whole interval lies above +PCT. "
+    "Outliers: steps more than 5 robust standard deviations (1.4826 · MAD, at least 1% of the "
+    "median) from their run's median. They are named here and drawn in the chart; the medians keep "
+    "them, the ratio and its interval leave them out, so one stall cannot decide a verdict."
+)
+
+
+def _number(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.2f}"
+
+
+def _count(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def heading(frame: pd.DataFrame) -> str:
+    what = "device" if frame.attrs["metric"] == "self_device_time_us" else "CPU"
+    text = f"median self {what} time per step (us) per op, baseline {frame.attrs['baseline']}"
+    if frame.attrs.get("skip_steps"):
+        text += f", first {frame.attrs['skip_steps']} step(s) of each run left out"
+    return f"{text}; {frame.attrs['fallback']}" if frame.attrs.get("fallback") else text
+
+
+def table(frame: pd.DataFrame, top: int | None = 15) -> pd.DataFrame:
+    """The display table (strings): per op the baseline's median, and per run its median, ratio
+    with its 95% interval and verdict; then TOTAL, n, outliers and ATen calls per step."""
+    base = frame.attrs["baseline"]
+    runs = list(frame.columns.get_level_values("run").unique())
+    ops = [op for op in frame.index if op != TOTAL][:top]
+    outliers = {run: sum(1 for o in frame.attrs.get("outliers", []) if o["run"] == run) for run in runs}
+    columns: dict[str, list[str]] = {}
+    for run in runs:
+        columns[run] = [_number(frame.loc[op, (run, "time_us")]) for op in [*ops, TOTAL]]
+        columns[run] += [_count(frame.attrs["n"][run]), str(outliers[run]), _count(frame.attrs["aten_calls"][run])]
+        if run == base:
+            continue
+        columns[f"{run} ratio (95% CI)"] = [_ratio_cell(frame.loc[op, run]) for op in [*ops, TOTAL]] + ["", "", ""]
+        columns[f"{run} verdict"] = [str(frame.loc[op, (run, "verdict")]) for op in [*ops, TOTAL]] + ["", "", ""]
+    index = [*short_names(ops), TOTAL, "n (steps)", "outliers", "ATen calls per step"]
+    return pd.DataFrame(columns, index=index)
+
+
+def text(frame: pd.DataFrame, top: int | None = 15) -> str:
+    return "\n".join([heading(frame), table(frame, top).to_string(), *_notes(frame)])
+
+
+def markdown(frame: pd.DataFrame, top: int | None = 15) -> str:
+    shown = table(frame, top)
+    lines = [
+        f"_{heading(frame)}_",
+        "",
+        "| op | " + " | ".join(map(str, shown.columns)) + " |",
+        "|---|" + "---:|" * len(shown.columns),
+    ]
+    for op, row in shown.iterrows():
+        lines.append(f"| `{op}` | " + " | ".join(row) + " |")
+    return "\n".join([*lines, *_notes(frame)])
+
+
+def csv(frame: pd.DataFrame) -> str:
+    return flat(frame).to_csv(index=False)
+
+
+def as_json(frame: pd.DataFrame) -> str:
+    rows = json.loads(flat(frame).to_json(orient="records"))
+    return json.dumps({**frame.attrs, "rows": rows}, indent=1, default=str)
+
+
+def outlier_lines(frame: pd.DataFrame, limit: int = SHOWN_OUTLIERS) -> list[str]:
+    """Every outlier by run, step and op, with its size against its run's median; the ones that
+    cost the most time first (a 6 ms stall before a 40x blip of a 0.04 us op)."""
+    found = sorted(frame.attrs.get("outliers", []), key=lambda o: -abs(o["value_us"] - o["median_us"]))
+    names = dict(zip(frame.index, short_names(list(frame.index))))
+    lines = [
+        f"{o['run']} step {o['step']} (cycle {o['cycle']}) {names.get(o['op'], o['op'])}: {o['value_us']:,.3f} us, "
+        + (f"{o['times_median']:g}x its median {o['median_us']:,.3f} us" if o["times_median"] else "median 0")
+        for o in found[:limit]
+    ]
+    if len(found) > limit:
+        lines.append(f"... and {len(found) - limit} more (all in the JSON output)")
+    return lines
+
+
+def _notes(frame: pd.DataFrame) -> list[str]:
+    notes = []
+    outliers = outlier_lines(frame)
+    if outliers:
+        notes += ["", "outliers (in the medians and the charts; left out of the ratios):", *(f"  {line}" for line in outliers)]
+    if frame.attrs.get("sentences"):
+        notes += ["", *frame.attrs["sentences"].values()]
+    return notes
+
+
+def _ratio_cell(row: pd.Series) -> str:
+    if pd.isna(row["ratio"]):
+        return "-"
+    if row["verdict"] == TOO_FEW:
+        return f"{row['ratio']:.2f} [no CI]"
+    if row["ratio_low"] == row["ratio_high"]:
+        return f"{row['ratio']:.2f} [exact]"
+    return f"{row['ratio']:.2f} [{row['ratio_low']:.2f}–{row['ratio_high']:.2f}]"
+
+
+def png(frame: pd.DataFrame, path: Path, top: int = 8) -> Path:
+    """Left: every per-step sample (strip points) with the median, outliers marked and labelled,
+    on a log axis so one stall cannot squash the rest. Right: run / baseline with its 95%
+    interval per op, the noise band shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from .._compare.chart import draw_ratios, draw_samples
+
+    runs = list(frame.columns.get_level_values("run").unique())
+    plotted = frame.attrs["samples"]
+    ops = [TOTAL] + [op for op in frame.index if op != TOTAL and any(op in plotted[r] for r in runs)][:top]
+    labels = dict(zip(ops, short_names(ops)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.3 * len(ops) * (len(runs) + 1) + 2.5),
+                                      width_ratios=[3, 2], sharey=True)  # fmt: skip
+    draw_samples(left, frame, ops, runs, labels)
+    draw_ratios(right, frame, ops, runs)
+    fig.suptitle(heading(frame), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def html_page(frame: pd.DataFrame, png_path: Path | None = None, top: int | None = 30, *,
+              timelines: Mapping | None = None) -> str:  # fmt: skip
+    """The report page. `timelines` ({label: StepTimeline}, from `load_timelines`) adds one
+    representative step per run as an inline SVG timeline."""
+    chart = ""
+    if png_path is not None:
+        data = base64.b64encode(Path(png_path).read_bytes()).decode()
+        chart = f'<img alt="comparison chart: samples per step and ratios with 95% intervals" src="data:image/png;base64,{data}">'
+    runs = "".join(
+        f"<li><b>{html.escape(label)}</b>: run {html.escape(run_id)}, step {frame.attrs['steps'][label]}, "
+        f"{frame.attrs['n'][label]} samples ({html.escape(str(frame.attrs['sources'][label]))}), "
+        f"device {html.escape(str(frame.attrs['devices'][label]) or '?')}</li>"
+        for label, run_id in frame.attrs["runs"].items()
+    )
+    sentences = "".join(f"<li>{html.escape(s)}</li>" for s in frame.attrs.get("sentences", {}).values())
+    outliers = "".join(f"<li>{html.escape(line)}</li>" for line in outlier_lines(frame, limit=100))
+    shown = table(frame, top)
+    rows = "".join(
+        f"<tr><td>{html.escape(str(op))}</td>" + "".join(f'<td class="{_css(v)}">{html.escape(v)}</td>' for v in row) + "</tr>"
+        for op, row in shown.iterrows()
+    )
+    header = "<tr><th>op</th>" + "".join(f"<th>{html.escape(str(c))}</th>" for c in shown.columns) + "</tr>"
+    full = flat(frame).to_html(index=False, float_format=lambda v: f"{v:,.3f}", na_rep="-", border=0, classes="full")
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>mlflow-neuron comparison</title>
+<style>
+body {{ font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }}
+table {{ border-collapse: collapse; font-size: 13px; margin: 1em 0; }}
+th, td {{ padding: 3px 8px; border-bottom: 1px solid #ddd; text-align: right; }}
+th:first-child, td:first-child {{ text-align: left; font-family: monospace; }}
+img {{ max-width: 100%; }} .timeline {{ overflow-x: auto; }}
+.note {{ color: #8a4b00; }} .faster {{ color: #1a7f37; }} .slower {{ color: #b3261e; font-weight: bold; }}
+.nochange {{ color: #666; }} .toofew {{ color: #8a4b00; }}
+</style></head><body>
+<h2>{html.escape(heading(frame))}</h2>
+{f'<p class="note">{html.escape(frame.attrs["fallback"])}</p>' if frame.attrs.get("fallback") else ""}
+<ul class="verdicts">{sentences}</ul>
+<ul>{runs}</ul>
+{chart}
+<table class="compact">{header}{rows}</table>
+<h3>Outliers</h3>
+{f"<ul>{outliers}</ul>" if outliers else "<p>none</p>"}
+<h3>How to read this</h3>
+<p>{html.escape(METHOD_NOTE)}</p>
+<details><summary>every op, every field (full names)</summary>{full}</details>
+{_timelines_html(timelines) if timelines is not None else ""}
+</body></html>
+"""
+
+
+TIMELINE_NOTE = (
+    "One step per run: the profiled step whose total is closest to the run's median. Rows: host "
+    "threads (nested ops, one row per depth), then device streams with the kernels the step's ops "
+    "launched. Hover a box for its name and times. Cycles with more spans than timeline_max_spans "
+    "show the shortest ops as grey \u201c\u2026 N more ops\u201d boxes."
+)
+
+
+def _timelines_html(timelines: Mapping) -> str:
+    from .._compare.timeline_svg import timeline_svg
+
+    parts = [f"<h3>Timelines</h3><p>{html.escape(TIMELINE_NOTE)}</p>"]
+    for label, chosen in timelines.items():
+        if chosen.timeline is None:
+            parts.append(f'<h4>{html.escape(label)}</h4><p class="note">no timeline: {html.escape(chosen.note)}</p>')
+            continue
+        parts.append(f"<h4>{html.escape(label)}: step {chosen.step} (cycle {chosen.cycle}): "
+                     f"{html.escape(chosen.note)}</h4>")  # fmt: skip
+        parts.append(f'<div class="timeline">{timeline_svg(chosen.timeline, chosen.step)}</div>')
+    return "\n".join(parts)
+
+
+def _css(cell: str) -> str:
+    return {FASTER: "faster", SLOWER: "slower", NO_CHANGE: "nochange", TOO_FEW: "toofew"}.get(cell, "")
+
+
+def cycle_table(profile) -> str:
+    """A cycle's op table in the layout of torch's `key_averages().table()`, from our numbers.
+
+    torch's own table needs `prof.events()`, the full Python parse of the cycle (seconds on the
+    training thread for 100k events); the fast path renders this one instead.
+    """
+    device = profile.device.upper()
+    with_device = profile.device_time != "not_profiled"
+    by_device = profile.device_time == "present"
+    columns = ["Name", "Self CPU %", "Self CPU", "CPU total %", "CPU total", "CPU time avg"]
+    if with_device:
+        columns += [f"Self {device}", f"Self {device} %", f"{device} total", f"{device} time avg"]
+    columns.append("# of Calls")
+    cpu_total, device_total = profile.total_self_cpu_time_us, profile.total_self_device_time_us
+    rows = []
+    for op in sorted(profile.ops, key=lambda o: -(o.self_device_time_us if by_device else o.self_cpu_time_us)):
+        row = [op.name, _percent(op.self_cpu_time_us, cpu_total), _time(op.self_cpu_time_us),
+               _percent(op.cpu_time_us, cpu_total), _time(op.cpu_time_us), _time(op.cpu_time_us / op.calls)]
+        if with_device:
+            row += [_time(op.self_device_time_us), _percent(op.self_device_time_us, device_total),
+                    _time(op.device_time_us), _time(op.device_time_us / op.calls)]
+        rows.append([*row, str(op.calls)])
+    widths = [max(len(str(r[i])) for r in [columns, *rows]) for i in range(len(columns))]
+    widths[0] = min(widths[0], 120)
+    line = "-" * (sum(widths) + 2 * (len(widths) - 1))
+
+    def render(cells):
+        name = str(cells[0])[: widths[0]]
+        return "  ".join([name.ljust(widths[0])] + [str(c).rjust(w) for c, w in zip(cells[1:], widths[1:])])
+
+    text = [line, render(columns), line, *map(render, rows), line, f"Self CPU time total: {_time(cpu_total)}"]
+    if with_device:
+        text.append(f"Self {device} time total: {_time(device_total)}")
+    return "\n".join(text) + "\n"
+
+
+def _time(us: float) -> str:
+    if us >= 1e6:
+        return f"{us / 1e6:.3f}s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3f}ms"
+    return f"{us:.3f}us"
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{part / whole * 100:.2f}%" if whole else "0.00%"

@@ -1,0 +1,444 @@
+"""The training side of the helper process: hand a cycle's job over, and never wait on it.
+
+`Handoff` stands where the callback's `Sender` stood and offers the same surface (`submit`,
+`flush`, `close`, `delivered`, `stored`, `pending`, `logger`). A `CycleRecord` goes to the
+in-process sender as before; a job (plain data naming the cycle's saved trace, see
+`_helper.record_of`) goes to the helper process, started on the first job.
+
+Trouble with the helper never reaches training:
+- the first cycle is read the in-process way and starts the helper once it is on its way; until
+  the helper is up (it imports torch and MLflow: seconds), `accepts_jobs()` is False and cycles
+  keep going the in-process way, so the first cycles of a short profile are not held up;
+- it cannot start, dies, or stops answering for `hang_timeout_s`: one warning; the jobs it had not
+  settled (a job is settled when its staged folder is gone: delivered, or stored in the outbox) go
+  to the in-process sender, and the helper is restarted once; after a second failure every job
+  goes the in-process way;
+- when the profile stops, the callback retires the helper (`retire`): it finishes or stores its
+  jobs and exits, so no helper outlives its profile; the next profile's first cycle starts one;
+- `flush(timeout)` and `close(timeout)` wait for it within their timeout. A helper still busy when
+  `close`'s time is up is stopped, and its unsettled jobs are stored in the outbox here, so that
+  after `close` every cycle is delivered or in the outbox, as with the in-process sender.
+"""
+
+from __future__ import annotations
+
+import builtins
+import itertools
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from .._delivery.record import CycleRecord
+
+HELPER_COMMAND = (sys.executable, "-m", "mlflow_neuron._delivery.helper")
+HANG_TIMEOUT_S = 120.0  # a helper that took no job for this long is replaced
+RESTARTS = 1
+
+
+class HelperError(RuntimeError):
+    """An error raised in the helper process (its type name and message)."""
+
+
+class HelperProcess:
+    """One running helper: its pipes, a writer thread (a full pipe never blocks training) and a
+    reader thread that hands every message to `on_message`, then {"type": "eof"}."""
+
+    def __init__(self, init: dict, on_message, command: tuple[str, ...] | None = None) -> None:
+        package_root = str(Path(__file__).resolve().parent.parent)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        # subprocess, never a bare fork: the Neuron and CUDA runtimes do not survive a fork.
+        # The same session on purpose: Linux's autogroup scheduling weighs sessions against each
+        # other, so only inside the training's own session does the helper's lower priority count.
+        # (It ignores SIGINT: a Ctrl-C reaches training; the helper finishes its jobs and exits.)
+        self.proc = subprocess.Popen(
+            list(command or HELPER_COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+        )  # fmt: skip
+        self._outgoing: queue.Queue[bytes | None] = queue.Queue()
+        self._on_message = on_message
+        self.send(init)
+        threading.Thread(target=self._write, name="mlflow-neuron-handoff-writer", daemon=True).start()
+        threading.Thread(target=self._read, name="mlflow-neuron-handoff-reader", daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, message: dict) -> None:
+        self._outgoing.put((json.dumps(message) + "\n").encode())
+
+    def end_input(self) -> None:
+        self._outgoing.put(None)
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def _write(self) -> None:
+        stdin = self.proc.stdin
+        while True:
+            data = self._outgoing.get()
+            try:
+                if data is None:
+                    stdin.close()
+                    return
+                stdin.write(data)
+                stdin.flush()
+            except (OSError, ValueError):
+                return  # the helper is gone: the reader reports it
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            self._on_message(self, message)
+        self._on_message(self, {"type": "eof"})
+
+
+class Handoff:
+    """Sender-compatible front: jobs to the helper process, records to the in-process sender."""
+
+    def __init__(self, inner, reporter, completer, *, exit_budget_s: float, command: tuple[str, ...] | None = None,
+                 hang_timeout_s: float | None = None) -> None:  # fmt: skip
+        self.inner = inner  # the in-process Sender: fallback, and records read in-process
+        self.reporter = reporter
+        self.completer = completer  # fills records that fall back to the in-process sender
+        self.exit_budget_s = exit_budget_s
+        self.command = command
+        self.hang_timeout_s = HANG_TIMEOUT_S if hang_timeout_s is None else hang_timeout_s
+        self.parser: str | None = None  # what the helper parses traces with, once it is ready
+        self.helper_pid: int | None = None
+        self.jobs_sent = 0  # cycles handed to a helper process
+        self.helper_peak_rss_kb: int | None = None  # the largest peak RSS a helper reported
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._proc: HelperProcess | None = None
+        self._started_at = 0.0
+        self._ready = False
+        self._failures = 0
+        self._fallen_back = False
+        self._closing = False
+        self._retiring: HelperProcess | None = None
+        self._sent: list[dict] = []  # jobs the helper has, maybe not settled yet
+        self._seq = itertools.count(1)
+        self._unaccepted: dict[int, float] = {}  # cycle seq -> monotonic time sent
+        self._replies: dict[int, dict] = {}
+        self._state: dict = {}
+        self._done_delivered = 0  # from helpers that are gone
+        self._done_stored: list[Path] = []
+        self._done_rejected: list[Path] = []
+        self._errors: list[BaseException] = []
+
+    # -- the Sender surface ------------------------------------------------------------------------
+
+    @property
+    def logger(self):
+        return self.inner.logger
+
+    @property
+    def delivered(self) -> int:
+        return self.inner.delivered + self._done_delivered + self._state.get("delivered", 0)
+
+    @property
+    def stored(self) -> list[Path]:
+        return [*self.inner.stored, *self._done_stored, *map(Path, self._state.get("stored", ()))]
+
+    @property
+    def rejected(self) -> list[Path]:
+        return [*self.inner.rejected, *self._done_rejected, *map(Path, self._state.get("rejected", ()))]
+
+    @property
+    def pending(self) -> int:
+        """Cycles held in memory by the in-process sender and by the helper's sender (jobs on their
+        way through the pipe are a few hundred bytes each; their traces are on disk)."""
+        return self.inner.pending + self._state.get("pending", 0)
+
+    @property
+    def uses_helper(self) -> bool:
+        return not self._fallen_back
+
+    def submit(self, item: CycleRecord | dict) -> None:
+        self.raise_worker_errors()
+        if isinstance(item, CycleRecord):
+            self.inner.submit(item)
+            self.start()  # lazily, once the cycle is on its way: the first cycle starts the helper
+            return
+        with self._lock:
+            if self._ready and self._proc is not None and not self._fallen_back:
+                self._send_job(item)
+            else:  # it failed since accepts_jobs() said yes
+                self._submit_inline(item)
+
+    def accepts_jobs(self) -> bool:
+        """Whether the next cycle should be a job for the helper: it is up and well. Until then (the
+        first cycle's record starts it), the callback reads cycles the in-process way."""
+        with self._lock:
+            if self._fallen_back or self._closing or self._proc is None:
+                return False
+            if self.inner.logger.run.run_id is None:
+                return False  # the run is created in-process first: two processes must not both create it
+            self._check_hang()
+            return self._ready and self._proc is not None
+
+    def start(self) -> None:
+        """Starts the helper now rather than on the first cycle (its imports take seconds)."""
+        with self._lock:
+            if self._proc is None and not self._fallen_back and not self._closing:
+                self._start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Waits until the helper took its settings (tests, benchmarks); False if it did not."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while not self._ready and self._proc is not None:
+                left = _left(deadline)
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(left)
+            return self._ready
+
+    def flush(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        ok = self._request("flush", deadline)
+        ok = self.inner.flush(_left(deadline)) and ok
+        self.raise_worker_errors()
+        return ok
+
+    def spill(self, why: str) -> int:
+        """Stores the in-process sender's queue in the outbox now, and has the helper store its own
+        (it answers nothing: the shutdown budget is spent)."""
+        with self._lock:
+            if self._proc is not None and self._ready and not self._fallen_back:
+                self._proc.send({"op": "spill", "why": why})
+        return self.inner.spill(why)
+
+    def release(self) -> None:
+        """Lets the helper go without waiting (its callback is gone): it delivers or stores what it
+        holds, as at a closed stdin, and exits."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is not None:  # an explicit close: a forked child of training may hold the pipe open
+                proc.send({"op": "close", "seq": 0, "timeout": None})
+                proc.end_input()
+
+    def retire(self, timeout: float) -> bool:
+        """Ends the helper when a profile stopped: it delivers or stores what it holds within
+        `timeout`; jobs it did not settle go to the in-process sender. A later cycle starts a new
+        helper. False if it had to be stopped."""
+        return self._end_helper(time.monotonic() + max(timeout, 0.0))
+
+    def close(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._closing = True
+        self._end_helper(deadline)  # what it did not settle, inner.close() below stores: the time is up
+        self.inner.close(_left(deadline))
+        self.raise_worker_errors()
+
+    def raise_worker_errors(self) -> None:
+        if self._errors:
+            raise self._errors.pop(0)
+        self.inner.raise_worker_errors()
+
+    def __getattr__(self, name: str) -> Any:  # the rest of the Sender's surface
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    # -- the helper's lifecycle (under self._lock) ---------------------------------------------------
+
+    def _init_message(self) -> dict:
+        inner, completer = self.inner, self.completer
+        return {
+            "op": "init",
+            "run": asdict(inner.logger.run),
+            "sender": {"max_pending": inner.max_pending, "retries": inner.retries,
+                       "retry_wait_s": inner.retry_wait_s, "outbox": str(inner.outbox)},
+            "completer": {"top_k": completer.top_k, "rank": completer.rank, "primary": completer.primary,
+                          "all_ranks": completer.all_ranks, "known": completer.export()},
+            "exit_budget_s": self.exit_budget_s,
+        }  # fmt: skip
+
+    def _start(self) -> None:
+        self._ready = False
+        self._started_at = time.monotonic()
+        try:
+            self._proc = HelperProcess(self._init_message(), self._on_message, self.command)
+        except Exception as error:  # noqa: BLE001 - no helper: the in-process path takes over
+            self._fail(f"could not start the helper process ({type(error).__name__}: {error})")
+
+    def _send_job(self, job: dict) -> None:
+        seq = next(self._seq)
+        self.jobs_sent += 1
+        self._sent = [j for j in self._sent if Path(j["staged_dir"]).exists()]
+        self._sent.append(job)
+        self._unaccepted[seq] = time.monotonic()
+        self._proc.send({"op": "cycle", "seq": seq, "job": job})
+
+    def _unsettled(self) -> list[dict]:
+        """Jobs handed to the helper whose staged folder is still there: not delivered nor stored."""
+        return [j for j in self._sent if Path(j["staged_dir"]).exists()]
+
+    def _check_hang(self) -> None:
+        if self._proc is None:
+            return
+        since = min(self._unaccepted.values()) if self._unaccepted else None
+        if since is None and not self._ready:
+            since = self._started_at
+        if since is not None and time.monotonic() - since > self.hang_timeout_s:
+            what = "took no cycle" if self._ready else "did not start"
+            self._fail(f"the helper process {what} in {time.monotonic() - since:.0f} s")
+
+    def _end_helper(self, deadline: float | None) -> bool:
+        """Asks the helper to deliver or store what it holds and exit by `deadline`, stops it if it
+        did not answer, and lets it go; False if it had to be stopped."""
+        with self._lock:
+            self._retiring = self._proc  # its exit is expected: not a failure
+        answered = self._request("close", deadline)
+        with self._lock:
+            self._let_go(graceful=answered and self._ready)
+            self._retiring = None
+        return answered
+
+    def _let_go(self, *, graceful: bool) -> None:
+        """Forgets the current helper (its input closed if `graceful`, else killed; one whose exit
+        came first was settled then) and gives the jobs it did not settle to the in-process sender."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            if graceful:
+                proc.end_input()
+            else:
+                proc.kill()
+            self._settle_gone(proc)
+        unsettled, self._sent = self._unsettled(), []
+        for job in unsettled:
+            self._submit_inline(job)
+
+    def _fail(self, why: str) -> None:
+        """One warning; then a restart, or from the second failure on, the in-process sender."""
+        self._let_go(graceful=False)  # its jobs are processed here, while a new helper starts (or for good)
+        self._failures += 1
+        restart = self._failures <= RESTARTS and not self._closing
+        self.reporter.problem(
+            "helper", f"{why}; " + ("restarting it" if restart else "cycles are processed in the training "
+                                    "process from now on (as with process='inline')"),
+        )  # fmt: skip
+        if restart:
+            self._start()
+            return
+        self._fallen_back = True
+        self._cond.notify_all()
+
+    def _settle_gone(self, proc: HelperProcess) -> None:
+        """Counts what a helper that is gone delivered and stored; forgets its requests."""
+        self._done_delivered += self._state.get("delivered", 0)
+        self._done_stored += [Path(p) for p in self._state.get("stored", ()) if Path(p).exists()]
+        self._done_rejected += [Path(p) for p in self._state.get("rejected", ()) if Path(p).exists()]
+        self._state = {}
+        self._ready = False
+        self._unaccepted.clear()
+        self._cond.notify_all()
+
+    def _record(self, job: dict) -> CycleRecord:
+        from .._delivery.helper import record_of
+
+        return record_of(job, self.completer)
+
+    def _submit_inline(self, job: dict) -> None:
+        self.inner.submit(self._record(job))
+
+    def _request(self, op: str, deadline: float | None) -> bool:
+        """Sends flush or close to the helper; waits for its answer until `deadline`."""
+        while True:
+            with self._lock:
+                proc = self._proc
+                if proc is None or self._fallen_back or not self._ready:
+                    return True
+                seq = next(self._seq)
+                left = _left(deadline)
+                helper_budget = None if left is None else max(left - min(1.0, 0.1 * left), 0.0)
+                proc.send({"op": op, "seq": seq, "timeout": helper_budget})
+                while seq not in self._replies and self._proc is proc:
+                    left = _left(deadline)
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(left)
+                reply = self._replies.pop(seq, None)
+                if reply is not None:
+                    return bool(reply.get("ok"))
+            # the helper died meanwhile: its jobs went in-process; ask the new one, if it is up
+
+    # -- messages from the helper (reader thread) ------------------------------------------------
+
+    def _on_message(self, proc: HelperProcess, message: dict) -> None:
+        kind = message.get("type")
+        if kind == "problem":
+            self._forward_problem(message)
+            return
+        with self._lock:
+            if proc is not self._proc:
+                return  # a replaced helper's last words
+            if kind == "ready":
+                self.parser, self.helper_pid = message.get("parser"), message.get("pid")
+                self._ready = True
+            elif kind == "accepted":
+                self._unaccepted.pop(message.get("seq"), None)
+            elif kind in ("state", "reply"):
+                self._take_state(message.get("state") or {})
+                if kind == "reply":
+                    self._replies[message["seq"]] = message
+                    if message.get("known"):
+                        self.completer.absorb(message["known"])
+            elif kind == "eof":
+                if self._closing or proc is self._retiring:
+                    self._settle_gone(proc)
+                    self._proc = None
+                else:
+                    self._fail(f"the helper process ended (exit code {proc.proc.wait()})")
+            self._cond.notify_all()
+
+    def _take_state(self, state: dict) -> None:
+        if not state:
+            return
+        self._state = state
+        rss = state.get("peak_rss_kb")
+        if rss:
+            self.helper_peak_rss_kb = max(rss, self.helper_peak_rss_kb or 0)
+        run_id = state.get("run_id")
+        if run_id and self.inner.logger.run.run_id is None:
+            self.inner.logger.run = replace(self.inner.logger.run, run_id=run_id)
+
+    def _forward_problem(self, message: dict) -> None:
+        error = _remote_error(*message["error"]) if message.get("error") else None
+        try:
+            self.reporter.problem(message.get("kind", "helper"), message.get("message", ""), error)
+        except BaseException as raised:  # noqa: BLE001 - strict mode: raised on the training thread
+            self._errors.append(raised)
+
+
+def _remote_error(type_name: str, text: str) -> BaseException:
+    """The helper's exception as the same builtin type where there is one, else a HelperError."""
+    cls = getattr(builtins, type_name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(text)
+        except Exception:  # noqa: BLE001 - a constructor with other arguments
+            pass
+    return type(type_name, (HelperError,), {"__module__": __name__})(text)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)

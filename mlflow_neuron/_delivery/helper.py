@@ -1,0 +1,313 @@
+"""The helper process: parses, aggregates and delivers profiler cycles outside the training process.
+
+    python -m mlflow_neuron._helper      # started by `_handoff.HelperProcess`, one per callback
+
+The training process saves each cycle's chrome trace (Kineto's C++ writer) and sends a job: plain
+data naming the trace, the step, the files to upload and the manifest. Here the trace is parsed
+with orjson, aggregated by the same rules as the callback (`_chrome.raw_events_from_chrome_trace` +
+`_aggregate.aggregate`, equal to `extract_cycle(prof.events())` on every op row) and delivered by a `Sender`,
+with its retries and outbox, so the training process keeps its GIL for training.
+
+Protocol: JSON lines. Requests on stdin: `init` (first), `cycle`, `flush`, `spill`, `close`. Answers on
+the original stdout (fd 1 is pointed at stderr so that nothing else can write there):
+`ready`, `accepted` (a cycle was taken), `reply` (to flush and close, with the state),
+`state` (deliveries, outbox records, the run id), `problem` (for the training process's reporter).
+
+The helper never outlives its parent by more than its budget: stdin EOF (the parent closed it or
+died) or a parent that went away closes the sender within `exit_budget_s`, and a watchdog ends
+the process if that close itself hangs.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import gzip
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+try:  # a fast parser is a dependency; the standard one keeps a broken install working
+    import orjson
+
+    def _loads(data: bytes) -> Any:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:  # e.g. NaN, which Python's json writes and reads and orjson refuses
+            return json.loads(data)
+
+    PARSER = "orjson"
+except ImportError:  # pragma: no cover
+    orjson = None
+
+    def _loads(data: bytes) -> Any:
+        return json.loads(data)
+
+    PARSER = "json"
+
+EXIT_GRACE_S = 30.0  # on top of the close budget: time to write what is left into the outbox
+STATE_POLL_S = 0.05
+NICE = 19  # the lowest priority: when training and the helper want one core, training gets ~98% of it
+
+
+# -- turning a job into a record (also used in-process when the helper is gone) --------------------
+
+
+def summarize_trace(trace: str, fallback: str | None, device: str, device_profiled: bool, default_step: int,
+                    timeline: dict | None = None, reporter: Any = None):  # fmt: skip
+    """A cycle's CycleProfile, table and (with `timeline`: step, max_spans) span tree, from its
+    chrome trace file (or the gzipped copy)."""
+    from .._trace import chrome as _chrome
+    from .._compare import render as render
+    from .._trace.aggregate import aggregate
+    from .._delivery.complete import guarded_timeline
+    from .._trace.event_tree import event_tree
+    from .._trace.timeline import build_timeline
+    from .._trace.timeline_sources import timeline_inputs_from_chrome_trace
+
+    path = Path(trace)
+    if not path.exists() and fallback and Path(fallback).exists():
+        path = Path(fallback)  # a restarted job: the first attempt already gzipped the trace
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    # A parsed trace is hundreds of thousands of acyclic objects: Python's cycle collector would scan
+    # them again and again as they are made (about half of reading them); reference counting frees them.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        parsed = _loads(data)
+        del data
+        raw = _chrome.raw_events_from_chrome_trace(parsed)
+        tree = event_tree(raw)  # linked once, for the numbers and the timeline
+        profile = aggregate(raw, device=device, device_profiled=device_profiled, default_step=default_step, tree=tree)
+        spans = None
+        if timeline:
+            step, max_spans = timeline["step"], timeline["max_spans"]
+            spans = guarded_timeline(reporter, step, lambda: build_timeline(
+                raw, cycle_step=step, max_spans=max_spans, inputs=timeline_inputs_from_chrome_trace(parsed, raw),
+                tree=tree,
+            ))  # fmt: skip
+    finally:
+        if collecting:
+            gc.enable()
+    return profile, render.cycle_table(profile), spans
+
+
+def record_of(job: dict, completer: Any):
+    """The CycleRecord a job describes; its numbers are filled in when the sender materializes it."""
+    from .._delivery.record import TRACE, CycleRecord
+
+    record = CycleRecord(
+        step=job["step"],
+        timestamp_ms=job["timestamp_ms"],
+        artifact_dir=job["artifact_dir"],
+        staged_dir=Path(job["staged_dir"]),
+        params=dict(job.get("params") or {}),
+        manifest=job.get("manifest") or {},
+        uploads=tuple((src, folder) for src, folder in job.get("uploads", ())),
+        register_table=bool(job.get("register_table")),
+    )
+    if job.get("summary_tool"):
+        record.summary_tool = job["summary_tool"]
+        record.summary_sessions = tuple(job.get("summary_sessions", ()))
+        record.summary_prefix = job.get("summary_prefix") or record.summary_prefix
+    numbers = job.get("numbers")
+    if numbers:
+        record.raw_trace = Path(numbers["raw_trace"]) if numbers.get("raw_trace") else None
+        gzipped = str(Path(job["staged_dir"]) / TRACE) if numbers.get("raw_trace") else None
+        summarize = functools.partial(
+            summarize_trace, numbers["trace"], gzipped, numbers["device"], numbers["device_profiled"],
+            numbers["default_step"], numbers.get("timeline"), completer.reporter,
+        )  # fmt: skip
+        record.complete = functools.partial(completer.complete, summarize, numbers["device"])
+    return record
+
+
+# -- the process ------------------------------------------------------------------------------------
+
+
+class Channel:
+    """JSON lines to the parent; writes from any thread, never raises (a gone parent is EOF later)."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def send(self, **message: Any) -> None:
+        line = json.dumps(message, default=str) + "\n"
+        with self._lock:
+            try:
+                self._stream.write(line)
+                self._stream.flush()
+            except (OSError, ValueError):
+                pass
+
+
+class ForwardingReporter:
+    """The Reporter the sender sees: problems go to the training process, which warns or raises."""
+
+    strict = False
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.counts: dict[str, int] = {}
+
+    def problem(self, kind: str, message: str, error: BaseException | None = None) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        detail = None if error is None else [type(error).__name__, str(error)]
+        self.channel.send(type="problem", kind=kind, message=message, error=detail)
+
+
+class Helper:
+    def __init__(self, init: dict, channel: Channel) -> None:
+        from .._delivery.complete import Completer
+        from .._delivery.mlflow_io import RunLogger
+        from .._delivery.record import RunRef
+        from .._delivery.sender import Sender
+
+        self.channel = channel
+        self.reporter = ForwardingReporter(channel)
+        self.exit_budget_s = float(init.get("exit_budget_s", 10.0))
+        self.sender = Sender(RunLogger(RunRef(**init["run"])), self.reporter, background=True, **init["sender"])
+        settings = dict(init["completer"])
+        known = settings.pop("known", {})
+        self.completer = Completer(self.reporter, **settings)
+        self.completer.absorb(known)  # the run's op keys and device-time flag so far
+        self._last_state: dict | None = None
+        self._closed = threading.Event()
+        self._state_thread = threading.Thread(target=self._report_state, name="mlflow-neuron-helper-state",
+                                              daemon=True)  # fmt: skip
+        self._state_thread.start()
+
+    def state(self) -> dict:
+        return {
+            "delivered": self.sender.delivered,
+            "stored": [str(p) for p in list(self.sender.stored)],
+            "rejected": [str(p) for p in list(self.sender.rejected)],
+            "pending": self.sender.pending,
+            "run_id": self.sender.logger.run.run_id,
+            "peak_rss_kb": _peak_rss_kb(),
+        }
+
+    def handle(self, request: dict) -> bool:
+        """Serves one request; False once the helper should exit."""
+        op = request.get("op")
+        if op == "cycle":
+            self.channel.send(type="accepted", seq=request["seq"])
+            self.sender.submit(record_of(request["job"], self.completer))
+        elif op == "spill":  # the training process's shutdown budget ran out: queued cycles go to the outbox
+            self._guarded(lambda: self.sender.spill(request.get("why", "")))
+        elif op == "flush":
+            ok = self._guarded(lambda: self.sender.flush(request.get("timeout")))
+            self.channel.send(type="reply", seq=request["seq"], ok=bool(ok), state=self.state())
+        elif op == "close":
+            self.close(request.get("timeout"))
+            self.channel.send(type="reply", seq=request["seq"], ok=True, state=self.state(),
+                              known=self.completer.export())  # fmt: skip
+            return False
+        return True
+
+    def close(self, timeout: float | None) -> None:
+        budget = self.exit_budget_s if timeout is None else float(timeout)
+        _exit_after(budget + EXIT_GRACE_S, "close")
+        self._guarded(lambda: self.sender.close(budget))
+        self._closed.set()
+        self._state_thread.join(1.0)  # no state older than the reply may follow it
+
+    def _guarded(self, action):
+        try:
+            return action()
+        except Exception as error:  # noqa: BLE001 - the sender's own errors, already reported
+            self.reporter.problem("helper", f"the helper's sender failed: {error}", error)
+            return False
+
+    def _report_state(self) -> None:
+        while not self._closed.wait(STATE_POLL_S):
+            state = self.state()
+            if state != self._last_state:
+                self._last_state = state
+                self.channel.send(type="state", state=state)
+
+
+def _peak_rss_kb() -> int | None:
+    try:
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    except (ImportError, OSError):
+        return None
+
+
+def _exit_after(seconds: float, why: str) -> None:
+    def watchdog() -> None:
+        time.sleep(seconds)
+        print(f"mlflow-neuron helper: {why} did not finish in {seconds:.0f} s; exiting", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    threading.Thread(target=watchdog, name="mlflow-neuron-helper-watchdog", daemon=True).start()
+
+
+def _watch_parent(parent: int, helper: Helper) -> None:
+    """Ends the helper when its parent is gone and stdin did not say so (a forked child of the
+    training process, such as a DataLoader worker, still holds the pipe): what it holds is
+    delivered or stored first."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        helper.close(None)  # with its own watchdog
+        os._exit(0)
+
+    threading.Thread(target=watch, name="mlflow-neuron-helper-parent", daemon=True).start()
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for training; stdin EOF ends the helper
+    protocol = os.fdopen(os.dup(1), "w", encoding="utf-8", buffering=1)
+    os.dup2(2, 1)  # stray prints (MLflow's, torch's) go to stderr, never into the protocol
+    sys.stdout = sys.stderr
+    try:
+        os.nice(NICE)  # training wins a shared core
+    except (AttributeError, OSError):
+        pass
+    channel = Channel(protocol)
+    stdin = sys.stdin.buffer
+    parent = os.getppid()
+    helper: Helper | None = None
+    while True:
+        line = stdin.readline()
+        if not line:  # EOF: the parent closed the pipe, or died
+            if helper is not None:
+                helper.close(None)
+            return 0
+        request = None
+        try:
+            request = json.loads(line)
+            if request.get("op") == "init":
+                import torch
+
+                torch.set_num_threads(1)
+                helper = Helper(request, channel)
+                _watch_parent(parent, helper)
+                channel.send(type="ready", pid=os.getpid(), parser=PARSER)
+                continue
+            if helper is None:
+                raise RuntimeError(f"{request.get('op')!r} before init")
+            if not helper.handle(request):
+                return 0
+        except Exception as error:  # noqa: BLE001 - one bad request must not end the helper
+            channel.send(type="problem", kind="helper", message=f"the helper could not serve a request: {error}",
+                         error=[type(error).__name__, traceback.format_exc(limit=3)])  # fmt: skip
+            if isinstance(request, dict) and request.get("op") in ("flush", "close") and "seq" in request:
+                channel.send(type="reply", seq=request["seq"], ok=False, state=helper.state() if helper else {})
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""The only module that talks to MLflow.
+
+Every call goes through one `MlflowClient` and an explicit run id: a profiler callback may run on
+any thread, and MLflow's fluent API is thread-local (it would silently open a second run).
+Sending a delivery twice leaves its data once: metric points are keyed by (key, step, timestamp,
+value), artifacts overwrite, params and tags are re-set to the same values, and a cycle's trace
+is found by its cycle key and not written again (`_mlflow_traces`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from dataclasses import replace
+
+import mlflow
+from mlflow.entities import Metric, Param, RunStatus, RunTag
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
+from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+from .._delivery import uploads as _uploads
+from .._delivery.probe import PROBE_TIMEOUT_S, check_reachable, is_unreachable  # noqa: F401 - re-exported
+from .._delivery.record import MANIFEST, Delivery, RunRef
+
+RUN_KEY_TAG = "mlflow_neuron.run_key"
+
+# Answers that sending the same data again can never change: the run or experiment is missing or
+# deleted, access is denied, or a value is refused. Anything else (no answer, timeouts, 5xx,
+# rate limits) may pass on a later try; so may a 401 (UNAUTHENTICATED): wrong or missing
+# credentials belong to the sender's environment, not to the record, and the next sync may have
+# the right ones.
+PERMANENT_ERROR_CODES = frozenset({
+    "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "INVALID_STATE", "BAD_REQUEST", "PERMISSION_DENIED",
+})  # fmt: skip
+
+
+def is_permanent(error: BaseException) -> bool:
+    """True when the server answered with a refusal that a retry cannot change."""
+    return getattr(error, "error_code", None) in PERMANENT_ERROR_CODES and not is_unreachable(error)
+
+
+def reason(error: BaseException) -> str:
+    """One line saying why a delivery failed, for warnings and the outbox's `reason` files."""
+    code = getattr(error, "error_code", None)
+    message = getattr(error, "message", None) or str(error)
+    first = " ".join(str(message).split())[:300]
+    if code and first.startswith(f"{code}:"):
+        return first  # a REST error's message already starts with its code
+    return f"{code}: {first}" if code else f"{type(error).__name__}: {first}"
+
+
+def check_tracking_uri(tracking_uri: str) -> None:
+    """Raises ValueError naming the schemes MLflow knows when `tracking_uri` is not one of them.
+
+    MLflow's own error for this talks about the model registry, which hides the real mistake."""
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry as registry
+    from mlflow.utils.uri import get_uri_scheme
+
+    known = set(registry._registry) - {""}
+    scheme = tracking_uri if tracking_uri in {"databricks", "databricks-uc", "uc"} else get_uri_scheme(tracking_uri)
+    if scheme and scheme not in known:
+        raise ValueError(
+            f"tracking_uri {tracking_uri!r} has an unknown scheme {scheme!r}; expected one of "
+            f"{', '.join(sorted(known))} (e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db)"
+        )
+
+
+def current_run_ref(run_id: str | None, tracking_uri: str | None, **new_run: str | None) -> RunRef:
+    """The run to log into: `run_id`, else the active run, else `MLFLOW_RUN_ID`, else a new one."""
+    uri = tracking_uri or mlflow.get_tracking_uri()
+    check_tracking_uri(uri)
+    if run_id is None:
+        active = mlflow.active_run()
+        run_id = active.info.run_id if active else os.environ.get("MLFLOW_RUN_ID") or None
+    if run_id is None and new_run.get("experiment_id") is None:
+        new_run["experiment_id"] = mlflow.tracking.fluent._get_experiment_id() or "0"
+    return RunRef(uri, run_id, **new_run)
+
+
+class RunLogger:
+    """Delivers cycles into one run, creating it on first use when it does not exist yet."""
+
+    def __init__(self, run: RunRef, progress=None) -> None:
+        self.run = run
+        self.progress = progress  # where upload progress lines of large files go (default: logging)
+        self.client = MlflowClient(run.tracking_uri)
+        self._params: dict[str, str] | None = None
+        self._tables: list[dict] | None = None  # the run's `mlflow.loggedArtifacts` entries
+        self._run_info = None  # the run's RunInfo: experiment id and name, for cycle traces
+
+    def ensure_run(self) -> str:
+        if self.run.run_id is None:
+            found = self.client.search_runs(
+                [self.run.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{self.run.run_key}'"
+            )
+            if found:
+                run_id = found[0].info.run_id
+            else:
+                created = self.client.create_run(
+                    self.run.experiment_id, run_name=self.run.run_name, tags={RUN_KEY_TAG: self.run.run_key}
+                )
+                run_id = created.info.run_id
+            self.run = replace(self.run, run_id=run_id)
+        return self.run.run_id
+
+    def deliver(self, delivery: Delivery) -> tuple[dict[str, tuple[str, str]], list[str]]:
+        """Sends one cycle. Returns param clashes {name: (kept, rejected)} and files that vanished.
+
+        MLflow params are immutable, so a second profiler on the same run with other settings
+        keeps the first values; the caller reports the clash.
+        """
+        check_reachable(self.run.tracking_uri)
+        run_id = self.ensure_run()
+        self._load_run_state(run_id)
+        clashes = self._log_params(run_id, delivery.params)
+        metrics = [Metric(k, v, delivery.timestamp_ms, delivery.step) for k, v in delivery.metrics.items()]
+        metrics += [Metric(k, v, delivery.timestamp_ms, step) for k, v, step in delivery.series]
+        tags = [RunTag(k, v) for k, v in delivery.tags.items()]
+        if delivery.table:
+            tags.append(RunTag(MLFLOW_LOGGED_ARTIFACTS, self._register_table(delivery.table)))
+        if metrics or tags:
+            self.client.log_batch(run_id, metrics=metrics, tags=tags, synchronous=True)
+        vanished, sent = [], {}
+        for local_path, artifact_folder in delivery.uploads:
+            if not os.path.isfile(local_path):
+                vanished.append(local_path)
+                continue
+            done = _uploads.upload(self.run.tracking_uri, run_id, local_path, artifact_folder, self.progress)
+            sent[done.artifact_path] = done
+        if delivery.files_dir:
+            _uploads.record_checksums(delivery.files_dir, sent, MANIFEST)
+            self.client.log_artifacts(run_id, delivery.files_dir, delivery.artifact_dir)
+        if delivery.timeline and delivery.files_dir:
+            vanished += self._log_timeline(run_id, delivery)
+        return clashes, vanished
+
+    def _log_timeline(self, run_id: str, delivery: Delivery) -> list[str]:
+        """The cycle's trace, last: everything else is in when it says `complete`. Idempotent.
+        Returns the timeline file when it is gone or damaged (no trace then; retrying cannot help)."""
+        from .._delivery.traces import log_timeline  # tracing and torch: only for cycles with a timeline
+        from .._delivery.record import DEVICE_TAG
+        from .._trace.timeline import Timeline
+
+        path = Path(delivery.files_dir, delivery.timeline)
+        try:
+            timeline = Timeline.from_json(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError, KeyError):
+            return [str(path)]
+        info = self._run_info
+        log_timeline(self.client, run_id, info.experiment_id, timeline,
+                     device=delivery.tags.get(DEVICE_TAG), run_name=info.run_name)  # fmt: skip
+        return []
+
+    def end_run(self) -> None:
+        if self.run.run_id is not None:
+            self.client.set_terminated(self.run.run_id, RunStatus.to_string(RunStatus.FINISHED))
+
+    def _log_params(self, run_id: str, params: dict[str, str]) -> dict[str, tuple[str, str]]:
+        new = {k: v for k, v in params.items() if k not in self._params}
+        clashes = {k: (self._params[k], v) for k, v in params.items() if k in self._params and self._params[k] != v}
+        if new:
+            self.client.log_batch(run_id, params=[Param(k, v) for k, v in new.items()], synchronous=True)
+            self._params.update(new)
+        return clashes
+
+    def _load_run_state(self, run_id: str) -> None:
+        if self._params is None or self._tables is None:
+            run = self.client.get_run(run_id)
+            data, self._run_info = run.data, run.info
+            self._params = dict(data.params)
+            self._tables = json.loads(data.tags.get(MLFLOW_LOGGED_ARTIFACTS, "[]"))
+
+    def _register_table(self, path: str) -> str:
+        """The `mlflow.loggedArtifacts` tag with `path` added, as `log_table` would set it.
+
+        That tag is how the UI finds tables. A repeating schedule adds one table per cycle, so the
+        oldest cycle tables are dropped from the tag (their files stay) to keep it under MLflow's
+        tag length limit.
+        """
+        entry = {"path": path, "type": "table"}
+        if entry not in self._tables:
+            self._tables.append(entry)
+        while len(json.dumps(self._tables)) > MAX_TAG_VAL_LENGTH:
+            ours = [t for t in self._tables if t["path"].startswith("profiler/") and t != entry]
+            if not ours:
+                break
+            self._tables.remove(ours[0])
+        return json.dumps(self._tables)
+
+
+def sent_files(delivery: Delivery, vanished: list[str] = ()) -> dict[str, int]:
+    """{path: bytes} of every file a delivery uploads: the generated ones and the profile's own."""
+    files = {}
+    if delivery.files_dir and os.path.isdir(delivery.files_dir):
+        for path in Path(delivery.files_dir).rglob("*"):
+            if path.is_file():
+                files[str(path)] = path.stat().st_size
+    for source, _ in delivery.uploads:
+        if source not in vanished and os.path.isfile(source):
+            files[source] = os.path.getsize(source)
+    return files
+
+
+def human_size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"

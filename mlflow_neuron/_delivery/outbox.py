@@ -1,0 +1,232 @@
+"""The local outbox: cycles that could not reach the tracking server, kept for `mlflow-neuron sync`.
+
+One folder per cycle, written under a temporary name and renamed when complete, so a crash never
+leaves a half record that sync would trust. Files are hard-linked where possible (no copy, no
+extra disk); files above the copy cap are kept as paths to where the profiler left them.
+
+The outbox is private: on a shared Trainium host other users must neither read records nor plant
+them. The folder is created 0700 and its files 0600; an existing folder that is a symlink or
+belongs to another user is refused, never followed. Records hold no credentials: a tracking URI's
+user:password@ is dropped, and the environment (MLFLOW_TRACKING_USERNAME/PASSWORD, AWS_*)
+supplies credentials again at sync.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import stat
+import tempfile
+import time
+import urllib.parse
+from dataclasses import asdict
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # _record imports torch and pandas: the CLI loads this module before those
+    from .._delivery.record import Delivery, RunRef
+
+DEFAULT_OUTBOX = "mlflow-neuron-outbox"
+RECORD = "record.json"
+REJECTED = "rejected"  # records the server refused for good; sync leaves them unless asked
+REASON = "reason"  # in a rejected record: one line saying why
+FORMAT = 1
+DEFAULT_COPY_MAX_BYTES = 64 * 1024**2
+
+_sequence = itertools.count()
+
+
+def fallback_folder() -> Path:
+    """Where the outbox goes when the configured folder cannot be written."""
+    return Path(tempfile.gettempdir()) / f"mlflow-neuron-outbox-{os.getuid() if hasattr(os, 'getuid') else 0}"
+
+
+def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_bytes: int,
+        rejected: str | None = None) -> Path:  # fmt: skip
+    """Stores a delivery, private to this user (folders 0700, files 0600); raises OSError when the
+    folder cannot be written, OutboxRefused when it is not this user's private folder.
+
+    With `rejected` (the reason), the record goes to `<folder>/rejected/` with a `reason` file."""
+    from .._neuron.output_files import link_or_copy
+
+    folder = private_folder(folder)
+    if rejected is not None:
+        folder = private_folder(folder / REJECTED)
+    name = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):06d}"
+    partial = folder / f".{name}.partial"
+    partial.mkdir(mode=0o700)
+    try:
+        files_dir = None
+        if delivery.files_dir and Path(delivery.files_dir).is_dir():
+            shutil.copytree(delivery.files_dir, partial / "files", copy_function=link_or_copy)
+            files_dir = "files"
+        uploads, missing = [], []
+        for index, (source, artifact_folder) in enumerate(delivery.uploads):
+            try:
+                size = os.path.getsize(source)
+                if size <= copy_max_bytes:
+                    target = partial / "uploads" / str(index) / os.path.basename(source)
+                    target.parent.mkdir(parents=True)
+                    link_or_copy(source, target)
+                    source = target.relative_to(partial).as_posix()
+                uploads.append([source, artifact_folder])
+            except FileNotFoundError:
+                missing.append(source)
+        record = {
+            "format": FORMAT,
+            "run": {**asdict(run), "tracking_uri": without_credentials(run.tracking_uri)},
+            **{k: v for k, v in asdict(delivery).items() if k not in ("files_dir", "uploads")},
+            "files_dir": files_dir,
+            "uploads": uploads,
+            "missing_files": missing,
+        }
+        _make_private(partial)
+        _write_private(partial / RECORD, json.dumps(record, indent=1))
+        if rejected is not None:
+            _write_private(partial / REASON, rejected + "\n")
+        final = folder / name
+        os.rename(partial, final)
+        return final
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+
+
+def pending(folder: str | os.PathLike) -> list[Path]:
+    """Complete records, oldest first. Raises OutboxRefused for a folder that is not private."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    check_private(folder)
+    return sorted(p for p in folder.iterdir() if not p.name.startswith(".") and (p / RECORD).is_file())
+
+
+def rejected(folder: str | os.PathLike) -> list[Path]:
+    """Records the server refused for good, oldest first."""
+    return pending(Path(folder) / REJECTED)
+
+
+def reject(record_dir: Path, why: str) -> Path:
+    """Moves a pending record to `rejected/`, or updates the reason of one already there."""
+    if record_dir.parent.name != REJECTED:
+        target = private_folder(record_dir.parent / REJECTED) / record_dir.name
+        os.rename(record_dir, target)
+        record_dir = target
+    _write_private(record_dir / REASON, why + "\n")
+    return record_dir
+
+
+def reason_of(record_dir: Path) -> str:
+    try:
+        return (record_dir / REASON).read_text(encoding="utf-8").strip() or "no reason recorded"
+    except OSError:
+        return "no reason recorded"
+
+
+def load(record_dir: Path) -> tuple[Delivery, RunRef]:
+    """Reads a record; raises ValueError with the reason when it is not one this version reads."""
+    from .._delivery.record import Delivery, RunRef
+
+    try:
+        data = json.loads((record_dir / RECORD).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{record_dir}: unreadable outbox record ({error})") from error
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{record_dir}: outbox record format {data.get('format')!r}, expected {FORMAT}")
+
+    def local(path: str) -> str:
+        return path if os.path.isabs(path) else str(record_dir / path)
+
+    delivery = Delivery(
+        step=data["step"],
+        timestamp_ms=data["timestamp_ms"],
+        artifact_dir=data["artifact_dir"],
+        metrics=data["metrics"],
+        tags=data["tags"],
+        params=data["params"],
+        files_dir=local(data["files_dir"]) if data["files_dir"] else None,
+        uploads=tuple((local(src), folder) for src, folder in data["uploads"]),
+        table=data["table"],
+        series=tuple((key, value, step) for key, value, step in data.get("series", ())),
+        timeline=data.get("timeline"),  # records from before timelines have none
+    )
+    return delivery, RunRef(**data["run"])
+
+
+def remove(record_dir: Path) -> None:
+    shutil.rmtree(record_dir, ignore_errors=True)
+
+
+# -- privacy ------------------------------------------------------------------------------------
+
+
+class OutboxRefused(OSError):
+    """An outbox folder that is a symlink or belongs to another user: never followed or used."""
+
+
+def private_folder(folder: str | os.PathLike) -> Path:
+    """`folder`, created with mode 0700 if missing (parents as usual), else checked and tightened.
+
+    Raises OutboxRefused for a symlink, something that is not a folder, or another user's folder.
+    """
+    folder = Path(folder)
+    if not os.path.lexists(folder):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:  # created meanwhile by someone else: the check below decides
+            pass
+    info = check_private(folder)
+    if stat.S_IMODE(info.st_mode) & 0o077:
+        os.chmod(folder, 0o700)  # ours, made before outboxes were private: close it now
+    return folder
+
+
+def check_private(folder: Path) -> os.stat_result:
+    info = os.lstat(folder)
+    if stat.S_ISLNK(info.st_mode):
+        raise OutboxRefused(
+            f"outbox {folder} is a symbolic link; refusing to follow it (another user could point it "
+            "anywhere). Remove the link or pass another outbox folder"
+        )
+    if not stat.S_ISDIR(info.st_mode):
+        raise OutboxRefused(f"outbox {folder} exists and is not a folder")
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    if uid is not None and info.st_uid != uid:
+        raise OutboxRefused(
+            f"outbox {folder} belongs to uid {info.st_uid}, not to this user (uid {uid}); refusing to "
+            "read or write records there. Remove it or pass another outbox folder"
+        )
+    return info
+
+
+def without_credentials(uri: str) -> str:
+    """`uri` without the user:password@ part (the environment supplies credentials at sync)."""
+    parts = urllib.parse.urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Writes `text` to `path` as a 0600 file (replacing an earlier one; never through a link)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+
+
+def _make_private(record_dir: Path) -> None:
+    """Folders 0700; files 0600, except hard links to the profiler's own files, whose mode is the
+    user's (chmod would change the original); the 0700 folders keep others out of those."""
+    for root, dirnames, filenames in os.walk(record_dir):
+        for name in dirnames:
+            os.chmod(os.path.join(root, name), 0o700)
+        generated = Path(root).relative_to(record_dir).parts[:1] == ("files",)
+        for name in filenames:
+            path = os.path.join(root, name)
+            if generated or os.lstat(path).st_nlink == 1:
+                os.chmod(path, 0o600)

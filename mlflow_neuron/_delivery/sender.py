@@ -1,0 +1,329 @@
+"""Sending cycles off the training thread, with retries, and the outbox for what cannot be sent.
+
+The training thread only hands over a `CycleRecord`; a daemon worker writes its files, sends it,
+retries with backoff, and stores it in the outbox when the server stays away. Pending memory is
+bounded: when `max_pending` cycles wait, the next one goes straight to the outbox. When the queue
+is empty the worker replays what it stored, so a server that was only slow or briefly gone needs
+no manual sync. At close, what is still queued or in flight is stored rather than dropped
+(sending it again later is harmless: a delivery sent twice leaves its data once).
+
+A refusal that no retry can change (the run does not exist or was deleted, permission denied, an
+invalid value) is not retried: the record goes to the outbox's `rejected/` folder with its reason,
+where `mlflow-neuron sync` leaves it unless asked (`--retry-rejected`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from .._delivery import outbox as _outbox
+from .._delivery.mlflow_io import RunLogger, is_permanent, reason
+from .._delivery.record import CycleRecord
+from .._delivery.report import Reporter
+
+
+class Sender:
+    def __init__(
+        self,
+        logger: RunLogger,
+        reporter: Reporter,
+        *,
+        background: bool = True,
+        max_pending: int = 8,
+        retries: int = 3,
+        retry_wait_s: float = 0.5,
+        outbox: str | Path = _outbox.DEFAULT_OUTBOX,
+        copy_max_bytes: int = _outbox.DEFAULT_COPY_MAX_BYTES,
+    ) -> None:
+        self.logger = logger
+        self.reporter = reporter
+        self.background = background
+        self.max_pending = max_pending
+        self.retries = retries
+        self.retry_wait_s = retry_wait_s
+        self.outbox = Path(outbox).absolute()  # the working directory may change later
+        self.copy_max_bytes = copy_max_bytes
+        self.delivered = 0
+        self.stored: list[Path] = []  # outbox records written by this sender and not replayed yet
+        self.rejected: list[Path] = []  # records the server refused for good, under <outbox>/rejected
+        self._stored_steps: list[int] = []  # every step this sender put in the outbox to send again
+        self._replay_at = 0.0  # monotonic time of the next replay attempt
+        self._replay_wait_s = retry_wait_s
+        self._replay_blocked = False  # the last replay failed: flush() does not wait for replays
+        self._queue: deque[CycleRecord] = deque()
+        self._inflight: CycleRecord | None = None
+        self._settled: dict[int, str] = {}  # id(record) -> "done" | "abandoned", while in flight
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._worker_errors: list[BaseException] = []  # strict mode: raised on the caller's thread
+
+    @property
+    def pending(self) -> int:
+        with self._cond:
+            return len(self._queue) + (self._inflight is not None)
+
+    def submit(self, record: CycleRecord) -> None:
+        self.raise_worker_errors()
+        if not self.background:
+            self._send(record)
+            return
+        with self._cond:
+            full = len(self._queue) + (self._inflight is not None) >= self.max_pending
+            if not full:
+                self._queue.append(record)
+                self._cond.notify_all()
+                self._start_worker()
+        if full:
+            self._store(record, f"{self.max_pending} cycles were already waiting to be sent")
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Waits until every submitted cycle is sent or stored; False if `timeout` ran out first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue or self._inflight is not None or (self.stored and not self._replay_blocked):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        self.raise_worker_errors()
+        return True
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flushes, then stores whatever is still queued or in flight in the outbox."""
+        self.flush(timeout)
+        self._stop.set()
+        self.spill("it was still being sent when the callback closed")
+        self._report_outbox()
+        self.raise_worker_errors()
+
+    def spill(self, why: str) -> int:
+        """Stores every queued or in-flight cycle in the outbox now; returns how many.
+
+        The worker may finish sending an in-flight cycle anyway; sync sending it again later
+        leaves its data once."""
+        with self._cond:
+            left = list(self._queue)
+            self._queue.clear()
+            inflight = self._inflight
+            if inflight is not None and id(inflight) not in self._settled:
+                self._settled[id(inflight)] = "abandoned"
+                left.insert(0, inflight)
+            self._cond.notify_all()
+        for record in left:
+            self._store(record, why)
+        return len(left)
+
+    def raise_worker_errors(self) -> None:
+        if self._worker_errors:
+            raise self._worker_errors.pop(0)
+
+    # -- worker ---------------------------------------------------------------------------------
+
+    def _start_worker(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, name="mlflow-neuron-sender", daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stop.is_set() and not self._replay_due():
+                    self._cond.wait(self._seconds_to_replay())
+                if self._queue:
+                    record = self._inflight = self._queue.popleft()
+                elif self._stop.is_set():
+                    return
+                else:
+                    record, stored = None, self.stored[0]
+            if record is None:
+                self._replay(stored)
+                continue
+            try:
+                self._send(record)
+            except BaseException as error:  # noqa: BLE001 - only strict mode gets here
+                self._worker_errors.append(error)
+            finally:
+                with self._cond:
+                    self._inflight = None
+                    self._settled.pop(id(record), None)
+                    self._cond.notify_all()
+
+    def _send(self, record: CycleRecord) -> None:
+        error: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt and self._stop.wait(self.retry_wait_s * 2 ** (attempt - 1)):
+                break  # closing: the record goes to the outbox now
+            if self._settled.get(id(record)) == "abandoned":
+                return  # the budget ran out and the record went to the outbox meanwhile
+            try:
+                delivery = record.materialize()
+                clashes, vanished = self.logger.deliver(delivery)
+            except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, bad data
+                error = caught
+                if is_permanent(caught):
+                    if self._claim(record):
+                        self._reject(record, caught)
+                    return
+                continue
+            if self._claim(record):
+                self._delivered_live()
+                _cleanup(record)
+            self._report_delivery(record, clashes, vanished)
+            return
+        if self._claim(record):
+            self._store(record, f"sending failed {self.retries + 1} times", error)
+
+    def _replay_due(self) -> bool:
+        return bool(self.stored) and time.monotonic() >= self._replay_at
+
+    def _seconds_to_replay(self) -> float | None:
+        return max(self._replay_at - time.monotonic(), 0.01) if self.stored else None
+
+    def _replay(self, path: Path) -> None:
+        """Sends one stored record again; on failure waits longer (up to 30 s) before the next try."""
+        try:
+            delivery, _ = _outbox.load(path)
+            self.logger.deliver(delivery)
+        except Exception as error:  # noqa: BLE001 - still unreachable, or a damaged record: sync reports it
+            if is_permanent(error):
+                self._reject_stored(path, error)
+                return
+            with self._cond:
+                self._replay_blocked = True
+                self._replay_at = time.monotonic() + self._replay_wait_s
+                self._replay_wait_s = min(self._replay_wait_s * 2, 30.0)
+                self._cond.notify_all()
+            return
+        _outbox.remove(path)
+        with self._cond:
+            self.stored.remove(path)
+            self.delivered += 1
+            self._cond.notify_all()
+
+    def _delivered_live(self) -> None:
+        """The server takes cycles again: replay stored ones right away."""
+        with self._cond:
+            self.delivered += 1
+            self._replay_blocked, self._replay_at, self._replay_wait_s = False, 0.0, self.retry_wait_s
+
+    def _claim(self, record: CycleRecord) -> bool:
+        """True if this thread settles the record; False if close() took it over meanwhile."""
+        with self._cond:
+            if self._settled.get(id(record)) == "abandoned":
+                return False
+            self._settled[id(record)] = "done"
+            return True
+
+    def _report_delivery(self, record: CycleRecord, clashes: dict, vanished: list[str]) -> None:
+        for kind, problem in record.problems:
+            self.reporter.problem(kind, problem)
+        if clashes:
+            listed = ", ".join(f"{k}: kept {old!r}, not {new!r}" for k, (old, new) in clashes.items())
+            self.reporter.problem("params_clash", f"run {self.logger.run.run_id} already has other profiler params ({listed})")
+        if vanished:
+            self.reporter.problem(
+                "file_vanished",
+                f"{len(vanished)} profile file(s) of step {record.step} disappeared before upload "
+                f"(first: {vanished[0]}); the rest of the cycle was logged",
+            )
+
+    # -- outbox -----------------------------------------------------------------------------------
+
+    def _reject(self, record: CycleRecord, error: Exception) -> None:
+        why = reason(error)
+        try:
+            path = _outbox.put(self.outbox, record.materialize(), self.logger.run,
+                               copy_max_bytes=self.copy_max_bytes, rejected=why)  # fmt: skip
+        except Exception as lost:  # noqa: BLE001
+            self.reporter.problem("lost", f"profiler step {record.step} was refused by the server ({why}) and "
+                                  "could not be stored; its data is lost", lost)  # fmt: skip
+            return
+        finally:
+            _cleanup(record)
+        self._rejected(path, record.step, why, error)
+
+    def _reject_stored(self, path: Path, error: Exception) -> None:
+        why = reason(error)
+        try:
+            moved = _outbox.reject(path, why)
+        except OSError:
+            moved = path
+        with self._cond:
+            self.stored.remove(path)
+            self._cond.notify_all()
+        self._rejected(moved, None, why, error)
+
+    def _rejected(self, path: Path, step: int | None, why: str, error: Exception) -> None:
+        with self._cond:
+            self.rejected.append(path)
+        outbox = path.parent.parent
+        what = f"profiler step {step}" if step is not None else f"outbox record {path.name}"
+        if self.reporter.strict:
+            raise error
+        self.reporter.problem(  # the cause is in `why` already: no error detail appended
+            "rejected",
+            f"{what} was refused by {self.logger.run.tracking_uri} for run {self.logger.run.run_id} ({why}); "
+            f"retrying cannot help, so it is not retried: it is kept in {path.parent}. Once the cause is "
+            f"fixed, `mlflow-neuron sync --outbox {outbox} --retry-rejected [--run-id ID]` sends it",
+        )
+
+    def _report_outbox(self) -> None:
+        """At close, one line for everything the outbox got, when the first warning named only one."""
+        with self._cond:
+            stored, rejected, steps = list(self.stored), list(self.rejected), list(self._stored_steps)
+        if len(steps) > 1 and stored:
+            folders = sorted({str(p.parent) for p in stored})
+            self.reporter.problem(
+                "outbox_summary",
+                f"{len(steps)} profiler cycle(s) (steps {', '.join(map(str, steps))}) went to the outbox; "
+                f"{len(stored)} of them are still in {', '.join(folders)}: run "
+                f"`mlflow-neuron sync --outbox {folders[0]}` when the server answers",
+            )
+        if len(rejected) > 1:
+            self.reporter.problem(
+                "rejected_summary",
+                f"{len(rejected)} profiler cycle(s) were refused by the server and are kept in "
+                f"{rejected[0].parent} (see the reason file in each)",
+            )
+
+    def _store(self, record: CycleRecord, why: str, error: Exception | None = None) -> None:
+        try:
+            path = self._put(record)
+        except Exception as lost:  # noqa: BLE001
+            self.reporter.problem(
+                "lost", f"profiler step {record.step} could be neither sent nor stored; its data is lost", lost
+            )
+            return
+        finally:
+            _cleanup(record)
+        with self._cond:
+            self.stored.append(path)
+            self._stored_steps.append(record.step)
+            self._cond.notify_all()
+        self.reporter.problem(
+            "stored_in_outbox",
+            f"profiler step {record.step} was not sent to {self.logger.run.tracking_uri} ({why}); it is kept in "
+            f"{path.parent} and sent again when the server answers; if the job ends first, run "
+            f"`mlflow-neuron sync --outbox {path.parent}`",
+            error,
+        )
+
+    def _put(self, record: CycleRecord) -> Path:
+        delivery = record.materialize()
+        try:
+            return _outbox.put(self.outbox, delivery, self.logger.run, copy_max_bytes=self.copy_max_bytes)
+        except OSError as unwritable:
+            fallback = _outbox.fallback_folder()
+            self.reporter.problem(
+                "outbox_unwritable", f"outbox {self.outbox} is not writable ({unwritable}); using {fallback} instead"
+            )
+            return _outbox.put(fallback, delivery, self.logger.run, copy_max_bytes=self.copy_max_bytes)
+
+
+def _cleanup(record: CycleRecord) -> None:
+    shutil.rmtree(record.staged_dir, ignore_errors=True)

@@ -1,0 +1,148 @@
+"""Neuron Explorer's summary of a capture session, read into metric values (pure, no MLflow).
+
+Two sources, one result: the JSON that `neuron-explorer view --output-format summary-json`
+prints, and the `Summary.parquet` tables of a processed profile (Neuron 2.31+; the Parquet
+output replaces the full JSON output after Neuron 2.33). Both give `{model: {field: number}}`,
+one entry per model (NEFF). See docs/neuron.md for what each fact rests on.
+
+Scale of `*_percent` fields: Neuron Explorer names them percent but reports fractions
+(0.96 means 96%). They are logged on a 0-100 scale under their own name. The rule, applied per
+model: when every non-negative `*_percent` value is at most 1, the summary is taken to hold
+fractions and each is multiplied by 100; when any is above 1, the tool already reports
+percentages and they are logged as they are. Negative values (the tool's "not available") are
+left out. `MLFLOW_NEURON_PERCENT_SCALE=fraction|percent` pins the scale for a tool version
+you know, where the rule could guess wrong (a summary whose real percentages all lie below 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+from .._delivery.keys import readable_key
+
+PERCENT_SUFFIX = "_percent"
+SCALE_ENV = "MLFLOW_NEURON_PERCENT_SCALE"
+FRACTION, PERCENT, AUTO = "fraction", "percent", "auto"
+SUMMARY_PARQUET = "Summary.parquet"
+FLAT = ""  # the model key of a summary that the tool printed without a model level
+_TIMEOUT_S = 300
+
+
+class SummaryError(RuntimeError):
+    """The summary could not be produced or read; the message says why."""
+
+
+def parse_summary_json(text: str) -> dict[str, dict[str, float]]:
+    """`{model: {field: number}}` from the tool's output; log lines may precede the JSON.
+
+    The document is keyed by model (`{"n_<id>": {...}, ...}`). A document whose values are
+    numbers is one summary without a model level (key `FLAT`). Non-numeric fields are left out;
+    no field is required, because the schema changes between tool versions.
+    """
+    document, error = None, None
+    # A log line may itself hold a "{": try each one, from the first, until an object decodes.
+    start = text.find("{")
+    while start >= 0 and document is None:
+        try:
+            document, _ = json.JSONDecoder().raw_decode(text[start:])
+        except json.JSONDecodeError as problem:
+            error = error or problem
+            start = text.find("{", start + 1)
+    if document is None:
+        raise SummaryError("the output holds no JSON object" + (f" ({error})" if error else ""))
+    if not isinstance(document, dict):
+        raise SummaryError(f"expected a JSON object, got {type(document).__name__}")
+    models = {key: value for key, value in document.items() if isinstance(value, dict)}
+    if not models:
+        return {FLAT: _numbers(document)}
+    return {str(key): _numbers(fields) for key, fields in models.items()}
+
+
+def read_summary_parquet(path: str | os.PathLike) -> dict[str, float]:
+    """The numeric columns of a `Summary.parquet` table (one row per profile).
+
+    Needs pyarrow (`pip install "mlflow-neuron[parquet]"`). A table with several rows gives
+    the first row; columns the schema does not know yet are read like the others.
+    """
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as error:
+        raise SummaryError(
+            f"{path} needs pyarrow to be read: pip install \"mlflow-neuron[parquet]\""
+        ) from error
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise SummaryError(f"{path} is not a readable Parquet table: {type(error).__name__}: {error}") from error
+    return _numbers(rows[0]) if rows else {}
+
+
+def parquet_summaries(session_dir: str | os.PathLike) -> dict[str, dict[str, float]]:
+    """Every `Summary.parquet` under a session folder, keyed by the profile folder holding it."""
+    root = Path(session_dir)
+    found = sorted(p for p in root.rglob(SUMMARY_PARQUET) if p.is_file() and not p.is_symlink())
+    return {(p.parent.relative_to(root).as_posix() if p.parent != root else FLAT): read_summary_parquet(p)
+            for p in found}  # fmt: skip
+
+
+def run_summary_tool(tool: str, session_dir: str) -> dict[str, dict[str, float]]:
+    """`<tool> view -d <session> --output-format summary-json`, parsed."""
+    command = [tool, "view", "-d", session_dir, "--output-format", "summary-json"]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise SummaryError(f"{' '.join(command)} could not run: {error}") from error
+    if result.returncode != 0:
+        raise SummaryError(f"{' '.join(command)} exited {result.returncode}: {(result.stderr or result.stdout)[-500:]}")
+    try:
+        return parse_summary_json(result.stdout)
+    except SummaryError as error:
+        raise SummaryError(f"{' '.join(command)}: {error}") from error
+
+
+def percent_scale(fields: dict[str, float], pinned: str | None = None) -> str:
+    """FRACTION or PERCENT: how this summary reports its `*_percent` fields (see module doc)."""
+    pinned = (pinned if pinned is not None else os.environ.get(SCALE_ENV, AUTO)).strip().lower() or AUTO
+    if pinned not in (FRACTION, PERCENT, AUTO):
+        raise ValueError(f"{SCALE_ENV} must be one of {FRACTION}, {PERCENT}, {AUTO}; got {pinned!r}")
+    if pinned != AUTO:
+        return pinned
+    values = [v for k, v in fields.items() if k.endswith(PERCENT_SUFFIX) and v >= 0]
+    return PERCENT if any(v > 1.0 for v in values) else FRACTION
+
+
+def on_percent_scale(fields: dict[str, float], pinned: str | None = None) -> dict[str, float]:
+    """The summary with every `*_percent` field on 0-100 and unavailable (negative) ones left out."""
+    factor = 100.0 if percent_scale(fields, pinned) == FRACTION else 1.0
+    scaled = {}
+    for key, value in fields.items():
+        if not key.endswith(PERCENT_SUFFIX):
+            scaled[key] = value
+        elif value >= 0:
+            scaled[key] = value * factor
+    return scaled
+
+
+def summary_metrics(models: dict[str, dict[str, float]], prefix: str) -> dict[str, float]:
+    """Metric keys: `<prefix>/<model>/<field>` per model, plus `<prefix>/<field>` when there is
+    only one model (the keys of a single-model session stay what they always were)."""
+    metrics: dict[str, float] = {}
+    named = {model: on_percent_scale(fields) for model, fields in models.items()}
+    for model, fields in named.items():
+        if model != FLAT:
+            metrics.update({f"{prefix}/{readable_key(model)}/{readable_key(k)}": v for k, v in fields.items()})
+    if len(named) == 1:
+        metrics.update({f"{prefix}/{readable_key(k)}": v for k, v in next(iter(named.values())).items()})
+    return metrics
+
+
+def _numbers(fields: dict) -> dict[str, float]:
+    return {
+        str(key): float(value)
+        for key, value in fields.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    }

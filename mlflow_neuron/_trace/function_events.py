@@ -1,0 +1,202 @@
+"""Pure extraction: torch profiler events in, a per-op table and totals out.
+
+No MLflow, no files. Device time is attributed to the CPU op that launched it (the op's kernels,
+as torch links them); totals count every kernel once, from the device rows, the way torch's own
+table does. Reading both sides into one sum would double every kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .._neuron import devices as _devices
+from .._trace.steps import StepOp, StepTotal, split_by_step, step_numbers
+
+PRESENT, MISSING, NOT_PROFILED = "present", "missing", "not_profiled"
+OP, KERNEL, DEVICE_ANNOTATION = "op", "kernel", "device_annotation"
+_KINDS = (OP, KERNEL, DEVICE_ANNOTATION)
+
+_STEP_PREFIX = "ProfilerStep#"  # as recorded; torch's parser renames it to _STEP_NAME
+_STEP_NAME = "ProfilerStep*"
+_ATEN_PREFIX = "aten::"
+
+
+@dataclass(frozen=True)
+class OpStats:
+    """One row of a cycle's op table. Times in microseconds, summed over the cycle."""
+
+    name: str
+    kind: str  # OP: host-side op or annotation; KERNEL: device activity; DEVICE_ANNOTATION
+    calls: int
+    self_device_time_us: float
+    device_time_us: float
+    self_cpu_time_us: float
+    cpu_time_us: float
+
+
+@dataclass(frozen=True)
+class CycleProfile:
+    """What one profiler cycle measured."""
+
+    device: str
+    device_time: str  # PRESENT | MISSING | NOT_PROFILED
+    ops: tuple[OpStats, ...]  # ranked: self device time, else self CPU time, then name
+    total_self_device_time_us: float
+    total_self_cpu_time_us: float
+    attributed_device_time_us: float  # the part of the total that op rows carry
+    aten_calls: int
+    active_steps: int
+    event_count: int
+    steps: tuple[StepOp, ...] = ()  # the same events split by profiler step (see _steps)
+    step_totals: tuple[StepTotal, ...] = ()
+    annotations: frozenset[str] = frozenset()  # host rows that are ranges (record_function), not ops
+
+    @property
+    def ranking_metric(self) -> str:
+        return "self_device_time_us" if self.device_time == PRESENT else "self_cpu_time_us"
+
+    def top_ops(self, k: int) -> list[OpStats]:
+        """The `k` host-side ops that cost the most: device time when there is some."""
+        return [op for op in self.ops if op.kind == OP][: max(k, 0)]
+
+    def to_frame(self) -> pd.DataFrame:
+        columns = [f.name for f in fields(OpStats)]
+        return pd.DataFrame([[getattr(op, c) for c in columns] for op in self.ops], columns=columns)
+
+    def steps_frame(self) -> pd.DataFrame:
+        """One row per (profiler step, op or kernel): the per-step samples."""
+        columns = [f.name for f in fields(StepOp)]
+        return pd.DataFrame([[getattr(row, c) for c in columns] for row in self.steps], columns=columns)
+
+
+def extract_cycle(
+    events: Sequence[Any], *, device: str, device_profiled: bool, default_step: int = 0
+) -> CycleProfile:
+    """Aggregate a cycle's `FunctionEvent`s (as `prof.events()` returns them, tree built).
+
+    `default_step`: the number of the cycle's last active step (`prof.step_num - 1`): it numbers
+    steps whose names lost theirs, and a cycle without step ranges."""
+    rows: dict[tuple[str, str], list[float]] = {}
+    total_device = total_cpu = attributed = 0.0
+    steps = 0
+    counted, step_events, annotations = [], [], set()
+    for event in events:
+        if getattr(event, "is_async", False):
+            continue
+        name = event.name
+        if name == _STEP_NAME or name.startswith(_STEP_PREFIX):
+            steps += 1
+            name = _STEP_NAME
+            step_events.append(event)
+        kind = _kind(event)
+        self_device = _devices.self_device_time_us(event)
+        self_cpu = float(event.self_cpu_time_total)
+        counted.append((event, name, kind, self_device, self_cpu))
+        if kind == OP and getattr(event, "is_user_annotation", False):
+            annotations.add(name)
+        row = rows.setdefault((name, kind), [0, 0.0, 0.0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += self_device
+        row[2] += _devices.device_time_us(event)
+        row[3] += self_cpu
+        row[4] += float(event.cpu_time_total)
+        total_cpu += self_cpu
+        if kind == KERNEL or (kind == OP and getattr(event, "is_legacy", False)):
+            total_device += self_device  # legacy rows carry their kernel on the CPU event
+        if kind == OP:
+            attributed += self_device
+
+    device_time = device_time_state(device_profiled, total_device)
+    ops = ranked((OpStats(name, kind, int(r[0]), r[1], r[2], r[3], r[4]) for (name, kind), r in rows.items()),
+                 device_time)
+    top_level = top_level_aten_events(events)
+    per_step, step_totals = _split_by_step(counted, step_events, top_level, default_step)
+    return CycleProfile(
+        device=device,
+        device_time=device_time,
+        ops=ops,
+        total_self_device_time_us=total_device,
+        total_self_cpu_time_us=total_cpu,
+        attributed_device_time_us=attributed,
+        aten_calls=len(top_level),
+        active_steps=steps if steps or not rows else 1,
+        event_count=len(events),
+        steps=per_step,
+        step_totals=step_totals,
+        annotations=frozenset(annotations),
+    )
+
+
+def _split_by_step(counted: list, step_events: list, top_level: list, default_step: int):
+    """`split_by_step` over FunctionEvents: kernels go with the op whose id they link to."""
+    by_start = sorted(step_events, key=lambda e: e.time_range.start)
+    numbers = step_numbers([getattr(e, "trace_name", None) or e.name for e in by_start], len(by_start), default_step)
+    op_start: dict[int, float] = {}  # a kernel's op: the first unlinked host event with its id, as torch links
+    for event, *_ in counted:
+        if not _devices.is_device_row(event) and not getattr(event, "linked_correlation_id", 0):
+            op_start.setdefault(event.id, event.time_range.start)
+    placed, name_ids, kind_ids, device, cpu, in_total = [], [], [], [], [], []
+    names: dict[str, int] = {}
+    for event, name, kind, self_device, self_cpu in counted:
+        link = getattr(event, "linked_correlation_id", 0) if kind != OP else 0
+        placed.append(op_start.get(link, event.time_range.start) if link else event.time_range.start)
+        name_ids.append(names.setdefault(name, len(names)))
+        kind_ids.append(_KINDS.index(kind))
+        device.append(self_device)
+        cpu.append(self_cpu)
+        in_total.append(kind == KERNEL or (kind == OP and getattr(event, "is_legacy", False)))
+    return split_by_step(
+        step_starts=np.array([e.time_range.start for e in by_start], np.float64), step_numbers=numbers,
+        default_step=default_step, placed_at=np.array(placed, np.float64), name_id=np.array(name_ids, np.int64),
+        names=list(names), kind_id=np.array(kind_ids, np.int64), kinds=_KINDS, self_device_us=np.array(device),
+        self_cpu_us=np.array(cpu), in_device_total=np.array(in_total, bool),
+        aten_starts=np.array([e.time_range.start for e in top_level], np.float64),
+    )  # fmt: skip
+
+
+def ranked(ops: Iterable[OpStats], device_time: str) -> tuple[OpStats, ...]:
+    """Costliest first: by self device time when the cycle has some, else by self CPU time."""
+    by_device = device_time == PRESENT
+    return tuple(sorted(ops, key=lambda op: (
+        -(op.self_device_time_us if by_device else op.self_cpu_time_us), -op.self_cpu_time_us, op.name, op.kind,
+    )))  # fmt: skip
+
+
+def count_top_level_aten_calls(events: Iterable[Any]) -> int:
+    """ATen ops the user's code dispatched: `aten::` ops with no `aten::` op above them.
+
+    Nested ops (`aten::mul` inside `aten::rms_norm`) are implementation detail: counting them
+    makes a fused op look busier than the naive ops it replaces.
+    """
+    return len(top_level_aten_events(events))
+
+
+def top_level_aten_events(events: Iterable[Any]) -> list[Any]:
+    """The events `count_top_level_aten_calls` counts."""
+    found = []
+    for event in events:
+        if _devices.is_device_row(event) or not event.name.startswith(_ATEN_PREFIX):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith(_ATEN_PREFIX):
+            parent = parent.cpu_parent
+        if parent is None:
+            found.append(event)
+    return found
+
+
+def _kind(event: Any) -> str:
+    if not _devices.is_device_row(event):
+        return OP
+    return DEVICE_ANNOTATION if getattr(event, "is_user_annotation", False) else KERNEL
+
+
+def device_time_state(device_profiled: bool, total_device_us: float) -> str:
+    if not device_profiled:
+        return NOT_PROFILED
+    return PRESENT if total_device_us > 0 else MISSING

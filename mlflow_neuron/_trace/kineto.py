@@ -1,0 +1,224 @@
+"""The Kineto reader: a profiler cycle read from torch's Kineto results, without `prof.events()`.
+
+Example::
+
+    raw = raw_events_from_kineto(prof)  # None: a profile this module does not read
+    if raw is not None:
+        profile = aggregate(raw, device="neuron", device_profiled=True)
+    else:
+        profile = extract_cycle(prof.events(), device="neuron", device_profiled=True)
+
+`prof.events()` builds and links one Python `FunctionEvent` per event (tens of microseconds each,
+seconds per cycle on the training thread). Here the same raw events become numpy columns
+(`RawEvents`), read as torch 2.13's `torch/autograd/profiler.py` `_parse_kineto_results` reads
+them; `_aggregate` then links and sums them:
+
+- filtered names (`aten::is_leaf`, `profiler::_record_function_*`, ...) and hidden events are
+  dropped; `[memory]` records that no host event covers, and every `[OutOfMemory]` record, become
+  zero-length host events;
+- an event is async when Kineto says so or it ends on another thread;
+- device events of the kinds torch attaches (CUDA, PrivateUse1, XPU) are DEVICE_KERNEL rows,
+  MTIA/HPU device rows DEVICE_OTHER;
+- legacy fallback device time is read where torch reads it (the fallback profiler states).
+
+Every touch of torch's private profiler API in the fast path is here. Pure: no MLflow, no files.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+from torch.autograd import DeviceType
+
+from .._neuron import devices as _devices
+from .._trace.events import (
+    DEVICE_KERNEL,
+    DEVICE_OTHER,
+    HOST,
+    MEMORY_EVENT_NAME,
+    OTHER,
+    OUT_OF_MEMORY_EVENT_NAME,
+    RawEvents,
+    empty_events,
+    factorize,
+    uncovered_memory,
+)
+
+_ATTACHED = frozenset(getattr(DeviceType, n) for n in ("CUDA", "PrivateUse1", "XPU") if hasattr(DeviceType, n))
+_FILTERED_NAMES = frozenset({
+    MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME, "profiler::_record_function_enter",
+    "profiler::_record_function_enter_new", "profiler::_record_function_exit",
+    "aten::is_leaf", "aten::output_nr", "aten::_version",
+})  # fmt: skip  # torch.autograd.profiler_util._filter_name, used instead when present
+
+
+def raw_events_from_kineto(prof: Any) -> RawEvents | None:
+    """The current cycle of a `torch.profiler.profile` (or `torch.autograd.profiler.profile`),
+    read from its `kineto_results`; None means: fall back to `prof.events()`.
+
+    None when a private piece is missing or behaves unexpectedly (other torch versions), and for
+    `trace_only` configs (torch keeps no events for them). With `acc_events=True` the result is the
+    current cycle only, like the head of `prof.events()` the callback slices off: `kineto_results`
+    always holds the last cycle. `record_shapes`, `with_stack` (python_function rows) and
+    `profile_memory` (`[memory]` rows) are read as torch reads them. A `post_processing_timeout_s`
+    is not applied: the whole cycle is read (torch's slower parse returns a partial list when it
+    runs out of time).
+    """
+    read = read_kineto_events(prof)
+    return None if read is None else read[0]
+
+
+def read_kineto_events(prof: Any) -> tuple[RawEvents, list, int] | None:
+    """`raw_events_from_kineto`'s result with the Kineto events it came from and the trace start
+    (ns), for readers that need more of the same events (the timeline); None likewise."""
+    inner, result = kineto_results_of(prof)
+    if result is None or getattr(getattr(inner, "experimental_config", None), "trace_only", False):
+        return None
+    try:
+        trace_start = int(result.trace_start_ns())
+        events = result.events()
+        kind = type(events[0]) if events else None
+        if kind is not None and not all(callable(getattr(kind, m, None)) for m in _KINETO_METHODS):
+            return None
+        use_device = getattr(inner, "use_device", None)
+        legacy = _legacy_reader(kind, inner, use_device) if kind is not None else None
+        return _read_kineto(events, kind, trace_start, use_device, legacy), events, trace_start
+    except Exception:  # noqa: BLE001 - whatever this reader does not know, torch's parse handles
+        return None
+
+
+def kineto_results_of(prof: Any) -> tuple[Any, Any]:
+    """(the autograd profiler, its `kineto_results`) of a `torch.profiler.profile` or of a
+    `torch.autograd.profiler.profile`; Nones where absent."""
+    inner = prof if hasattr(prof, "kineto_results") else getattr(prof, "profiler", None)
+    return inner, getattr(inner, "kineto_results", None)
+
+
+def kineto_reader(prof: Any, *, with_timeline: bool = False) -> Callable[[], Any] | None:
+    """This cycle's `raw_events_from_kineto`, to run later on another thread; None when this
+    profile can't be read that way (read it through `prof.events()` now). With `with_timeline`,
+    the later read gives `_timeline_sources.read_kineto_cycle`'s (raw, timeline inputs) instead,
+    from the same one pass over the events.
+
+    Each cycle's `kineto_results` is an object of its own (the next cycle's stop makes a new one),
+    so holding it and the few settings the read needs lets the training thread go on at once.
+    What can be checked without reading the events is checked here, while `prof.events()` is
+    still there to fall back on.
+    """
+    inner, result = kineto_results_of(prof)
+    if result is None or getattr(getattr(inner, "experimental_config", None), "trace_only", False):
+        return None
+    if not all(callable(getattr(result, m, None)) for m in ("events", "trace_start_ns")):
+        return None
+    event_class = getattr(torch._C._autograd, "_KinetoEvent", None)
+    if event_class is None or not all(callable(getattr(event_class, m, None)) for m in _KINETO_METHODS):
+        return None
+    snapshot = SimpleNamespace(kineto_results=result, use_device=getattr(inner, "use_device", None))
+    if hasattr(inner, "profiler_kind"):
+        snapshot.profiler_kind = inner.profiler_kind
+    if with_timeline:
+        from .._trace.timeline_sources import read_kineto_cycle  # it builds on this module
+
+        return lambda: read_kineto_cycle(snapshot)
+    return lambda: raw_events_from_kineto(snapshot)
+
+
+_KINETO_METHODS = ("name", "start_ns", "end_ns", "device_type", "start_thread_id", "end_thread_id",
+                   "is_async", "correlation_id", "linked_correlation_id", "is_user_annotation")  # fmt: skip
+
+
+def _legacy_reader(kind: Any, inner: Any, use_device: str | None) -> Any:
+    """Method giving legacy (fallback-stub) device time, or None when torch would find none."""
+    name = str(getattr(getattr(inner, "profiler_kind", None), "name", "FALLBACK"))
+    if "FALLBACK" not in name or not use_device:
+        return None  # only the fallback profiler states record fallback device events
+    if use_device == torch._C._get_privateuse1_backend_name():
+        return getattr(kind, "privateuse1_elapsed_us", None)
+    return getattr(kind, "cuda_elapsed_us", None) if use_device == "cuda" else None
+
+
+def _read_kineto(events: list, kind: Any, trace_start: int, use_device: str | None, legacy: Any) -> RawEvents:
+    if not events:
+        return empty_events(use_device)
+    n = len(events)
+    raw_names, name_id = factorize(list(map(kind.name, events)))
+    hidden_of = getattr(kind, "is_hidden_event", None)
+    filtered = np.array([_is_filtered(s) for s in raw_names], dtype=bool)[name_id]
+    if hidden_of is not None:
+        filtered |= np.fromiter(map(hidden_of, events), dtype=bool, count=n)
+    keep = ~filtered
+    source = np.flatnonzero(keep)
+    memory = _memory_records(events, kind, raw_names, name_id, trace_start)
+    kept = list(itertools.compress(events, keep)) if not keep.all() else events
+    m = len(kept)
+
+    def ints(method: Any, items: list = kept) -> np.ndarray:
+        return np.fromiter(map(method, items), dtype=np.int64, count=len(items))
+
+    def thread_ids(method: Any, items: list) -> np.ndarray:
+        # Thread ids are unsigned 64-bit and can exceed int64: keep their bits, compare for equality only.
+        return np.fromiter(map(method, items), dtype=np.uint64, count=len(items)).view(np.int64)
+
+    device_class = _device_classes(map(kind.device_type, kept), m)
+    start, end = ints(kind.start_ns) - trace_start, ints(kind.end_ns) - trace_start
+    linked = ints(kind.linked_correlation_id)
+    # Only host events need threads, their own id and the async flag: everything else comes from a
+    # Kineto activity, which torch never marks async and whose end thread is its start thread
+    # (is_async is TorchOp-only; Result::endTID). A device event's own id links nothing.
+    host = device_class == HOST
+    host_events = list(itertools.compress(kept, host))
+    thread, correlation, is_async = np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, bool)
+    thread[host] = thread_ids(kind.start_thread_id, host_events)
+    correlation[host] = ints(kind.correlation_id, host_events)
+    is_async[host] = np.fromiter(map(kind.is_async, host_events), dtype=bool, count=len(host_events))
+    is_async[host] |= thread[host] != thread_ids(kind.end_thread_id, host_events)
+    annotation = np.fromiter(map(kind.is_user_annotation, kept), dtype=bool, count=m)
+    legacy_us = np.zeros(m)
+    if legacy is not None:
+        values = np.fromiter(map(legacy, host_events), dtype=np.float64, count=len(host_events))
+        legacy_us[host] = np.where(values > 0, values, 0.0)
+    name_ids = name_id[keep]
+    columns = [name_ids, start, end, thread, device_class, correlation, linked, is_async, annotation, legacy_us,
+               source]  # fmt: skip
+    if memory is not None:
+        extra = uncovered_memory(memory, start, end, host)
+        columns = [np.concatenate([c, x]) for c, x in zip(columns, extra)]
+    return RawEvents(tuple(raw_names), *columns[:-1], use_device=use_device, source_index=columns[-1])
+
+
+def _memory_records(events: list, kind: Any, raw_names: list, name_id: np.ndarray, trace_start: int):
+    """`[memory]` and `[OutOfMemory]` records as (name ids, start, thread, is_oom, index), or None."""
+    special = [i for i, s in enumerate(raw_names) if s in (MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME)]
+    if not special:
+        return None
+    rows = np.flatnonzero(np.isin(name_id, special))
+    records = [events[i] for i in rows]
+    ids = name_id[rows]
+    start = np.fromiter(map(kind.start_ns, records), np.int64, len(records)) - trace_start
+    thread = np.fromiter(map(kind.start_thread_id, records), np.int64, len(records))
+    return ids, start, thread, np.array([raw_names[i] == OUT_OF_MEMORY_EVENT_NAME for i in ids], bool), rows
+
+
+def _is_filtered(name: str) -> bool:
+    check = getattr(torch.autograd.profiler_util, "_filter_name", None)
+    return bool(check(name)) if callable(check) else name in _FILTERED_NAMES
+
+
+def _device_classes(device_types: Any, count: int) -> np.ndarray:
+    """Device classes of DeviceType members (compared as ints: cheaper than hashing the enum)."""
+    values = np.fromiter(map(int, device_types), dtype=np.int64, count=count)
+    lut = np.full(max(int(values.max(initial=0)), max(_CLASS_OF)) + 1, OTHER, np.int8)
+    for value, device_class in _CLASS_OF.items():
+        lut[value] = device_class
+    return lut[values] if count else values.astype(np.int8)
+
+
+_CLASS_OF = {int(DeviceType.CPU): HOST}
+_CLASS_OF.update({int(t): DEVICE_OTHER for t in _devices.DEVICE_ROW_TYPES})
+_CLASS_OF.update({int(t): DEVICE_KERNEL for t in _ATTACHED})
+
