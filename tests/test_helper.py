@@ -20,7 +20,10 @@ from mlflow.tracking import MlflowClient
 from torch.profiler import tensorboard_trace_handler
 from workloads import profile_rmsnorm
 
-from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback, _devices, _handoff, _record
+from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
+from mlflow_neuron._delivery import handoff as _handoff
+from mlflow_neuron._delivery import record as _record
+from mlflow_neuron._neuron import devices as _devices
 from mlflow_neuron._trace.function_events import extract_cycle
 from mlflow_neuron._delivery.keys import OpKeys
 

@@ -19,7 +19,8 @@ from object_store import MotoS3, S3MlflowServer, moto_available
 from servers import drop_postgres_database, postgres_uri, scratch_postgres_database
 from workloads import profile_rmsnorm
 
-from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback, _uploads
+from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
+from mlflow_neuron._delivery import uploads as _uploads
 from mlflow_neuron._delivery.outbox import pending
 from mlflow_neuron.cli import sync
 
