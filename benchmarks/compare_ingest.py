@@ -99,9 +99,9 @@ def main() -> None:
           f"compare_runs from a local sqlite store {full:.2f} s (reading {args.runs} runs dominates)")
 
     from mlflow_neuron._trace import chrome as _chrome
-    from mlflow_neuron._neuron import devices as _devices
+    from mlflow_neuron._trace import device_names as _devices
     from mlflow_neuron._trace.aggregate import aggregate
-    from mlflow_neuron._capture.ingest import load_trace
+    from mlflow_neuron._trace.chrome import load_chrome_trace as load_trace
 
     path = trace_file(work, args.events)
     size_mb = path.stat().st_size / 1e6

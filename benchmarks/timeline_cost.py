@@ -160,7 +160,7 @@ def kineto_path(prof, args, log_into) -> dict[str, float]:
     from mlflow_neuron._trace.aggregate import aggregate
     from mlflow_neuron._trace.event_tree import event_tree
     from mlflow_neuron._trace.kineto import raw_events_from_kineto
-    from mlflow_neuron._trace.timeline_sources import _inputs_from_events
+    from mlflow_neuron._trace.kineto import _inputs_from_events
 
     _, _, device, _ = log_into
     clock = Clock()
@@ -183,7 +183,7 @@ def chrome_path(trace_file: pathlib.Path, parse_json, args, log_into) -> dict[st
     from mlflow_neuron._trace.chrome import raw_events_from_chrome_trace
     from mlflow_neuron._trace.event_tree import event_tree
     from mlflow_neuron._capture.ingest import step_of
-    from mlflow_neuron._trace.timeline_sources import timeline_inputs_from_chrome_trace
+    from mlflow_neuron._trace.chrome import timeline_inputs_from_chrome_trace
 
     _, _, device, _ = log_into
     clock = Clock()
@@ -203,7 +203,8 @@ def chrome_path(trace_file: pathlib.Path, parse_json, args, log_into) -> dict[st
 def trace_cost(raw, tree, inputs, step: int, args, log_into) -> dict[str, float]:
     """build, stage and log of one cycle's trace (the log into a fresh run), and its span counts."""
     from mlflow_neuron._delivery.traces import log_timeline
-    from mlflow_neuron._trace.timeline import Timeline, build_timeline
+    from mlflow_neuron._trace.timeline import Timeline
+    from mlflow_neuron._trace.span_tree import build_timeline
 
     client, experiment, device, span_storage = log_into
     clock = Clock()

@@ -18,9 +18,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
@@ -47,31 +45,10 @@ TRACKING_URI_HELP = ("MLflow tracking server or store, e.g. http://127.0.0.1:500
                      "(default: MLFLOW_TRACKING_URI, else ./mlflow.db)")  # fmt: skip
 
 
-@dataclass
-class SyncResult:
-    """What one `sync` did. Unpacks as (delivered, kept) like earlier versions."""
-
-    delivered: int = 0
-    kept: int = 0  # deliverable records still in the outbox (unreadable, or a transient failure)
-    rejected: int = 0  # records refused for good, now or earlier, left in <outbox>/rejected
-    unreachable: dict[str, str] = field(default_factory=dict)  # tracking URI -> why it did not answer
-    refused: str | None = None  # why the outbox folder itself was not read (a link, another user's)
-
-    def __iter__(self):
-        return iter((self.delivered, self.kept))
-
-    @property
-    def exit_code(self) -> int:
-        if self.refused:
-            return EXIT_USAGE
-        if self.unreachable:
-            return EXIT_UNREACHABLE
-        return EXIT_FAILED if self.kept else EXIT_OK
-
-
 def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_rejected: bool = False,
-         run_id: str | None = None, err=None) -> SyncResult:  # fmt: skip
-    """Replays outbox records into their runs, removing each one delivered.
+         run_id: str | None = None, err=None):  # fmt: skip
+    """Replays outbox records into their runs, removing each one delivered; returns a `SyncResult`
+    (`exit_code(result)` is the command's exit code).
 
     Idempotent: a record sent twice (a second sync, or one after a partial replay) leaves every
     metric point and artifact once. A record the server refuses for good (the run does not exist
@@ -79,116 +56,18 @@ def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_reject
     `reason` file; those are only sent again with `retry_rejected`, into `run_id` if given. A run
     that the callback would have created and ended is ended (FINISHED) once all its records are in.
     """
-    from dataclasses import replace
+    from ._delivery.sync import sync_outbox
 
-    out, err = out or sys.stdout, err or sys.stderr
-    result = SyncResult()
-    try:
-        records = _outbox.rejected(outbox) if retry_rejected else _outbox.pending(outbox)
-    except _outbox.OutboxRefused as refused:  # a link or another user's folder: never read
-        result.refused = str(refused)
-        print(f"mlflow-neuron sync: error: {refused}", file=err, flush=True)
-        return result
-    if records:  # MLflow and torch load in seconds: only when there is something to send
-        from ._delivery.mlflow_io import RunLogger, check_reachable, human_size, is_permanent, is_unreachable, reason, sent_files
-        from ._delivery.record import RunRef
-    loggers: dict[tuple, RunLogger] = {}
-    unfinished: set[str | None] = set()  # run keys with a record left behind: not ended yet
-    for index, record_dir in enumerate(records, 1):
-        prefix = f"[{index}/{len(records)}] {record_dir.name}"
-        try:
-            delivery, run = _outbox.load(record_dir)
-        except ValueError as error:
-            result.kept += 1
-            print(f"{prefix}: kept, {error}", file=out, flush=True)
-            continue
-        if run_id:
-            run = RunRef(run.tracking_uri, run_id)
-        if tracking_uri:
-            run = replace(run, tracking_uri=tracking_uri)
-        key = (run.tracking_uri, run.run_id, run.run_key)
-        if run.tracking_uri in result.unreachable:
-            result.kept += 1
-            unfinished.add(run.run_key)
-            continue
-        try:
-            if key not in loggers:
-                check_reachable(run.tracking_uri)
-            logger = loggers.get(key) or loggers.setdefault(key, RunLogger(run, progress=_progress_printer(out)))
-            _, vanished = logger.deliver(delivery)
-        except Exception as error:  # noqa: BLE001 - report, keep the record, go on
-            unfinished.add(run.run_key)
-            if is_unreachable(error):
-                result.kept += 1
-                result.unreachable[run.tracking_uri] = str(error) if isinstance(error, ConnectionError) else (
-                    f"tracking server {run.tracking_uri} did not answer ({reason(error)})")  # fmt: skip
-                print(f"mlflow-neuron sync: error: {result.unreachable[run.tracking_uri]}; its records stay in "
-                      f"{outbox}", file=err, flush=True)  # fmt: skip
-            elif is_permanent(error):
-                result.rejected += 1
-                _outbox.reject(record_dir, reason(error))
-                print(f"{prefix}: rejected, not retried ({reason(error)})", file=out, flush=True)
-            else:
-                result.kept += 1
-                print(f"{prefix}: kept, {reason(error)}", file=out, flush=True)
-            continue
-        files = sent_files(delivery, vanished)  # counted before the record's copies are removed
-        _outbox.remove(record_dir)
-        result.delivered += 1
-        note = f" ({len(vanished)} file(s) had disappeared)" if vanished else ""
-        print(
-            f"{prefix}: step {delivery.step} -> run {logger.run.run_id} at {logger.run.tracking_uri}: "
-            f"{len(delivery.metrics)} metrics, {len(files)} file(s), {human_size(sum(files.values()))}{note}",
-            file=out,
-            flush=True,
-        )
-    _end_created_runs(loggers, unfinished, outbox, out)
-    summary = f"synced {result.delivered} of {len(records)} record(s) from {outbox}; {result.kept} kept"
-    if retry_rejected:
-        print(f"{summary}; {result.rejected} still rejected", file=out, flush=True)
-        result.kept += result.rejected  # asked for, and not delivered
-        return result
-    print(summary + (f"; {result.rejected} rejected" if result.rejected else ""), file=out, flush=True)
-    refused = _outbox.rejected(outbox)
-    if refused:
-        result.rejected = len(refused)
-        why = Counter(_outbox.reason_of(r) for r in refused)
-        print(f"{len(refused)} record(s) in {Path(outbox) / _outbox.REJECTED} were refused by the server and are "
-              f"not retried: " + "; ".join(f"{n} x {text}" for text, n in why.most_common()), file=out)  # fmt: skip
-        print(f"  fix the cause, then `mlflow-neuron sync --outbox {outbox} --retry-rejected [--run-id ID]` "
-              "sends them again (--run-id: into another run)", file=out, flush=True)  # fmt: skip
-    return result
+    return sync_outbox(outbox, tracking_uri, out, retry_rejected=retry_rejected, run_id=run_id, err=err)
 
 
-def _end_created_runs(loggers: dict, unfinished: set, outbox: str, out) -> None:
-    """Ends, as FINISHED, runs that the callback created (known by a run key) once all their
-    records are in: the status the callback's close() gives them. Runs already ended stay as they are."""
-    if not any(logger.run.run_key for logger in loggers.values()):
-        return
-    from mlflow.entities import RunStatus
-
-    left = set()
-    for record_dir in _outbox.pending(outbox):
-        try:
-            run = _outbox.load(record_dir)[1]
-        except ValueError:
-            continue
-        left.add(run.run_key)
-    for logger in loggers.values():
-        run = logger.run
-        if run.run_key is None or run.run_id is None or run.run_key in unfinished | left:
-            continue
-        try:
-            if logger.client.get_run(run.run_id).info.status == RunStatus.to_string(RunStatus.RUNNING):
-                logger.end_run()
-                print(f"run {run.run_id} ended (FINISHED): all its records are in", file=out, flush=True)
-        except Exception as error:  # noqa: BLE001 - the data is in; the status is secondary
-            print(f"run {run.run_id} could not be ended: {type(error).__name__}: {error}", file=out, flush=True)
-
-
-def _progress_printer(out):
-    """Upload progress of large files, as indented lines under the record being synced."""
-    return lambda line: print(f"  {line}", file=out, flush=True)
+def exit_code(result) -> int:
+    """`sync`'s exit code: 2 the outbox was refused, 3 a server did not answer, 1 records were kept."""
+    if result.refused:
+        return EXIT_USAGE
+    if result.unreachable:
+        return EXIT_UNREACHABLE
+    return EXIT_FAILED if result.kept else EXIT_OK
 
 
 def compare(args: argparse.Namespace, out=None) -> int:
@@ -431,7 +310,7 @@ def sync_command(args: argparse.Namespace, out=None) -> int:
         print(f"nothing to sync: no outbox at ./{outbox}", file=out or sys.stdout)
         return EXIT_OK
     result = sync(outbox, args.tracking_uri, out, retry_rejected=args.retry_rejected, run_id=args.run_id)
-    return result.exit_code
+    return exit_code(result)
 
 
 # Each command: a function (args) -> exit code. Errors they raise are mapped to exit codes in main().

@@ -12,7 +12,7 @@ from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._delivery.mlflow_io import RunLogger
-from mlflow_neuron._delivery.record import Delivery, RunRef
+from mlflow_neuron._delivery.model import Delivery, RunRef
 
 
 def ops_rows(client, run_id, tmp_path, step=4):

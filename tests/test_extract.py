@@ -9,7 +9,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from mlflow_neuron import extract_cycle
-from mlflow_neuron._trace.function_events import KERNEL, MISSING, NOT_PROFILED, OP, PRESENT
+from mlflow_neuron._trace.profile import KERNEL, MISSING, NOT_PROFILED, OP, PRESENT
 
 MUL_US = 785.0  # three muls: 2,355 us, the FACTS.md §4 figure
 

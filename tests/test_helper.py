@@ -21,21 +21,22 @@ from torch.profiler import tensorboard_trace_handler
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._delivery import handoff as _handoff
+from mlflow_neuron._delivery import helper_process as _helper_process
 from mlflow_neuron._delivery import record as _record
 from mlflow_neuron._neuron import devices as _devices
+from mlflow_neuron._trace.device_names import CPU
 from mlflow_neuron._trace.function_events import extract_cycle
 from mlflow_neuron._delivery.keys import OpKeys
 
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
 NUMBERS = ["calls", "self_device_time_us", "device_time_us", "self_cpu_time_us", "cpu_time_us"]
-READY_S = 180  # the helper imports torch and mlflow: seconds on a busy machine
+READY_S = 180  # the helper imports mlflow: seconds on a busy machine
 
 
 def reference_tables(prof) -> dict:
     """What the in-process reader computes from torch's own parse of this cycle."""
     device = _devices.profiled_device(prof)
-    profile = extract_cycle(prof.events(), device=device, device_profiled=device != _devices.CPU,
+    profile = extract_cycle(prof.events(), device=device, device_profiled=device != CPU,
                             default_step=prof.step_num - 1)  # fmt: skip
     tables = {"ops.json": _record.ops_table(profile, OpKeys()), **_record.step_tables(profile)}
     return {name: json.loads(frame.to_json(orient="split", index=False)) for name, frame in tables.items()}
@@ -131,7 +132,7 @@ def dying(self, request):
 _helper.Helper.handle = dying
 sys.exit(_helper.main())
 """
-    monkeypatch.setattr(_handoff, "HELPER_COMMAND", (sys.executable, "-c", dies_once))
+    monkeypatch.setattr(_helper_process, "HELPER_COMMAND", (sys.executable, "-c", dies_once))
     with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="helper process ended") as caught:
         callback = started(MLflowProfilerCallback())
         profile_rmsnorm(callback, steps=12, wait=1, warmup=1, active=2)
@@ -145,7 +146,7 @@ sys.exit(_helper.main())
 
 
 def test_a_helper_that_cannot_run_falls_back_to_the_training_process_with_one_warning(tracking_uri, monkeypatch):
-    monkeypatch.setattr(_handoff, "HELPER_COMMAND", (sys.executable, "-c", "import sys; sys.exit(3)"))
+    monkeypatch.setattr(_helper_process, "HELPER_COMMAND", (sys.executable, "-c", "import sys; sys.exit(3)"))
     with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="exit code 3") as caught:
         callback = MLflowProfilerCallback()
         callback._sender.start()
@@ -171,7 +172,7 @@ time.sleep(600)
 
 
 def test_flush_and_close_return_in_time_when_the_helper_hangs_and_keep_every_cycle(tracking_uri, monkeypatch):
-    monkeypatch.setattr(_handoff, "HELPER_COMMAND", (sys.executable, "-c", HANGS))
+    monkeypatch.setattr(_helper_process, "HELPER_COMMAND", (sys.executable, "-c", HANGS))
     callback = started(MLflowProfilerCallback(experiment_id="0", flush_timeout_s=1.0))
     proc = callback._sender._proc.proc
     start = time.monotonic()
@@ -189,11 +190,11 @@ def test_flush_and_close_return_in_time_when_the_helper_hangs_and_keep_every_cyc
 def test_the_helper_exits_when_its_parent_closes_stdin(tmp_path):
     from dataclasses import asdict
 
-    from mlflow_neuron._delivery.record import RunRef
+    from mlflow_neuron._delivery.model import RunRef
 
     init = {"op": "init", "run": asdict(RunRef(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_id="0", run_key="k")),
             "sender": {"outbox": str(tmp_path / "outbox")},
-            "completer": {"top_k": 5, "rank": 0, "primary": True, "all_ranks": False}, "exit_budget_s": 2}  # fmt: skip
+            "preparer": {"top_k": 5, "rank": 0, "primary": True, "all_ranks": False}, "exit_budget_s": 2}  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "mlflow_neuron._delivery.helper"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env, cwd=tmp_path)  # fmt: skip
@@ -221,8 +222,8 @@ def test_the_helper_logs_the_timeline_the_training_process_would_build(tracking_
     """The helper builds the cycle's trace from the chrome trace file: the same spans, to the
     nanosecond, as the in-process path builds from Kineto's events."""
     from mlflow_neuron._trace.kineto import raw_events_from_kineto
-    from mlflow_neuron._trace.timeline import build_timeline
-    from mlflow_neuron._trace.timeline_sources import timeline_inputs_from_kineto
+    from mlflow_neuron._trace.span_tree import build_timeline
+    from mlflow_neuron._trace.kineto import timeline_inputs_from_kineto
 
     built = {}
 
@@ -261,7 +262,7 @@ def test_no_helper_outlives_its_profile_and_the_next_profile_starts_one(tracking
 
 def test_a_trace_orjson_refuses_is_read_by_the_standard_parser(tmp_path):
     """Python's exporter writes NaN for a NaN float; orjson refuses that, json reads it."""
-    from mlflow_neuron._delivery.helper import summarize_trace
+    from mlflow_neuron._trace.summarize import ChromeTraceFile, CycleSettings
 
     trace = {"traceEvents": [
         {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 1.0, "dur": 2.0, "pid": 1, "tid": 1,
@@ -270,8 +271,8 @@ def test_a_trace_orjson_refuses_is_read_by_the_standard_parser(tmp_path):
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(trace))
     assert "NaN" in path.read_text()
-    profile, table, timeline = summarize_trace(str(path), None, "cpu", False, 0)
-    assert [op.name for op in profile.ops] == ["aten::add"] and timeline is None
+    summary = ChromeTraceFile(str(path), CycleSettings("cpu", False)).summarize()
+    assert [op.name for op in summary.profile.ops] == ["aten::add"] and summary.timeline is None
 
 
 def test_a_callback_dropped_without_close_lets_its_helper_go(tracking_uri):
@@ -285,16 +286,16 @@ def test_a_callback_dropped_without_close_lets_its_helper_go(tracking_uri):
 
 
 def test_op_keys_and_the_device_time_flag_go_on_across_helpers():
-    from mlflow_neuron._delivery.complete import Completer
+    from mlflow_neuron._delivery.prepare import Preparer
 
     class Quiet:
         def problem(self, *args):
             raise AssertionError(args)
 
-    first = Completer(Quiet(), top_k=5, rank=0, primary=True, all_ranks=False)
+    first = Preparer(Quiet(), top_k=5, rank=0, primary=True, all_ranks=False)
     taken = first.keys.key("aten::mul")
     first._device_time_seen = True
-    second = Completer(Quiet(), top_k=5, rank=0, primary=True, all_ranks=False)
+    second = Preparer(Quiet(), top_k=5, rank=0, primary=True, all_ranks=False)
     second.keys.key("aten_mul")  # a name that could have wanted the same key
     second.absorb(first.export())
     assert second.keys.key("aten::mul") == taken and second._device_time_seen

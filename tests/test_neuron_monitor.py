@@ -102,7 +102,7 @@ def test_with_mlflow_system_metrics_on_the_run_gets_neuron_metrics_while_profili
         profile_rmsnorm(callback)
         assert wait_for(lambda: len(neuron_system_metrics(run.info.run_id)) == 4)
         callback.close()
-    assert not callback._neuron_monitor.running
+    assert not callback._system_metrics.running
     metrics = neuron_system_metrics(run.info.run_id)
     print("\n".join(f"{k} = {v:g}" for k, v in sorted(metrics.items())))  # shown with pytest -s
     assert metrics == pytest.approx(EXPECTED)
@@ -118,7 +118,7 @@ def test_the_monitor_stops_when_the_run_ends_and_honours_the_node_id(tracking_ur
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_NODE_ID", "node_3")
     with mlflow.start_run(log_system_metrics=False) as run:
         callback = MLflowProfilerCallback(system_metrics=True)
-        process = callback._neuron_monitor._process
+        process = callback._system_metrics.tool._process
         assert wait_for(lambda: MlflowClient().get_run(run.info.run_id).data.metrics)
     assert wait_for(lambda: process.poll() is not None)  # the run ended: the tool went with it
     metrics = MlflowClient().get_run(run.info.run_id).data.metrics
@@ -131,7 +131,7 @@ def test_a_failing_monitor_is_one_warning_and_training_goes_on(tracking_uri, str
     expected = pytest.warns(MLflowNeuronWarning, match="cannot reach the Neuron driver")
     with mlflow.start_run(log_system_metrics=False) as run, expected as caught:
         callback = MLflowProfilerCallback(system_metrics=True)
-        assert wait_for(lambda: not callback._neuron_monitor.running)
+        assert wait_for(lambda: not callback._system_metrics.running)
         profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
         callback.close()
     assert sum(issubclass(w.category, MLflowNeuronWarning) for w in caught) == 1
@@ -143,7 +143,7 @@ def test_a_monitor_that_ignores_sigterm_cannot_hold_up_close(tracking_uri, stric
                     "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n")
     with mlflow.start_run(log_system_metrics=False):
         callback = MLflowProfilerCallback(system_metrics=True)
-        process = callback._neuron_monitor._process
+        process = callback._system_metrics.tool._process
         time.sleep(0.3)
         started = time.monotonic()
         callback.close()
@@ -155,7 +155,7 @@ def test_off_by_default_and_nothing_without_the_tool(tracking_uri, strict, tmp_p
     monkeypatch.delenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", raising=False)
     install_monitor(tmp_path, monkeypatch, "#!/bin/sh\nsleep 60\n")
     with mlflow.start_run(log_system_metrics=False):
-        assert MLflowProfilerCallback()._neuron_monitor is None
+        assert MLflowProfilerCallback()._system_metrics is None
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     with mlflow.start_run(log_system_metrics=False):
-        assert MLflowProfilerCallback(system_metrics=True)._neuron_monitor is None
+        assert MLflowProfilerCallback(system_metrics=True)._system_metrics is None

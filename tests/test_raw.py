@@ -25,7 +25,8 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 from workloads import inputs, rms_norm_naive
 
-from mlflow_neuron._trace.function_events import MISSING, PRESENT, CycleProfile, extract_cycle
+from mlflow_neuron._trace.profile import MISSING, PRESENT, CycleProfile
+from mlflow_neuron._trace.function_events import extract_cycle
 from mlflow_neuron._trace.aggregate import aggregate
 from mlflow_neuron._trace.chrome import raw_events_from_chrome_trace
 from mlflow_neuron._trace.kineto import raw_events_from_kineto

@@ -30,9 +30,10 @@ import pytest
 from conftest import read_json_artifact
 from mlflow.tracking import MlflowClient
 
-from mlflow_neuron._neuron import devices as _devices
-from mlflow_neuron._trace.chrome import CORRELATION, EXTERNAL_ID, read_chrome_trace
-from mlflow_neuron._trace.function_events import PRESENT
+from mlflow_neuron._trace import device_names as _devices
+from mlflow_neuron._trace.chrome_links import CORRELATION, EXTERNAL_ID
+from mlflow_neuron._trace.chrome import read_chrome_trace
+from mlflow_neuron._trace.profile import PRESENT
 from mlflow_neuron._trace.aggregate import aggregate
 from mlflow_neuron._delivery.report import MLflowNeuronWarning
 from mlflow_neuron.cli import main as cli_main

@@ -26,17 +26,10 @@ from workloads import inputs, rms_norm_naive
 from mlflow_neuron._trace.chrome import raw_events_from_chrome_trace
 from mlflow_neuron._trace.kineto import raw_events_from_kineto
 from mlflow_neuron._trace.events import HOST
-from mlflow_neuron._trace.timeline import (
-    CYCLE,
-    KERNEL,
-    OP,
-    STEP,
-    STREAM,
-    SUMMARY,
-    Timeline,
-    build_timeline,
-)
-from mlflow_neuron._trace.timeline_sources import timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
+from mlflow_neuron._trace.timeline import CYCLE, KERNEL, OP, STEP, STREAM, SUMMARY, Timeline
+from mlflow_neuron._trace.span_tree import build_timeline
+from mlflow_neuron._trace.chrome import timeline_inputs_from_chrome_trace
+from mlflow_neuron._trace.kineto import timeline_inputs_from_kineto
 
 TESTS = Path(__file__).parent
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
@@ -149,8 +142,9 @@ from workloads import inputs, rms_norm_naive
 from mlflow_neuron._trace.aggregate import aggregate
 from mlflow_neuron._trace.chrome import raw_events_from_chrome_trace
 from mlflow_neuron._trace.kineto import raw_events_from_kineto
-from mlflow_neuron._trace.timeline import build_timeline
-from mlflow_neuron._trace.timeline_sources import timeline_inputs_from_chrome_trace, timeline_inputs_from_kineto
+from mlflow_neuron._trace.span_tree import build_timeline
+from mlflow_neuron._trace.chrome import timeline_inputs_from_chrome_trace
+from mlflow_neuron._trace.kineto import timeline_inputs_from_kineto
 x, w = inputs()
 out = {}
 def on_cycle(prof):
@@ -306,7 +300,8 @@ def test_cap_and_empty_cycles():
 
 def test_timeline_imports_without_mlflow():
     code = ("import sys; sys.modules['mlflow'] = None\n"
-            "import mlflow_neuron._trace.timeline, mlflow_neuron._trace.timeline_sources, mlflow_neuron._compare.timeline_svg\n")
+            "import mlflow_neuron._trace.timeline, mlflow_neuron._trace.span_tree, mlflow_neuron._trace.summarize, "
+            "mlflow_neuron._compare.timeline_svg\n")
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -463,7 +458,7 @@ def test_read_kineto_cycle_reads_what_raw_events_from_kineto_reads(settings):
     name-matching path instead of the identity one."""
     from dataclasses import fields
 
-    from mlflow_neuron._trace.timeline_sources import read_kineto_cycle
+    from mlflow_neuron._trace.kineto import read_kineto_cycle
 
     x, w = inputs()
     seen = {}

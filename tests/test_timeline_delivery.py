@@ -18,7 +18,7 @@ from mlflow_neuron import MLflowProfilerCallback, compare_runs, load_timelines, 
 from mlflow_neuron._capture.ingest import ingest
 from mlflow_neuron._delivery.traces import COMPLETE_TAG, CYCLE_KEY_TAG
 from mlflow_neuron._delivery.outbox import load, pending
-from mlflow_neuron._delivery.record import RunRef
+from mlflow_neuron._delivery.model import RunRef
 from mlflow_neuron.cli import main as cli_main
 
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")

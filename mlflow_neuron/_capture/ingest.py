@@ -1,37 +1,38 @@
 """Ingesting profiles produced elsewhere: a Neuron profile output folder, a
 `tensorboard_trace_handler` folder, or one chrome-trace file.
 
-Per-op numbers are computed from the trace itself (host op events, and the device events linked
-to them by correlation id), with the same code and the same keys as the callback, and files are
-uploaded in the same layout, so an ingested run compares with a live one.
+Each cycle goes through the callback's own pipeline (`_trace.summarize`, then `Preparer`), so
+per-op numbers, keys and files come out as the callback's would for the same cycle, and an
+ingested run compares with a live one. Device events are linked to ops from the trace itself
+(`_trace.chrome_links`).
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 import shutil
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._trace import chrome as _chrome
-from .._neuron import devices as _devices
-from .._neuron import output_files as _files
-from .._delivery import record as _record
-from .._trace.aggregate import aggregate
-from .._trace.event_tree import EventTree, event_tree
-from .._trace.function_events import CycleProfile
-from .._delivery.keys import OpKeys
-from .._delivery.mlflow_io import RunLogger, human_size, sent_files
-from .._delivery.record import CycleRecord, RunRef
-from .._delivery.report import MLflowNeuronWarning
-from .._trace.timeline import DEFAULT_MAX_SPANS, Timeline, build_timeline
-from .._trace.timeline_sources import timeline_inputs_from_chrome_trace
+from .._delivery.files import human_size, link_or_copy, sent_files
+from .._delivery.job import CycleJob
+from .._delivery.manifest import manifest
+from .._delivery.mlflow_io import RunLogger
+from .._delivery.model import SOURCE_TAG, RunRef
+from .._delivery.prepare import Preparer
+from .._delivery.report import MLflowNeuronWarning, Reporter
+from .._neuron import layout
+from .._neuron.output_files import TOO_LARGE, UPLOAD, FoundFile
+from .._trace.chrome import load_chrome_trace, read_chrome_trace, timeline_inputs_from_chrome_trace
+from .._trace.chrome_links import Linking
+from .._trace.device_names import device_of_trace
+from .._trace.summarize import CycleSettings, CycleSummary, Summarized, summarize
+from .._trace.timeline import DEFAULT_MAX_SPANS
 
 TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 # Above this share of a cycle's device time left on no op, ingest warns: per-op numbers then miss
@@ -61,7 +62,7 @@ def find_cycles(path: Path) -> list[TraceCycle]:
     if tensorboard:
         return [TraceCycle(p) for p in sorted(tensorboard, key=_tensorboard_time)]
     root = _neuron_root(path)
-    traces = sorted(p for p in path.rglob("*") if p.is_file() and _devices.is_framework_trace(p.name))
+    traces = sorted(p for p in path.rglob("*") if p.is_file() and layout.is_framework_trace(p.name))
     # A session's files: those whose nearest folder with a framework trace is the trace's own. The
     # older NeuronProfiler puts pytorch_trace.json in the output folder and the runtime's session
     # folders below it, without a trace of their own.
@@ -80,48 +81,23 @@ def find_cycles(path: Path) -> list[TraceCycle]:
     return cycles
 
 
-def load_trace(path: Path) -> dict:
-    """A chrome trace as JSON; a clear ValueError for truncated or non-JSON files."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as handle:
-            trace = json.load(handle)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not a readable chrome trace ({type(error).__name__}: {error})") from error
-    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise ValueError(f"{path}: not a chrome trace (no traceEvents list)")
-    return trace
+def read_cycle(trace_file: Path, index: int, *, log_timeline: bool = True,
+               max_spans: int = DEFAULT_MAX_SPANS) -> tuple[int, CycleSummary, Linking]:  # fmt: skip
+    """One trace file summarized: (the step it is logged at, its summary, how its device events
+    were linked). Raises ValueError for a file that is not a trace, or one without host ops."""
+    trace = load_chrome_trace(trace_file)
+    step = step_of(trace, index)
+    device, device_profiled = device_of_trace(trace)
+    raw, linking = read_chrome_trace(trace)
+    settings = CycleSettings(device, device_profiled, default_step=max(step - 1, 0), max_spans=max_spans,
+                             timeline_step=step if log_timeline else None)  # fmt: skip
+    summary = summarize(raw, settings, timeline_inputs_from_chrome_trace(trace, raw) if log_timeline else None)
+    if not summary.profile.ops:
+        raise ValueError(f"{trace_file}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
+    return step, summary, linking
 
 
-def profile_of(trace: dict, source: Path, last_step: int = 0) -> CycleProfile:
-    return linked_profile_of(trace, source, last_step)[0]
-
-
-def linked_profile_of(trace: dict, source: Path, last_step: int = 0) -> tuple[CycleProfile, _chrome.Linking]:
-    """The cycle's profile, and how its device events were linked to ops. `last_step` numbers
-    the cycle's step when the trace has no ProfilerStep ranges."""
-    return _read_cycle(trace, source, last_step)[:2]
-
-
-def _read_cycle(trace: dict, source: Path, last_step: int) -> tuple[CycleProfile, _chrome.Linking, EventTree]:
-    """The cycle's profile, its linking, and the event tree both the profile and the timeline use."""
-    device, device_profiled = _devices.device_of_trace(trace)
-    raw, linking = _chrome.read_chrome_trace(trace)
-    tree = event_tree(raw)
-    profile = aggregate(raw, device=device, device_profiled=device_profiled, default_step=last_step, tree=tree)
-    if not profile.ops:
-        raise ValueError(f"{source}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
-    return profile, linking, tree
-
-
-def timeline_of(trace: dict, tree: EventTree, step: int, max_spans: int = DEFAULT_MAX_SPANS) -> Timeline:
-    """The cycle's timeline from its trace and the event tree of `raw_events_from_chrome_trace(trace)`
-    (`_read_cycle` aggregated from it): the span tree the callback logs for the same cycle."""
-    inputs = timeline_inputs_from_chrome_trace(trace, tree.raw)
-    return build_timeline(tree.raw, cycle_step=step, max_spans=max_spans, inputs=inputs, tree=tree)
-
-
-def weak_attribution(linking: _chrome.Linking) -> str | None:
+def weak_attribution(linking: Linking) -> str | None:
     """A sentence on device time that no op carries, when it is more than WEAK_ATTRIBUTION_SHARE."""
     if linking.unattributed_share <= WEAK_ATTRIBUTION_SHARE:
         return None
@@ -141,92 +117,79 @@ def step_of(trace: dict, fallback: int) -> int:
     return max(steps) + 1 if steps else fallback
 
 
-def ingest(path: Path, run: RunRef, *, top_k: int = 50, max_file_bytes: int | None = None, out=None,
-           log_timeline: bool = True, timeline_max_spans: int = DEFAULT_MAX_SPANS) -> tuple[str, int]:  # fmt: skip
+def ingest(path: Path, run: RunRef | Callable[[], RunRef], *, top_k: int = 50, max_file_bytes: int | None = None,
+           out=None, log_timeline: bool = True, timeline_max_spans: int = DEFAULT_MAX_SPANS) -> tuple[str, int]:  # fmt: skip
     """Logs every cycle under `path` into `run`; returns (run id, cycles logged). With
-    `log_timeline`, each cycle is also a trace, as the callback logs it."""
+    `log_timeline`, each cycle is also a trace, as the callback logs it.
+
+    `run` may be a function that makes the run: it is called only once the first cycle has been
+    read, so a path that holds no readable trace creates nothing."""
     out = out or sys.stdout
-    logger, keys = RunLogger(run), OpKeys()
+    reporter = Reporter()
+    preparer = Preparer(reporter, top_k=top_k)
     cycles = find_cycles(path)
+    logger = None
     for index, cycle in enumerate(cycles, 1):
-        trace = load_trace(cycle.trace)
-        step = step_of(trace, index)
-        profile, linking, tree = _read_cycle(trace, cycle.trace, max(step - 1, 0))
+        step, summary, linking = read_cycle(cycle.trace, index, log_timeline=log_timeline,
+                                            max_spans=timeline_max_spans)  # fmt: skip
         attribution = linking.as_dict()
         weak = weak_attribution(linking)
         if weak:
             attribution["warning"] = weak
             warnings.warn(f"mlflow-neuron: {cycle.trace}: {weak}", MLflowNeuronWarning, stacklevel=2)
-        record = _record_for(cycle, trace, profile, step, keys, top_k, max_file_bytes, first=index == 1,
-                             attribution=attribution)  # fmt: skip
-        if log_timeline:
-            try:
-                record.timeline = timeline_of(trace, tree, step, timeline_max_spans)
-            except Exception as error:  # noqa: BLE001 - as in the callback: the rest of the cycle goes
-                warnings.warn(f"mlflow-neuron: {cycle.trace}: no timeline (no trace is logged for step {step}): "
-                              f"{type(error).__name__}: {error}", MLflowNeuronWarning, stacklevel=2)  # fmt: skip
-        del tree
-        delivery = record.materialize()
+        job = _job_for(cycle, summary, step, max_file_bytes, first=index == 1, attribution=attribution)
+        if logger is None:
+            logger = RunLogger(run() if callable(run) else run)
         try:
+            delivery = preparer.prepare(job)
             _, vanished = logger.deliver(delivery)
             files = sent_files(delivery, vanished)  # what was uploaded: generated files and the profile's own
         finally:
-            shutil.rmtree(record.staged_dir, ignore_errors=True)
-        print(f"[{index}/{len(cycles)}] {cycle.trace} -> step {step}: {len(profile.ops)} ops, "
+            shutil.rmtree(job.staged_dir, ignore_errors=True)
+        for kind, problem in job.problems:
+            reporter.problem(kind, f"{cycle.trace}: {problem}")
+        print(f"[{index}/{len(cycles)}] {cycle.trace} -> step {step}: {len(summary.profile.ops)} ops, "
               f"{len(delivery.metrics)} metrics, {len(files)} file(s), {human_size(sum(files.values()))}",
               file=out, flush=True)  # fmt: skip
     return logger.run.run_id, len(cycles)
 
 
-def _record_for(cycle: TraceCycle, trace: dict, profile: CycleProfile, step: int, keys: OpKeys, top_k: int,
-                max_file_bytes: int | None, first: bool, attribution: dict | None = None) -> CycleRecord:  # fmt: skip
+def _job_for(cycle: TraceCycle, summary: CycleSummary, step: int, max_file_bytes: int | None, first: bool,
+             attribution: dict) -> CycleJob:  # fmt: skip
     step_dir = f"profiler/step_{step}"
-    staged = Path(tempfile.mkdtemp(prefix="mlflow-neuron-ingest-"))
     found = []
     for file in cycle.files:
-        relative = file.relative_to(cycle.root).as_posix()
         size = file.stat().st_size
-        decision = _files.TOO_LARGE if max_file_bytes is not None and size > max_file_bytes else _files.UPLOAD
-        found.append(_files.FoundFile(file, relative, size, decision))
-    table = _record.ops_table(profile, keys)
-    record = CycleRecord(
-        step=step,
-        timestamp_ms=int(time.time() * 1000),
-        artifact_dir=step_dir,
-        staged_dir=staged,
-        metrics=_record.split_non_finite(_record.cycle_metrics(profile, keys, top_k))[0],
-        tags={_record.DEVICE_TAG: profile.device, _record.DEVICE_TIME_TAG: profile.device_time,
-              "mlflow_neuron.source": "ingest"},
+        decision = TOO_LARGE if max_file_bytes is not None and size > max_file_bytes else UPLOAD
+        found.append(FoundFile(file, file.relative_to(cycle.root).as_posix(), size, decision))
+    job = CycleJob(
+        step=step, timestamp_ms=int(time.time() * 1000), artifact_dir=step_dir,
+        staged_dir=Path(tempfile.mkdtemp(prefix="mlflow-neuron-ingest-")), source=Summarized(summary),
         params={"profiler.ingested_from": str(cycle.root or cycle.trace.parent)} if first else {},
-        ops_table=table,
-        step_tables=_record.step_tables(profile),
-        series=_record.step_series(profile),
-        key_averages=f"reconstructed from {cycle.trace} (no torch events to build torch's own table)\n"
-        + table.to_string(index=False),
         uploads=tuple((str(f.path), f"{step_dir}/neuron/{f.relative_path}".rsplit("/", 1)[0])
-                      for f in found if f.decision == _files.UPLOAD),
-        register_table=True,
+                      for f in found if f.decision == UPLOAD),
+        register_table=True, tags={SOURCE_TAG: "ingest"},
+        table_note=f"reconstructed from {cycle.trace} (no torch events to build torch's own table)\n",
     )  # fmt: skip
     if cycle.files:  # the framework trace is one of the session's files
         trace_source = f"{step_dir}/neuron/{cycle.trace.relative_to(cycle.root).as_posix()}"
     else:
-        record.raw_trace = staged / ("raw_trace.json.gz" if cycle.trace.suffix == ".gz" else "raw_trace.json")
-        _files.link_or_copy(cycle.trace, record.raw_trace)
+        job.raw_trace = job.staged_dir / ("raw_trace.json.gz" if cycle.trace.suffix == ".gz" else "raw_trace.json")
+        link_or_copy(cycle.trace, job.raw_trace)
         trace_source = str(cycle.trace)
-    record.manifest = _record.manifest(found, neuron_dir=f"{step_dir}/neuron", output_dir=str(cycle.root or ""),
-                                       trace_source=trace_source, max_file_bytes=max_file_bytes, rank=0,
-                                       attribution=attribution)
-    summary_tool = _devices.neuron_summary_tool()
-    if cycle.files and _devices.is_neuron_session([f.name for f in cycle.files]):
-        record.summary_tool, record.summary_sessions = summary_tool, (str(cycle.trace.parent),)
-    return record
+    job.manifest = manifest(found, neuron_dir=f"{step_dir}/neuron", output_dir=str(cycle.root or ""),
+                            trace_source=trace_source, max_file_bytes=max_file_bytes, rank=0,
+                            attribution=attribution)  # fmt: skip
+    if cycle.files and layout.is_neuron_session([f.name for f in cycle.files]):
+        job.summary_tool, job.summary_sessions = layout.neuron_summary_tool(), (str(cycle.trace.parent),)
+    return job
 
 
 def _neuron_root(path: Path) -> Path:
     """The profile output folder that Neuron's `<instance>_pid_<pid>/<timestamp>/` sits in."""
-    if _devices.process_of(path.name) is not None:
+    if layout.process_of(path.name) is not None:
         return path.parent
-    if path.parent != path and _devices.process_of(path.parent.name) is not None:
+    if path.parent != path and layout.process_of(path.parent.name) is not None:
         return path.parent.parent
     return path
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from torch.profiler import ProfilerAction, profile, schedule
 
-from .._capture.callback import MLflowProfilerCallback
+from .callback import MLflowProfilerCallback
 from .._neuron.devices import profiling_setup, synchronize
 from .._delivery.report import Reporter
 

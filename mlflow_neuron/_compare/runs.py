@@ -7,6 +7,7 @@ profiled parent, or its profiled runs), or `models:/NAME/VERSION` (the run behin
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tempfile
@@ -30,9 +31,10 @@ from .._compare.frame import (
 )
 from .._delivery.keys import PREFIX, readable_key
 from .._delivery.mlflow_io import RunLogger
-from .._delivery.record import (
+from .._delivery.model import (
     DEVICE_TAG,
     DEVICE_TIME_TAG,
+    MANIFEST,
     OPS_TABLE,
     PER_OP_METRICS,
     STEP_METRICS,
@@ -41,11 +43,13 @@ from .._delivery.record import (
     TIMELINE,
     Delivery,
     RunRef,
-    write_table,
 )
+from .._delivery.record import write_table
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+DEFAULT_DEST = "mlflow-neuron-open"
 _STEP_DIR = re.compile(r"^profiler/step_(\d+)$")
+_STEP_NAME = re.compile(r"^step_(\d+)$")
 PARENT_TAG = "mlflow.parentRunId"
 COMPARISON_DIR, COMPARISON_TABLE = "comparison", "ops.json"
 TOTAL_KEYS = ("self_device_time_us", "self_cpu_time_us", "aten_calls", "active_steps", "unattributed_device_time_us")
@@ -380,3 +384,46 @@ def _labels(runs: list[Run]) -> list[str]:
 
 def _quote(text: str) -> str:
     return text.replace("'", "\\'")
+
+
+def download_neuron_files(run_id: str, step: int | None = None, dest: str | os.PathLike | None = None,
+                          tracking_uri: str | None = None) -> tuple[int, Path]:  # fmt: skip
+    """Downloads a cycle's Neuron files (`profiler/step_<N>/neuron/`, layout kept, to
+    `<dest>/neuron/`) and its manifest; returns (the step, the local neuron folder). `step`
+    defaults to the last cycle that has Neuron files.
+
+    Raises RunNotFound for an unknown run, ValueError when the run (or that step) has no Neuron files.
+    """
+    client = MlflowClient(tracking_uri)
+    try:
+        client.get_run(run_id)
+    except MlflowException as error:
+        if error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise RunNotFound(f"run {run_id} does not exist") from error
+        raise
+    with_files = _steps_with_neuron_files(client, run_id)
+    if not with_files:
+        raise ValueError(f"run {run_id} has no Neuron session files (no profiler/step_<N>/neuron/ artifacts)")
+    if step is None:
+        step = with_files[-1]
+    elif step not in with_files:
+        raise ValueError(f"run {run_id} has no Neuron session files at step {step}; steps that have: "
+                         f"{', '.join(map(str, with_files))}")  # fmt: skip
+    target = Path(dest) if dest is not None else Path(DEFAULT_DEST) / run_id / f"step_{step}"
+    target.mkdir(parents=True, exist_ok=True)
+    step_dir = f"profiler/step_{step}"
+    neuron_dir = Path(client.download_artifacts(run_id, f"{step_dir}/neuron", str(target.resolve())))
+    if any(item.path == f"{step_dir}/{MANIFEST}" for item in client.list_artifacts(run_id, step_dir)):
+        client.download_artifacts(run_id, f"{step_dir}/{MANIFEST}", str(target.resolve()))
+    return step, neuron_dir
+
+
+
+
+def _steps_with_neuron_files(client: MlflowClient, run_id: str) -> list[int]:
+    steps = []
+    for item in client.list_artifacts(run_id, "profiler"):
+        match = _STEP_NAME.match(item.path.rsplit("/", 1)[-1])
+        if item.is_dir and match and client.list_artifacts(run_id, f"{item.path}/neuron"):
+            steps.append(int(match.group(1)))
+    return sorted(steps)

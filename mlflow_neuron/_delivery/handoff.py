@@ -1,13 +1,13 @@
 """The training side of the helper process: hand a cycle's job over, and never wait on it.
 
 `Handoff` stands where the callback's `Sender` stood and offers the same surface (`submit`,
-`flush`, `close`, `delivered`, `stored`, `pending`, `logger`). A `CycleRecord` goes to the
-in-process sender as before; a job (plain data naming the cycle's saved trace, see
-`_helper.record_of`) goes to the helper process, started on the first job.
+`flush`, `close`, `delivered`, `stored`, `pending`, `logger`). A job that holds in-process objects
+(a cycle's Kineto results) goes to the in-process sender; a portable one (plain data naming the
+cycle's saved trace) goes to the helper process, started on the first job.
 
 Trouble with the helper never reaches training:
 - the first cycle is read the in-process way and starts the helper once it is on its way; until
-  the helper is up (it imports torch and MLflow: seconds), `accepts_jobs()` is False and cycles
+  the helper is up (it imports MLflow: about a second), `accepts_jobs()` is False and cycles
   keep going the in-process way, so the first cycles of a short profile are not held up;
 - it cannot start, dies, or stops answering for `hang_timeout_s`: one warning; the jobs it had not
   settled (a job is settled when its staged folder is gone: delivered, or stored in the outbox) go
@@ -24,98 +24,27 @@ from __future__ import annotations
 
 import builtins
 import itertools
-import json
-import os
-import queue
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from .._delivery.record import CycleRecord
+from .helper_process import HelperError, HelperProcess
+from .job import CycleJob
 
-HELPER_COMMAND = (sys.executable, "-m", "mlflow_neuron._delivery.helper")
 HANG_TIMEOUT_S = 120.0  # a helper that took no job for this long is replaced
 RESTARTS = 1
 
 
-class HelperError(RuntimeError):
-    """An error raised in the helper process (its type name and message)."""
-
-
-class HelperProcess:
-    """One running helper: its pipes, a writer thread (a full pipe never blocks training) and a
-    reader thread that hands every message to `on_message`, then {"type": "eof"}."""
-
-    def __init__(self, init: dict, on_message, command: tuple[str, ...] | None = None) -> None:
-        package_root = str(Path(__file__).resolve().parent.parent)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        # subprocess, never a bare fork: the Neuron and CUDA runtimes do not survive a fork.
-        # The same session on purpose: Linux's autogroup scheduling weighs sessions against each
-        # other, so only inside the training's own session does the helper's lower priority count.
-        # (It ignores SIGINT: a Ctrl-C reaches training; the helper finishes its jobs and exits.)
-        self.proc = subprocess.Popen(
-            list(command or HELPER_COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
-        )  # fmt: skip
-        self._outgoing: queue.Queue[bytes | None] = queue.Queue()
-        self._on_message = on_message
-        self.send(init)
-        threading.Thread(target=self._write, name="mlflow-neuron-handoff-writer", daemon=True).start()
-        threading.Thread(target=self._read, name="mlflow-neuron-handoff-reader", daemon=True).start()
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def send(self, message: dict) -> None:
-        self._outgoing.put((json.dumps(message) + "\n").encode())
-
-    def end_input(self) -> None:
-        self._outgoing.put(None)
-
-    def kill(self) -> None:
-        try:
-            self.proc.kill()
-            self.proc.wait(5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-
-    def _write(self) -> None:
-        stdin = self.proc.stdin
-        while True:
-            data = self._outgoing.get()
-            try:
-                if data is None:
-                    stdin.close()
-                    return
-                stdin.write(data)
-                stdin.flush()
-            except (OSError, ValueError):
-                return  # the helper is gone: the reader reports it
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                message = json.loads(line)
-            except ValueError:
-                continue
-            self._on_message(self, message)
-        self._on_message(self, {"type": "eof"})
-
-
 class Handoff:
-    """Sender-compatible front: jobs to the helper process, records to the in-process sender."""
+    """Sender-compatible front: portable jobs to the helper process, the rest to the in-process sender."""
 
-    def __init__(self, inner, reporter, completer, *, exit_budget_s: float, command: tuple[str, ...] | None = None,
+    def __init__(self, inner, reporter, preparer, *, exit_budget_s: float, command: tuple[str, ...] | None = None,
                  hang_timeout_s: float | None = None) -> None:  # fmt: skip
-        self.inner = inner  # the in-process Sender: fallback, and records read in-process
+        self.inner = inner  # the in-process Sender: fallback, and jobs read in-process
         self.reporter = reporter
-        self.completer = completer  # fills records that fall back to the in-process sender
+        self.preparer = preparer  # the in-process sender's: its op keys go to each new helper and back
         self.exit_budget_s = exit_budget_s
         self.command = command
         self.hang_timeout_s = HANG_TIMEOUT_S if hang_timeout_s is None else hang_timeout_s
@@ -170,17 +99,17 @@ class Handoff:
     def uses_helper(self) -> bool:
         return not self._fallen_back
 
-    def submit(self, item: CycleRecord | dict) -> None:
+    def submit(self, job: CycleJob) -> None:
         self.raise_worker_errors()
-        if isinstance(item, CycleRecord):
-            self.inner.submit(item)
+        if not job.portable:
+            self.inner.submit(job)
             self.start()  # lazily, once the cycle is on its way: the first cycle starts the helper
             return
         with self._lock:
             if self._ready and self._proc is not None and not self._fallen_back:
-                self._send_job(item)
+                self._send_job(job)
             else:  # it failed since accepts_jobs() said yes
-                self._submit_inline(item)
+                self.inner.submit(job)
 
     def accepts_jobs(self) -> bool:
         """Whether the next cycle should be a job for the helper: it is up and well. Until then (the
@@ -261,14 +190,14 @@ class Handoff:
     # -- the helper's lifecycle (under self._lock) ---------------------------------------------------
 
     def _init_message(self) -> dict:
-        inner, completer = self.inner, self.completer
+        inner, preparer = self.inner, self.preparer
         return {
             "op": "init",
             "run": asdict(inner.logger.run),
             "sender": {"max_pending": inner.max_pending, "retries": inner.retries,
                        "retry_wait_s": inner.retry_wait_s, "outbox": str(inner.outbox)},
-            "completer": {"top_k": completer.top_k, "rank": completer.rank, "primary": completer.primary,
-                          "all_ranks": completer.all_ranks, "known": completer.export()},
+            "preparer": {"top_k": preparer.top_k, "rank": preparer.rank, "primary": preparer.primary,
+                         "all_ranks": preparer.all_ranks, "known": preparer.export()},
             "exit_budget_s": self.exit_budget_s,
         }  # fmt: skip
 
@@ -280,17 +209,17 @@ class Handoff:
         except Exception as error:  # noqa: BLE001 - no helper: the in-process path takes over
             self._fail(f"could not start the helper process ({type(error).__name__}: {error})")
 
-    def _send_job(self, job: dict) -> None:
+    def _send_job(self, job: CycleJob) -> None:
         seq = next(self._seq)
         self.jobs_sent += 1
-        self._sent = [j for j in self._sent if Path(j["staged_dir"]).exists()]
+        self._sent = self._unsettled()
         self._sent.append(job)
         self._unaccepted[seq] = time.monotonic()
-        self._proc.send({"op": "cycle", "seq": seq, "job": job})
+        self._proc.send({"op": "cycle", "seq": seq, "job": job.to_message()})
 
-    def _unsettled(self) -> list[dict]:
+    def _unsettled(self) -> list[CycleJob]:
         """Jobs handed to the helper whose staged folder is still there: not delivered nor stored."""
-        return [j for j in self._sent if Path(j["staged_dir"]).exists()]
+        return [j for j in self._sent if j.staged_dir.exists()]
 
     def _check_hang(self) -> None:
         if self._proc is None:
@@ -325,7 +254,7 @@ class Handoff:
             self._settle_gone(proc)
         unsettled, self._sent = self._unsettled(), []
         for job in unsettled:
-            self._submit_inline(job)
+            self.inner.submit(job)
 
     def _fail(self, why: str) -> None:
         """One warning; then a restart, or from the second failure on, the in-process sender."""
@@ -351,14 +280,6 @@ class Handoff:
         self._ready = False
         self._unaccepted.clear()
         self._cond.notify_all()
-
-    def _record(self, job: dict) -> CycleRecord:
-        from .._delivery.helper import record_of
-
-        return record_of(job, self.completer)
-
-    def _submit_inline(self, job: dict) -> None:
-        self.inner.submit(self._record(job))
 
     def _request(self, op: str, deadline: float | None) -> bool:
         """Sends flush or close to the helper; waits for its answer until `deadline`."""
@@ -401,7 +322,7 @@ class Handoff:
                 if kind == "reply":
                     self._replies[message["seq"]] = message
                     if message.get("known"):
-                        self.completer.absorb(message["known"])
+                        self.preparer.absorb(message["known"])
             elif kind == "eof":
                 if self._closing or proc is self._retiring:
                     self._settle_gone(proc)

@@ -1,12 +1,13 @@
-"""The helper process: parses, aggregates and delivers profiler cycles outside the training process.
+"""The helper process: reads, aggregates and delivers profiler cycles outside the training process.
 
-    python -m mlflow_neuron._helper      # started by `_handoff.HelperProcess`, one per callback
+    python -m mlflow_neuron._delivery.helper   # started by `helper_process.HelperProcess`, one per callback
 
-The training process saves each cycle's chrome trace (Kineto's C++ writer) and sends a job: plain
-data naming the trace, the step, the files to upload and the manifest. Here the trace is parsed
-with orjson, aggregated by the same rules as the callback (`_chrome.raw_events_from_chrome_trace` +
-`_aggregate.aggregate`, equal to `extract_cycle(prof.events())` on every op row) and delivered by a `Sender`,
-with its retries and outbox, so the training process keeps its GIL for training.
+The training process saves each cycle's chrome trace (Kineto's C++ writer) and sends a job: a
+`CycleJob` as plain data, naming the trace, the step, the files to upload and the manifest. Here
+the job goes through the same `Preparer` and `Sender` as in the training process (the trace read
+with orjson by `_trace.summarize`, equal to `extract_cycle(prof.events())` on every op row), with
+retries and the outbox, so the training process keeps its GIL for training. It never imports
+torch: its imports are MLflow's, pandas' and numpy's.
 
 Protocol: JSON lines. Requests on stdin: `init` (first), `cycle`, `flush`, `spill`, `close`. Answers on
 the original stdout (fd 1 is pointed at stderr so that nothing else can write there):
@@ -20,9 +21,6 @@ the process if that close itself hangs.
 
 from __future__ import annotations
 
-import functools
-import gc
-import gzip
 import json
 import os
 import signal
@@ -30,107 +28,11 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any
-
-try:  # a fast parser is a dependency; the standard one keeps a broken install working
-    import orjson
-
-    def _loads(data: bytes) -> Any:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:  # e.g. NaN, which Python's json writes and reads and orjson refuses
-            return json.loads(data)
-
-    PARSER = "orjson"
-except ImportError:  # pragma: no cover
-    orjson = None
-
-    def _loads(data: bytes) -> Any:
-        return json.loads(data)
-
-    PARSER = "json"
 
 EXIT_GRACE_S = 30.0  # on top of the close budget: time to write what is left into the outbox
 STATE_POLL_S = 0.05
 NICE = 19  # the lowest priority: when training and the helper want one core, training gets ~98% of it
-
-
-# -- turning a job into a record (also used in-process when the helper is gone) --------------------
-
-
-def summarize_trace(trace: str, fallback: str | None, device: str, device_profiled: bool, default_step: int,
-                    timeline: dict | None = None, reporter: Any = None):  # fmt: skip
-    """A cycle's CycleProfile, table and (with `timeline`: step, max_spans) span tree, from its
-    chrome trace file (or the gzipped copy)."""
-    from .._trace import chrome as _chrome
-    from .._compare import render as render
-    from .._trace.aggregate import aggregate
-    from .._delivery.complete import guarded_timeline
-    from .._trace.event_tree import event_tree
-    from .._trace.timeline import build_timeline
-    from .._trace.timeline_sources import timeline_inputs_from_chrome_trace
-
-    path = Path(trace)
-    if not path.exists() and fallback and Path(fallback).exists():
-        path = Path(fallback)  # a restarted job: the first attempt already gzipped the trace
-    data = path.read_bytes()
-    if path.suffix == ".gz":
-        data = gzip.decompress(data)
-    # A parsed trace is hundreds of thousands of acyclic objects: Python's cycle collector would scan
-    # them again and again as they are made (about half of reading them); reference counting frees them.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        parsed = _loads(data)
-        del data
-        raw = _chrome.raw_events_from_chrome_trace(parsed)
-        tree = event_tree(raw)  # linked once, for the numbers and the timeline
-        profile = aggregate(raw, device=device, device_profiled=device_profiled, default_step=default_step, tree=tree)
-        spans = None
-        if timeline:
-            step, max_spans = timeline["step"], timeline["max_spans"]
-            spans = guarded_timeline(reporter, step, lambda: build_timeline(
-                raw, cycle_step=step, max_spans=max_spans, inputs=timeline_inputs_from_chrome_trace(parsed, raw),
-                tree=tree,
-            ))  # fmt: skip
-    finally:
-        if collecting:
-            gc.enable()
-    return profile, render.cycle_table(profile), spans
-
-
-def record_of(job: dict, completer: Any):
-    """The CycleRecord a job describes; its numbers are filled in when the sender materializes it."""
-    from .._delivery.record import TRACE, CycleRecord
-
-    record = CycleRecord(
-        step=job["step"],
-        timestamp_ms=job["timestamp_ms"],
-        artifact_dir=job["artifact_dir"],
-        staged_dir=Path(job["staged_dir"]),
-        params=dict(job.get("params") or {}),
-        manifest=job.get("manifest") or {},
-        uploads=tuple((src, folder) for src, folder in job.get("uploads", ())),
-        register_table=bool(job.get("register_table")),
-    )
-    if job.get("summary_tool"):
-        record.summary_tool = job["summary_tool"]
-        record.summary_sessions = tuple(job.get("summary_sessions", ()))
-        record.summary_prefix = job.get("summary_prefix") or record.summary_prefix
-    numbers = job.get("numbers")
-    if numbers:
-        record.raw_trace = Path(numbers["raw_trace"]) if numbers.get("raw_trace") else None
-        gzipped = str(Path(job["staged_dir"]) / TRACE) if numbers.get("raw_trace") else None
-        summarize = functools.partial(
-            summarize_trace, numbers["trace"], gzipped, numbers["device"], numbers["device_profiled"],
-            numbers["default_step"], numbers.get("timeline"), completer.reporter,
-        )  # fmt: skip
-        record.complete = functools.partial(completer.complete, summarize, numbers["device"])
-    return record
-
-
-# -- the process ------------------------------------------------------------------------------------
 
 
 class Channel:
@@ -167,19 +69,22 @@ class ForwardingReporter:
 
 class Helper:
     def __init__(self, init: dict, channel: Channel) -> None:
-        from .._delivery.complete import Completer
-        from .._delivery.mlflow_io import RunLogger
-        from .._delivery.record import RunRef
-        from .._delivery.sender import Sender
+        from .job import CycleJob
+        from .mlflow_io import RunLogger
+        from .model import RunRef
+        from .prepare import Preparer
+        from .sender import Sender
 
+        self.job_of = CycleJob.from_message
         self.channel = channel
         self.reporter = ForwardingReporter(channel)
         self.exit_budget_s = float(init.get("exit_budget_s", 10.0))
-        self.sender = Sender(RunLogger(RunRef(**init["run"])), self.reporter, background=True, **init["sender"])
-        settings = dict(init["completer"])
+        settings = dict(init["preparer"])
         known = settings.pop("known", {})
-        self.completer = Completer(self.reporter, **settings)
-        self.completer.absorb(known)  # the run's op keys and device-time flag so far
+        self.preparer = Preparer(self.reporter, **settings)
+        self.preparer.absorb(known)  # the run's op keys and device-time flag so far
+        self.sender = Sender(RunLogger(RunRef(**init["run"])), self.reporter, self.preparer.prepare, background=True,
+                             **init["sender"])  # fmt: skip
         self._last_state: dict | None = None
         self._closed = threading.Event()
         self._state_thread = threading.Thread(target=self._report_state, name="mlflow-neuron-helper-state",
@@ -201,7 +106,7 @@ class Helper:
         op = request.get("op")
         if op == "cycle":
             self.channel.send(type="accepted", seq=request["seq"])
-            self.sender.submit(record_of(request["job"], self.completer))
+            self.sender.submit(self.job_of(request["job"]))
         elif op == "spill":  # the training process's shutdown budget ran out: queued cycles go to the outbox
             self._guarded(lambda: self.sender.spill(request.get("why", "")))
         elif op == "flush":
@@ -210,7 +115,7 @@ class Helper:
         elif op == "close":
             self.close(request.get("timeout"))
             self.channel.send(type="reply", seq=request["seq"], ok=True, state=self.state(),
-                              known=self.completer.export())  # fmt: skip
+                              known=self.preparer.export())  # fmt: skip
             return False
         return True
 
@@ -291,9 +196,8 @@ def main() -> int:
         try:
             request = json.loads(line)
             if request.get("op") == "init":
-                import torch
+                from .._trace.chrome import PARSER
 
-                torch.set_num_threads(1)
                 helper = Helper(request, channel)
                 _watch_parent(parent, helper)
                 channel.send(type="ready", pid=os.getpid(), parser=PARSER)

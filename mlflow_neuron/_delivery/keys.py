@@ -12,6 +12,7 @@ import hashlib
 import re
 
 PREFIX = "profiler"
+NEURON_SUMMARY_PREFIX = "neuron/summary"  # Neuron Explorer's summary of a cycle's capture sessions
 MAX_OP_KEY_CHARS = 150  # leaves room for `profiler/rank_<r>/self_device_time_us/` under MLflow's 250
 
 _ILLEGAL = re.compile(r"[^A-Za-z0-9_.\-]")

@@ -1,18 +1,20 @@
-"""The only module that talks to MLflow.
+"""Writing a cycle into its MLflow run: `RunLogger.deliver(delivery)`, and finding that run.
 
+Every delivery goes through here; large files through `uploads`, the cycle's trace through
+`traces`. (Reading runs back is `_compare`'s, Neuron system metrics are `system_metrics`'.)
 Every call goes through one `MlflowClient` and an explicit run id: a profiler callback may run on
 any thread, and MLflow's fluent API is thread-local (it would silently open a second run).
 Sending a delivery twice leaves its data once: metric points are keyed by (key, step, timestamp,
 value), artifacts overwrite, params and tags are re-set to the same values, and a cycle's trace
-is found by its cycle key and not written again (`_mlflow_traces`).
+is found by its cycle key and not written again (`traces`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 import mlflow
 from mlflow.entities import Metric, Param, RunStatus, RunTag
@@ -20,35 +22,10 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
-from .._delivery import uploads as _uploads
-from .._delivery.probe import PROBE_TIMEOUT_S, check_reachable, is_unreachable  # noqa: F401 - re-exported
-from .._delivery.record import MANIFEST, Delivery, RunRef
-
-RUN_KEY_TAG = "mlflow_neuron.run_key"
-
-# Answers that sending the same data again can never change: the run or experiment is missing or
-# deleted, access is denied, or a value is refused. Anything else (no answer, timeouts, 5xx,
-# rate limits) may pass on a later try; so may a 401 (UNAUTHENTICATED): wrong or missing
-# credentials belong to the sender's environment, not to the record, and the next sync may have
-# the right ones.
-PERMANENT_ERROR_CODES = frozenset({
-    "RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "INVALID_STATE", "BAD_REQUEST", "PERMISSION_DENIED",
-})  # fmt: skip
-
-
-def is_permanent(error: BaseException) -> bool:
-    """True when the server answered with a refusal that a retry cannot change."""
-    return getattr(error, "error_code", None) in PERMANENT_ERROR_CODES and not is_unreachable(error)
-
-
-def reason(error: BaseException) -> str:
-    """One line saying why a delivery failed, for warnings and the outbox's `reason` files."""
-    code = getattr(error, "error_code", None)
-    message = getattr(error, "message", None) or str(error)
-    first = " ".join(str(message).split())[:300]
-    if code and first.startswith(f"{code}:"):
-        return first  # a REST error's message already starts with its code
-    return f"{code}: {first}" if code else f"{type(error).__name__}: {first}"
+from .._trace.timeline import Timeline
+from . import uploads
+from .model import DEVICE_TAG, MANIFEST, RUN_KEY_TAG, Delivery, RunRef
+from .probe import check_reachable
 
 
 def check_tracking_uri(tracking_uri: str) -> None:
@@ -127,10 +104,10 @@ class RunLogger:
             if not os.path.isfile(local_path):
                 vanished.append(local_path)
                 continue
-            done = _uploads.upload(self.run.tracking_uri, run_id, local_path, artifact_folder, self.progress)
+            done = uploads.upload(self.run.tracking_uri, run_id, local_path, artifact_folder, self.progress)
             sent[done.artifact_path] = done
         if delivery.files_dir:
-            _uploads.record_checksums(delivery.files_dir, sent, MANIFEST)
+            uploads.record_checksums(delivery.files_dir, sent, MANIFEST)
             self.client.log_artifacts(run_id, delivery.files_dir, delivery.artifact_dir)
         if delivery.timeline and delivery.files_dir:
             vanished += self._log_timeline(run_id, delivery)
@@ -139,9 +116,7 @@ class RunLogger:
     def _log_timeline(self, run_id: str, delivery: Delivery) -> list[str]:
         """The cycle's trace, last: everything else is in when it says `complete`. Idempotent.
         Returns the timeline file when it is gone or damaged (no trace then; retrying cannot help)."""
-        from .._delivery.traces import log_timeline  # tracing and torch: only for cycles with a timeline
-        from .._delivery.record import DEVICE_TAG
-        from .._trace.timeline import Timeline
+        from .traces import log_timeline  # MLflow's tracing client: only for cycles with a timeline
 
         path = Path(delivery.files_dir, delivery.timeline)
         try:
@@ -188,24 +163,3 @@ class RunLogger:
                 break
             self._tables.remove(ours[0])
         return json.dumps(self._tables)
-
-
-def sent_files(delivery: Delivery, vanished: list[str] = ()) -> dict[str, int]:
-    """{path: bytes} of every file a delivery uploads: the generated ones and the profile's own."""
-    files = {}
-    if delivery.files_dir and os.path.isdir(delivery.files_dir):
-        for path in Path(delivery.files_dir).rglob("*"):
-            if path.is_file():
-                files[str(path)] = path.stat().st_size
-    for source, _ in delivery.uploads:
-        if source not in vanished and os.path.isfile(source):
-            files[source] = os.path.getsize(source)
-    return files
-
-
-def human_size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count} B"

@@ -24,10 +24,8 @@ import urllib.parse
 from dataclasses import asdict
 from pathlib import Path
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # _record imports torch and pandas: the CLI loads this module before those
-    from .._delivery.record import Delivery, RunRef
+from .files import link_or_copy
+from .model import Delivery, RunRef
 
 DEFAULT_OUTBOX = "mlflow-neuron-outbox"
 RECORD = "record.json"
@@ -50,8 +48,6 @@ def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_
     folder cannot be written, OutboxRefused when it is not this user's private folder.
 
     With `rejected` (the reason), the record goes to `<folder>/rejected/` with a `reason` file."""
-    from .._neuron.output_files import link_or_copy
-
     folder = private_folder(folder)
     if rejected is not None:
         folder = private_folder(folder / REJECTED)
@@ -128,8 +124,6 @@ def reason_of(record_dir: Path) -> str:
 
 def load(record_dir: Path) -> tuple[Delivery, RunRef]:
     """Reads a record; raises ValueError with the reason when it is not one this version reads."""
-    from .._delivery.record import Delivery, RunRef
-
     try:
         data = json.loads((record_dir / RECORD).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:

@@ -32,19 +32,3 @@ def check_reachable(tracking_uri: str, timeout: float = PROBE_TIMEOUT_S) -> None
         cause = getattr(error, "reason", error)  # URLError wraps the socket error
         why = f"no answer within {timeout:g} s" if isinstance(cause, TimeoutError) else str(cause)
         raise ConnectionError(f"tracking server {probe} is not reachable ({why})") from error
-
-
-def is_unreachable(error: BaseException) -> bool:
-    """True when the server did not answer at all: refused, reset, DNS, or timed out.
-
-    MLflow wraps these in an MlflowException whose context holds the requests/urllib3 error."""
-    import requests
-
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, (ConnectionError, TimeoutError, requests.exceptions.ConnectionError,
-                              requests.exceptions.Timeout)):  # fmt: skip
-            return True
-        error = error.__cause__ or error.__context__
-    return False

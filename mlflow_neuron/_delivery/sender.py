@@ -1,6 +1,7 @@
 """Sending cycles off the training thread, with retries, and the outbox for what cannot be sent.
 
-The training thread only hands over a `CycleRecord`; a daemon worker writes its files, sends it,
+The training thread only hands over a `CycleJob`; a daemon worker prepares it (reads the cycle,
+writes its files: `prepare.Preparer`), sends it,
 retries with backoff, and stores it in the outbox when the server stays away. Pending memory is
 bounded: when `max_pending` cycles wait, the next one goes straight to the outbox. When the queue
 is empty the worker replays what it stored, so a server that was only slow or briefly gone needs
@@ -20,10 +21,15 @@ import time
 from collections import deque
 from pathlib import Path
 
-from .._delivery import outbox as _outbox
-from .._delivery.mlflow_io import RunLogger, is_permanent, reason
-from .._delivery.record import CycleRecord
-from .._delivery.report import Reporter
+from collections.abc import Callable
+
+from . import outbox as _outbox
+from .failures import is_permanent, reason
+from .job import CycleJob
+from .mlflow_io import RunLogger
+from .model import Delivery
+from .report import Reporter
+from .sync import DELIVERED, REJECTED, replay
 
 
 class Sender:
@@ -31,6 +37,7 @@ class Sender:
         self,
         logger: RunLogger,
         reporter: Reporter,
+        prepare: Callable[[CycleJob], Delivery],
         *,
         background: bool = True,
         max_pending: int = 8,
@@ -41,6 +48,7 @@ class Sender:
     ) -> None:
         self.logger = logger
         self.reporter = reporter
+        self.prepare = prepare  # a job's delivery, its files written (once per job)
         self.background = background
         self.max_pending = max_pending
         self.retries = retries
@@ -54,8 +62,8 @@ class Sender:
         self._replay_at = 0.0  # monotonic time of the next replay attempt
         self._replay_wait_s = retry_wait_s
         self._replay_blocked = False  # the last replay failed: flush() does not wait for replays
-        self._queue: deque[CycleRecord] = deque()
-        self._inflight: CycleRecord | None = None
+        self._queue: deque[CycleJob] = deque()
+        self._inflight: CycleJob | None = None
         self._settled: dict[int, str] = {}  # id(record) -> "done" | "abandoned", while in flight
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -67,19 +75,19 @@ class Sender:
         with self._cond:
             return len(self._queue) + (self._inflight is not None)
 
-    def submit(self, record: CycleRecord) -> None:
+    def submit(self, job: CycleJob) -> None:
         self.raise_worker_errors()
         if not self.background:
-            self._send(record)
+            self._send(job)
             return
         with self._cond:
             full = len(self._queue) + (self._inflight is not None) >= self.max_pending
             if not full:
-                self._queue.append(record)
+                self._queue.append(job)
                 self._cond.notify_all()
                 self._start_worker()
         if full:
-            self._store(record, f"{self.max_pending} cycles were already waiting to be sent")
+            self._store(job, f"{self.max_pending} cycles were already waiting to be sent")
 
     def flush(self, timeout: float | None = None) -> bool:
         """Waits until every submitted cycle is sent or stored; False if `timeout` ran out first."""
@@ -114,8 +122,8 @@ class Sender:
                 self._settled[id(inflight)] = "abandoned"
                 left.insert(0, inflight)
             self._cond.notify_all()
-        for record in left:
-            self._store(record, why)
+        for job in left:
+            self._store(job, why)
         return len(left)
 
     def raise_worker_errors(self) -> None:
@@ -135,48 +143,48 @@ class Sender:
                 while not self._queue and not self._stop.is_set() and not self._replay_due():
                     self._cond.wait(self._seconds_to_replay())
                 if self._queue:
-                    record = self._inflight = self._queue.popleft()
+                    job = self._inflight = self._queue.popleft()
                 elif self._stop.is_set():
                     return
                 else:
-                    record, stored = None, self.stored[0]
-            if record is None:
+                    job, stored = None, self.stored[0]
+            if job is None:
                 self._replay(stored)
                 continue
             try:
-                self._send(record)
+                self._send(job)
             except BaseException as error:  # noqa: BLE001 - only strict mode gets here
                 self._worker_errors.append(error)
             finally:
                 with self._cond:
                     self._inflight = None
-                    self._settled.pop(id(record), None)
+                    self._settled.pop(id(job), None)
                     self._cond.notify_all()
 
-    def _send(self, record: CycleRecord) -> None:
+    def _send(self, job: CycleJob) -> None:
         error: Exception | None = None
         for attempt in range(self.retries + 1):
             if attempt and self._stop.wait(self.retry_wait_s * 2 ** (attempt - 1)):
                 break  # closing: the record goes to the outbox now
-            if self._settled.get(id(record)) == "abandoned":
+            if self._settled.get(id(job)) == "abandoned":
                 return  # the budget ran out and the record went to the outbox meanwhile
             try:
-                delivery = record.materialize()
+                delivery = self.prepare(job)
                 clashes, vanished = self.logger.deliver(delivery)
             except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, bad data
                 error = caught
                 if is_permanent(caught):
-                    if self._claim(record):
-                        self._reject(record, caught)
+                    if self._claim(job):
+                        self._reject(job, caught)
                     return
                 continue
-            if self._claim(record):
+            if self._claim(job):
                 self._delivered_live()
-                _cleanup(record)
-            self._report_delivery(record, clashes, vanished)
+                _cleanup(job)
+            self._report_delivery(job, clashes, vanished)
             return
-        if self._claim(record):
-            self._store(record, f"sending failed {self.retries + 1} times", error)
+        if self._claim(job):
+            self._store(job, f"sending failed {self.retries + 1} times", error)
 
     def _replay_due(self) -> bool:
         return bool(self.stored) and time.monotonic() >= self._replay_at
@@ -186,20 +194,20 @@ class Sender:
 
     def _replay(self, path: Path) -> None:
         """Sends one stored record again; on failure waits longer (up to 30 s) before the next try."""
-        try:
-            delivery, _ = _outbox.load(path)
-            self.logger.deliver(delivery)
-        except Exception as error:  # noqa: BLE001 - still unreachable, or a damaged record: sync reports it
-            if is_permanent(error):
-                self._reject_stored(path, error)
-                return
+        done = replay(path, lambda run: self.logger)
+        if done.outcome == REJECTED:
+            with self._cond:
+                self.stored.remove(path)
+                self._cond.notify_all()
+            self._rejected(done.path, None, done.why, done.error)
+            return
+        if done.outcome != DELIVERED:  # still unreachable, or a damaged record: sync reports it
             with self._cond:
                 self._replay_blocked = True
                 self._replay_at = time.monotonic() + self._replay_wait_s
                 self._replay_wait_s = min(self._replay_wait_s * 2, 30.0)
                 self._cond.notify_all()
             return
-        _outbox.remove(path)
         with self._cond:
             self.stored.remove(path)
             self.delivered += 1
@@ -211,16 +219,16 @@ class Sender:
             self.delivered += 1
             self._replay_blocked, self._replay_at, self._replay_wait_s = False, 0.0, self.retry_wait_s
 
-    def _claim(self, record: CycleRecord) -> bool:
+    def _claim(self, job: CycleJob) -> bool:
         """True if this thread settles the record; False if close() took it over meanwhile."""
         with self._cond:
-            if self._settled.get(id(record)) == "abandoned":
+            if self._settled.get(id(job)) == "abandoned":
                 return False
-            self._settled[id(record)] = "done"
+            self._settled[id(job)] = "done"
             return True
 
-    def _report_delivery(self, record: CycleRecord, clashes: dict, vanished: list[str]) -> None:
-        for kind, problem in record.problems:
+    def _report_delivery(self, job: CycleJob, clashes: dict, vanished: list[str]) -> None:
+        for kind, problem in job.problems:
             self.reporter.problem(kind, problem)
         if clashes:
             listed = ", ".join(f"{k}: kept {old!r}, not {new!r}" for k, (old, new) in clashes.items())
@@ -228,35 +236,24 @@ class Sender:
         if vanished:
             self.reporter.problem(
                 "file_vanished",
-                f"{len(vanished)} profile file(s) of step {record.step} disappeared before upload "
+                f"{len(vanished)} profile file(s) of step {job.step} disappeared before upload "
                 f"(first: {vanished[0]}); the rest of the cycle was logged",
             )
 
     # -- outbox -----------------------------------------------------------------------------------
 
-    def _reject(self, record: CycleRecord, error: Exception) -> None:
+    def _reject(self, job: CycleJob, error: Exception) -> None:
         why = reason(error)
         try:
-            path = _outbox.put(self.outbox, record.materialize(), self.logger.run,
+            path = _outbox.put(self.outbox, self.prepare(job), self.logger.run,
                                copy_max_bytes=self.copy_max_bytes, rejected=why)  # fmt: skip
         except Exception as lost:  # noqa: BLE001
-            self.reporter.problem("lost", f"profiler step {record.step} was refused by the server ({why}) and "
+            self.reporter.problem("lost", f"profiler step {job.step} was refused by the server ({why}) and "
                                   "could not be stored; its data is lost", lost)  # fmt: skip
             return
         finally:
-            _cleanup(record)
-        self._rejected(path, record.step, why, error)
-
-    def _reject_stored(self, path: Path, error: Exception) -> None:
-        why = reason(error)
-        try:
-            moved = _outbox.reject(path, why)
-        except OSError:
-            moved = path
-        with self._cond:
-            self.stored.remove(path)
-            self._cond.notify_all()
-        self._rejected(moved, None, why, error)
+            _cleanup(job)
+        self._rejected(path, job.step, why, error)
 
     def _rejected(self, path: Path, step: int | None, why: str, error: Exception) -> None:
         with self._cond:
@@ -291,30 +288,30 @@ class Sender:
                 f"{rejected[0].parent} (see the reason file in each)",
             )
 
-    def _store(self, record: CycleRecord, why: str, error: Exception | None = None) -> None:
+    def _store(self, job: CycleJob, why: str, error: Exception | None = None) -> None:
         try:
-            path = self._put(record)
+            path = self._put(job)
         except Exception as lost:  # noqa: BLE001
             self.reporter.problem(
-                "lost", f"profiler step {record.step} could be neither sent nor stored; its data is lost", lost
+                "lost", f"profiler step {job.step} could be neither sent nor stored; its data is lost", lost
             )
             return
         finally:
-            _cleanup(record)
+            _cleanup(job)
         with self._cond:
             self.stored.append(path)
-            self._stored_steps.append(record.step)
+            self._stored_steps.append(job.step)
             self._cond.notify_all()
         self.reporter.problem(
             "stored_in_outbox",
-            f"profiler step {record.step} was not sent to {self.logger.run.tracking_uri} ({why}); it is kept in "
+            f"profiler step {job.step} was not sent to {self.logger.run.tracking_uri} ({why}); it is kept in "
             f"{path.parent} and sent again when the server answers; if the job ends first, run "
             f"`mlflow-neuron sync --outbox {path.parent}`",
             error,
         )
 
-    def _put(self, record: CycleRecord) -> Path:
-        delivery = record.materialize()
+    def _put(self, job: CycleJob) -> Path:
+        delivery = self.prepare(job)
         try:
             return _outbox.put(self.outbox, delivery, self.logger.run, copy_max_bytes=self.copy_max_bytes)
         except OSError as unwritable:
@@ -325,5 +322,5 @@ class Sender:
             return _outbox.put(fallback, delivery, self.logger.run, copy_max_bytes=self.copy_max_bytes)
 
 
-def _cleanup(record: CycleRecord) -> None:
-    shutil.rmtree(record.staged_dir, ignore_errors=True)
+def _cleanup(job: CycleJob) -> None:
+    shutil.rmtree(job.staged_dir, ignore_errors=True)

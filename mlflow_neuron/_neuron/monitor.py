@@ -1,25 +1,16 @@
-"""Neuron system metrics beside the profile: `neuron-monitor`'s JSON stream as `system/neuron/...`.
+"""`neuron-monitor`, run and read: its JSON report stream as samples of Neuron device metrics.
 
-MLflow's own system-metrics monitor knows CPUs, disks, networks and NVIDIA/AMD GPUs, not Neuron
-devices. While a profiled run is active, this reads the reports that `neuron-monitor` writes to
-stdout (one JSON document per period, Neuron Monitor User Guide) and logs, on the run's System
-metrics tab:
+`neuron-monitor` writes one JSON document per period on stdout (Neuron Monitor User Guide). A
+`MonitorTool` runs it as a subprocess (never a fork of the training process) and one thread
+reads each report into a sample, named without a prefix:
 
-    system/neuron/neuroncore_<i>_utilization_percentage   per NeuronCore in use (percent, 0-100)
-    system/neuron/device_memory_used_megabytes            Neuron device memory used by runtimes
-    system/neuron/host_memory_used_megabytes              host memory used by Neuron runtimes
+    neuroncore_<i>_utilization_percentage   per NeuronCore in use (percent, 0-100)
+    device_memory_used_megabytes            Neuron device memory used by runtimes
+    host_memory_used_megabytes              host memory used by Neuron runtimes
 
-Like MLflow's GPU metrics, these cover the whole host: every Neuron runtime that neuron-monitor
-sees (`tag_filter: ".*"`), memory summed over runtimes. Only rank 0 runs the monitor.
-
-It follows MLflow's conventions: on with `MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING` (or
-`system_metrics=True`), sampled every `MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL` seconds (10),
-averaged over `MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING` samples (1), steps counting from 0,
-`MLFLOW_SYSTEM_METRICS_NODE_ID` as `system/<node>/neuron/...`.
-
-It never blocks training: the tool is a subprocess (not a fork of this process), read by one
-thread and logged by another, with a bounded sample buffer. It stops at `stop()`, when the run
-ends, or at exit; a tool that fails or is missing costs one warning at most.
+These cover the whole host: every Neuron runtime the tool sees (`tag_filter: ".*"`), memory
+summed over runtimes. Samples wait in a bounded buffer until `drain()`; logging them is
+`_delivery.system_metrics`'. No MLflow here.
 """
 
 from __future__ import annotations
@@ -27,38 +18,24 @@ from __future__ import annotations
 import collections
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 
-from .._neuron import devices as _devices
-from .._delivery.report import Reporter, logger
+from .layout import find_neuron_tool
 
 MONITOR_TOOL = "neuron-monitor"
-DEFAULT_INTERVAL_S = 10.0
-MAX_SAMPLES = 1000  # reports kept while the run id is unknown or logging lags; older ones are dropped
+MAX_SAMPLES = 1000  # reports kept while nobody drains them; older ones are dropped
 _STOP_WAIT_S = 2.0
 
 
 def find_monitor_tool() -> str | None:
-    search = os.pathsep.join(p for p in (os.environ.get("PATH", ""), _devices.NEURON_TOOLS_DIR) if p)
-    return shutil.which(MONITOR_TOOL, path=search)
-
-
-def enabled(flag: bool | None) -> bool:
-    """`flag` if given, else MLflow's `MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING`."""
-    if flag is not None:
-        return bool(flag)
-    from mlflow.environment_variables import MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING
-
-    return bool(MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING.get())
+    return find_neuron_tool(MONITOR_TOOL)
 
 
 def sample_of(report: dict) -> dict[str, float]:
-    """One neuron-monitor report as metric values (names without the `system/neuron/` prefix).
+    """One neuron-monitor report as metric values (names without a prefix).
 
     Utilization is per NeuronCore index (the highest where two runtimes report a core); memory is
     summed over the Neuron runtimes. Runtimes that report an error, and missing groups, add nothing.
@@ -86,7 +63,7 @@ def sample_of(report: dict) -> dict[str, float]:
 
 
 def monitor_config(interval_s: float) -> dict:
-    """A neuron-monitor configuration for the two metric groups logged, every runtime on the host."""
+    """A neuron-monitor configuration for the two metric groups read, every runtime on the host."""
     return {
         "period": f"{interval_s:g}s",
         "neuron_runtimes": [
@@ -95,42 +72,29 @@ def monitor_config(interval_s: float) -> dict:
     }
 
 
-class NeuronMonitor:
-    """Runs neuron-monitor while a run is active and logs its reports into that run.
+class MonitorTool:
+    """One running neuron-monitor: `start()`, then `drain()` the (epoch ms, sample) pairs it read.
 
-    `run_id` is asked for at each logging round, so a run that the callback creates later is
-    found once it exists; until then samples wait in a bounded buffer.
-    """
+    `on_exit(message)` is called once if the tool ends by itself (not through `stop()`)."""
 
-    def __init__(self, tool: str, run_id: Callable[[], str | None], tracking_uri: str, reporter: Reporter) -> None:
-        from mlflow.environment_variables import (
-            MLFLOW_SYSTEM_METRICS_NODE_ID,
-            MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING,
-            MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL,
-        )
-
+    def __init__(self, tool: str, interval_s: float, on_exit=None) -> None:
         self.tool = tool
-        self.interval_s = float(MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL.get() or DEFAULT_INTERVAL_S)
-        self.samples_before_logging = int(MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING.get() or 1)
-        node = MLFLOW_SYSTEM_METRICS_NODE_ID.get()
-        self.prefix = f"system/{node}/neuron/" if node else "system/neuron/"
-        self._run_id = run_id
-        self._tracking_uri = tracking_uri
-        self._reporter = reporter
+        self.interval_s = interval_s
+        self._on_exit = on_exit
         self._samples: collections.deque[tuple[int, dict[str, float]]] = collections.deque(maxlen=MAX_SAMPLES)
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._process: subprocess.Popen | None = None
-        self._threads: list[threading.Thread] = []
+        self._reader: threading.Thread | None = None
         self._config_path: str | None = None
         self._stderr = None
-        self.step = 0
 
     @property
     def running(self) -> bool:
         return self._process is not None and self._process.poll() is None and not self._stopping.is_set()
 
-    def start(self) -> bool:
+    def start(self) -> None:
+        """Starts the tool; raises what starting it raised (the caller reports it)."""
         try:
             fd, self._config_path = tempfile.mkstemp(prefix="mlflow-neuron-monitor-", suffix=".json")
             with os.fdopen(fd, "w") as handle:
@@ -140,20 +104,19 @@ class NeuronMonitor:
                 [self.tool, "-c", self._config_path], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                 stderr=self._stderr, text=True, bufsize=1,
             )  # fmt: skip
-        except Exception as error:  # noqa: BLE001 - a monitor that cannot start is a warning, never an error
-            self._problem(f"{self.tool} could not start: {type(error).__name__}: {error}")
+        except BaseException:
             self._cleanup()
-            return False
-        for target, name in ((self._read, "mlflow-neuron-monitor-reader"), (self._log, "mlflow-neuron-monitor-logger")):
-            thread = threading.Thread(target=target, name=name, daemon=True)
-            thread.start()
-            self._threads.append(thread)
-        return True
+            raise
+        self._reader = threading.Thread(target=self._read, name="mlflow-neuron-monitor-reader", daemon=True)
+        self._reader.start()
+
+    def drain(self) -> list[tuple[int, dict[str, float]]]:
+        with self._lock:
+            samples, self._samples = list(self._samples), collections.deque(maxlen=MAX_SAMPLES)
+        return samples
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stops the tool and logs the samples still buffered; returns within about `timeout` seconds."""
-        if self._stopping.is_set() and self._process is None:
-            return
+        """Stops the tool (terminate, then kill); returns within about `timeout` seconds."""
         self._stopping.set()
         process, self._process = self._process, None
         if process is not None and process.poll() is None:
@@ -163,13 +126,9 @@ class NeuronMonitor:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(_STOP_WAIT_S)
-        deadline = time.monotonic() + timeout
-        for thread in self._threads:
-            if thread is not threading.current_thread():
-                thread.join(max(deadline - time.monotonic(), 0))
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout)
         self._cleanup()
-
-    # -- threads ---------------------------------------------------------------------------------
 
     def _read(self) -> None:
         process = self._process
@@ -188,50 +147,8 @@ class NeuronMonitor:
                         self._samples.append((int(time.time() * 1000), sample))
         except (OSError, ValueError):  # the pipe closed under us at stop()
             return
-        if not self._stopping.is_set():
-            code = process.wait()
-            self._problem(f"{self.tool} exited with code {code}: {self._stderr_tail()}; Neuron system metrics stop")
-
-    def _log(self) -> None:
-        while not self._stopping.wait(self.interval_s * self.samples_before_logging):
-            if not self._flush():
-                self._stopping.set()
-                process = self._process
-                if process is not None and process.poll() is None:
-                    process.terminate()
-                return
-        self._flush()
-
-    def _flush(self) -> bool:
-        """Logs the mean of the buffered samples as one step; False once the run is over or failing."""
-        run_id = self._run_id()
-        if run_id is None:
-            return True
-        with self._lock:
-            samples, self._samples = list(self._samples), collections.deque(maxlen=MAX_SAMPLES)
-        try:
-            from mlflow.entities import Metric
-            from mlflow.tracking import MlflowClient
-
-            client = MlflowClient(self._tracking_uri)
-            if samples:
-                totals: dict[str, list[float]] = {}
-                for _, sample in samples:
-                    for key, value in sample.items():
-                        totals.setdefault(key, []).append(value)
-                timestamp = samples[-1][0]
-                metrics = [Metric(self.prefix + k, sum(v) / len(v), timestamp, self.step) for k, v in totals.items()]
-                client.log_batch(run_id, metrics=metrics, synchronous=True)
-                self.step += 1
-            return self._stopping.is_set() or client.get_run(run_id).info.status == "RUNNING"
-        except Exception as error:  # noqa: BLE001 - the monitor stops; training goes on
-            self._problem(f"Neuron system metrics could not be logged to run {run_id}: {type(error).__name__}: {error}")
-            return False
-
-    # -- helpers ---------------------------------------------------------------------------------
-
-    def _problem(self, message: str) -> None:
-        self._reporter.problem("neuron_monitor", message)  # no error object: never raised, even when strict
+        if not self._stopping.is_set() and self._on_exit is not None:
+            self._on_exit(f"{self.tool} exited with code {process.wait()}: {self._stderr_tail()}")
 
     def _stderr_tail(self) -> str:
         try:
@@ -251,23 +168,6 @@ class NeuronMonitor:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
-
-
-def start_if_enabled(flag: bool | None, run_id: Callable[[], str | None], tracking_uri: str,
-                     reporter: Reporter) -> NeuronMonitor | None:  # fmt: skip
-    """A running monitor when system metrics are on and neuron-monitor is installed, else None."""
-    try:
-        if not enabled(flag):
-            return None
-        tool = find_monitor_tool()
-        if tool is None:
-            logger.debug("system metrics are on but %s is not installed: no Neuron system metrics", MONITOR_TOOL)
-            return None
-        monitor = NeuronMonitor(tool, run_id, tracking_uri, reporter)
-        return monitor if monitor.start() else None
-    except Exception as error:  # noqa: BLE001
-        reporter.problem("neuron_monitor", f"Neuron system metrics are off: {type(error).__name__}: {error}")
-        return None
 
 
 def _is_number(value: object) -> bool:

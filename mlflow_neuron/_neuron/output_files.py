@@ -8,12 +8,11 @@ Files of other processes (`<instance>_pid_<pid>` folders) are left to those proc
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._neuron import devices as _devices
+from . import layout
 
 # Filesystems with coarse timestamps can stamp a file slightly before the callback existed.
 _MTIME_SLACK_NS = 2_000_000_000
@@ -34,7 +33,7 @@ class FoundFile:
 
     @property
     def is_framework_trace(self) -> bool:
-        return _devices.is_framework_trace(self.relative_path)
+        return layout.is_framework_trace(self.relative_path)
 
 
 class OutputFolderWatcher:
@@ -62,7 +61,7 @@ class OutputFolderWatcher:
 
     def _check(self, path: Path) -> FoundFile | None:
         relative = path.relative_to(self.root).as_posix()
-        owner = _devices.process_of(relative)
+        owner = layout.process_of(relative)
         if owner is not None and owner != self._pid:
             return None
         try:
@@ -80,14 +79,6 @@ class OutputFolderWatcher:
         else:
             decision = UPLOAD
         return FoundFile(path, relative, stat.st_size, decision)
-
-
-def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
-    """A hard link where the filesystem allows (no copy, no extra disk), else a copy."""
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
 
 
 def _is_link(folder: str, name: str) -> bool:

@@ -1,4 +1,4 @@
-"""Neuron Explorer's summary of a capture session, read into metric values (pure, no MLflow).
+"""Neuron Explorer's summary of a capture session, read into numbers per model (pure, no MLflow).
 
 Two sources, one result: the JSON that `neuron-explorer view --output-format summary-json`
 prints, and the `Summary.parquet` tables of a processed profile (Neuron 2.31+; the Parquet
@@ -21,8 +21,6 @@ import math
 import os
 import subprocess
 from pathlib import Path
-
-from .._delivery.keys import readable_key
 
 PERCENT_SUFFIX = "_percent"
 SCALE_ENV = "MLFLOW_NEURON_PERCENT_SCALE"
@@ -125,19 +123,6 @@ def on_percent_scale(fields: dict[str, float], pinned: str | None = None) -> dic
         elif value >= 0:
             scaled[key] = value * factor
     return scaled
-
-
-def summary_metrics(models: dict[str, dict[str, float]], prefix: str) -> dict[str, float]:
-    """Metric keys: `<prefix>/<model>/<field>` per model, plus `<prefix>/<field>` when there is
-    only one model (the keys of a single-model session stay what they always were)."""
-    metrics: dict[str, float] = {}
-    named = {model: on_percent_scale(fields) for model, fields in models.items()}
-    for model, fields in named.items():
-        if model != FLAT:
-            metrics.update({f"{prefix}/{readable_key(model)}/{readable_key(k)}": v for k, v in fields.items()})
-    if len(named) == 1:
-        metrics.update({f"{prefix}/{readable_key(k)}": v for k, v in next(iter(named.values())).items()})
-    return metrics
 
 
 def _numbers(fields: dict) -> dict[str, float]:

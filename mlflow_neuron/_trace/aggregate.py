@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._trace.event_tree import STEP_NAME, EventTree, event_tree
-from .._trace.function_events import DEVICE_ANNOTATION, KERNEL, OP, CycleProfile, OpStats, device_time_state, ranked
-from .._trace.events import RawEvents
-from .._trace.steps import split_by_step, step_numbers
-
-_KINDS = (OP, KERNEL, DEVICE_ANNOTATION)
-_ATEN_PREFIX = "aten::"
+from .event_tree import EventTree, event_tree
+from .events import RawEvents
+from .names import STEP_NAME
+from .profile import ATEN_PREFIX, KINDS, CycleProfile, OpStats, device_time_state, ranked
+from .steps import split_by_step, step_numbers
 
 
 def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_step: int = 0,
@@ -59,9 +57,9 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_ste
     steps = int(is_step.sum())
 
     device_time = device_time_state(device_profiled, total_device)
-    ops = ranked((OpStats(names[g // 3], _KINDS[g % 3], int(calls[i]), *(float(s[i]) for s in sums))
+    ops = ranked((OpStats(names[g // 3], KINDS[g % 3], int(calls[i]), *(float(s[i]) for s in sums))
                   for i, g in enumerate(groups.tolist())), device_time)  # fmt: skip
-    aten = np.array([s.startswith(_ATEN_PREFIX) for s in names], bool)[name]
+    aten = np.array([s.startswith(ATEN_PREFIX) for s in names], bool)[name]
     top_level = _top_level_aten(aten & survivor & ~device_rows, aten, parent)
 
     step_at = counted[is_step]
@@ -71,7 +69,7 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_ste
         step_numbers=step_numbers([raw.names[i] for i in raw.name_id[order][step_at]], len(step_at), default_step),
         default_step=default_step,
         placed_at=_placed_at(start, linked, own_id, survivor & sync_host & (linked == 0), device_rows)[counted],
-        name_id=name[counted], names=names, kind_id=ck, kinds=_KINDS,
+        name_id=name[counted], names=names, kind_id=ck, kinds=KINDS,
         self_device_us=cd, self_cpu_us=self_cpu[counted],
         in_device_total=(ck == 1) | ((ck == 0) & is_legacy[counted]),
         aten_starts=start[top_level],

@@ -7,29 +7,7 @@ Example::
     profile = aggregate(raw, device="cuda", device_profiled=True)
     links.unattributed_device_time_us  # device time that no host op launched, as far as the trace says
 
-Every link between a device event and its op is made here, so that `aggregate` (torch 2.13's
-rules) only matches ids: a device event's `RawEvents.linked_correlation_id` is the launching op's
-own id. Kineto traces say who launched a device event in two ways:
-
-- **External id** (modern traces): a device event's `args["External id"]` is the `External id` of
-  the op on top of torch's correlation stack when it was launched (a `cpu_op`, or a
-  `user_annotation` for a `record_function` range). Its `args["correlation"]` names the runtime
-  launch (`cudaLaunchKernel`, `hipLaunchKernel`, ...), which carries the same External id.
-- **Correlation** (older traces, such as 2022-2023 CUDA traces): every activity's External id is
-  its own correlation id, an id space apart from the ops'. Taken literally it lands device time on
-  unrelated ops. There the only link is the runtime launch: device `correlation` -> the runtime
-  event with that `correlation` -> the innermost `cpu_op` enclosing it on its thread.
-
-Which one a trace uses is read from its runtime events: in the External-id dialect their External
-id names an op that encloses them. Traces whose events carry correlation ids only (MTIA) are
-linked through the launch too. Within the External-id dialect, a device event whose id names no
-op, or disagrees with its runtime launch's, is linked through the launch instead. An op that launched nothing never gets device time through a
-coincidental id, and runtime calls get no id of their own to take kernels with.
-
-The bridge ends at a `cpu_op`, not at a `record_function` range: a launch inside a range but in
-no op (MTIA inference traces have many) stays unattributed, where torch's correlation stack would
-have named the range. Ranges as targets would, for example, put the wait of a step's
-`torch.cuda.synchronize()` (a `cuda_sync` event) on `ProfilerStep*`; it stays unattributed instead.
+How device events are linked to their ops, in each dialect, is `chrome_links`'s.
 
 Device classes (`_CHROME_CLASSES`) follow torch's `deviceTypeFromActivity`, with one choice of our
 own: MTIA device events (`mtia_ccp_events`) are attached to the op that launched them, as CUDA,
@@ -40,26 +18,43 @@ trace read here shows per-op device time instead.
 
 from __future__ import annotations
 
+import gzip
+import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._trace.events import (
+from .chrome_links import (
+    DEVICE_ROLE,
+    EXTERNAL_ID,
+    LAUNCH_ROLE,
+    OP_ROLE,
+    OTHER_HOST_ROLE,
+    Linking,
+    link_devices,
+    linking_summary,
+)
+from .events import (
     DEVICE_KERNEL,
     DEVICE_OTHER,
     HOST,
     MEMORY_EVENT_NAME,
     OUT_OF_MEMORY_EVENT_NAME,
+    DeviceLanes,
     RawEvents,
+    TimelineInputs,
     empty_events,
     factorize,
     uncovered_memory,
 )
 
-EXTERNAL_ID, CORRELATION = "external_id", "correlation"
+try:  # a fast parser is a dependency; the standard one keeps a broken install working
+    import orjson
+except ImportError:  # pragma: no cover
+    orjson = None
 
 # Kineto activity categories as torch 2.13's deviceTypeFromActivity files them (MTIA: see above).
 _TORCH_OP_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
@@ -79,45 +74,8 @@ _LAUNCH_CATEGORIES = frozenset(
     c for c, k in _CHROME_CLASSES.items() if k == HOST and c.endswith(("_runtime", "_driver"))
 )
 
-# Roles of a row for linking.
-_OP, _LAUNCH, _DEVICE, _OTHER_HOST = 0, 1, 2, 3
 _NUMBERS = frozenset({int, float})  # bool is neither: `_checked` refuses it
 _NO_ARGS: Mapping = {}
-
-
-@dataclass(frozen=True)
-class Linking:
-    """How a trace's device events were linked to their ops, and what stayed unlinked.
-
-    `dialect`: EXTERNAL_ID or CORRELATION (see the module docstring). Counts are device events
-    (annotations excluded); times are microseconds. `unattributed_device_time_us` is the device
-    time of events that no host op carries: no launch found, a launch outside every op, or a device
-    class torch does not attach.
-    """
-
-    dialect: str
-    device_events: int
-    by_external_id: int
-    through_runtime: int
-    unlinked: int
-    device_time_us: float
-    unattributed_device_time_us: float
-
-    @property
-    def unattributed_share(self) -> float:
-        return self.unattributed_device_time_us / self.device_time_us if self.device_time_us > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "linking": self.dialect,
-            "device_events": self.device_events,
-            "linked_by_external_id": self.by_external_id,
-            "linked_through_runtime": self.through_runtime,
-            "unlinked": self.unlinked,
-            "device_time_us": round(self.device_time_us, 3),
-            "unattributed_device_time_us": round(self.unattributed_device_time_us, 3),
-            "unattributed_share": round(self.unattributed_share, 6),
-        }
 
 
 def raw_events_from_chrome_trace(trace: Mapping[str, Any]) -> RawEvents:
@@ -199,11 +157,11 @@ def _kinds() -> dict[str, tuple]:
     kinds = {}
     for cat, device_class in _CHROME_CLASSES.items():
         if device_class != HOST:
-            role = _DEVICE
+            role = DEVICE_ROLE
         elif cat in _TORCH_OP_CATEGORIES:
-            role = _OP
+            role = OP_ROLE
         else:
-            role = _LAUNCH if cat in _LAUNCH_CATEGORIES else _OTHER_HOST
+            role = LAUNCH_ROLE if cat in _LAUNCH_CATEGORIES else OTHER_HOST_ROLE
         kinds[cat] = (device_class, role, cat == _LAUNCH_TARGET, cat in _ANNOTATION_CATEGORIES)
     return kinds
 
@@ -271,7 +229,7 @@ def _chrome_columns(rows: list, memory: list, trace_start_us: float | None, dial
     raw_names, name_id = factorize(list(names) + [r[0] for r in memory])
     m = len(rows)
     device_class = np.array(device_class, np.int8)
-    own, linked, how, dialect = _link(start.tolist(), end.tolist(), thread, role, target, external, correlation,
+    own, linked, how, dialect = link_devices(start.tolist(), end.tolist(), thread, role, target, external, correlation,
                                       dialect)  # fmt: skip
     columns = [name_id[:m], start - origin, end - origin, np.array(thread, np.int64), device_class,
                np.array(own, np.int64), np.array(linked, np.int64), np.zeros(m, bool),
@@ -283,118 +241,99 @@ def _chrome_columns(rows: list, memory: list, trace_start_us: float | None, dial
         extra = uncovered_memory(records, columns[1], columns[2], device_class == HOST)
         columns = [np.concatenate([c, x]) for c, x in zip(columns, extra)]
     use_device = "device" if (device_class != HOST).any() else None
-    linking = _summary(dialect, how, device_class.tolist(), annotation, dur)
+    linking = linking_summary(dialect, how, device_class.tolist(), annotation, dur)
     return RawEvents(tuple(raw_names), *columns[:-1], use_device=use_device, source_index=columns[-1]), linking
 
 
-def _link(start: list, end: list, thread: tuple, role: tuple, target: tuple, external: tuple, correlation: tuple,
-          dialect: str | None) -> tuple[list, list, list, str]:  # fmt: skip
-    """(own ids, linked ids, how each device row was linked, dialect) of the rows.
+def timeline_inputs_from_chrome_trace(trace: dict, raw: RawEvents) -> TimelineInputs:
+    """Origin, stream names and input shapes (`args["Input Dims"]`) for
+    `raw = raw_events_from_chrome_trace(trace)`. Its device rows are split by (pid, tid) already;
+    the names come from the trace's `process_name`/`thread_name` metadata. Without `raw`'s
+    `source_index` (or one that does not fit the trace), the origin only."""
+    events = trace.get("traceEvents", ())
+    origin = chrome_origin_ns(trace)
+    rows = raw.source_index
+    if not raw.sources_within(len(events)):
+        return TimelineInputs(origin)
+    dev = np.flatnonzero(raw.device_class != HOST)
+    lane = np.full(len(raw), -1, np.int64)
+    lane[dev] = raw.thread[dev]
+    names = [""] * (int(lane.max(initial=-1)) + 1)
+    if len(dev):
+        pid_names, tid_names = _thread_names(events)
+        used, first = np.unique(raw.thread[dev], return_index=True)
+        for k, f in zip(used.tolist(), first.tolist()):
+            event = events[rows[dev[f]]]
+            pid, tid = event.get("pid"), event.get("tid")
+            names[k] = f"{pid_names.get(pid, pid)} {tid_names.get((pid, tid), f'stream {tid}')}".strip()
 
-    How: None for rows that are not device rows, else "id", "runtime" or "" (no op found).
-    """
-    n = len(role)
-    ops = {external[i]: i for i in range(n) if role[i] == _OP and external[i] > 0}
-    launches = [i for i in range(n) if role[i] == _LAUNCH]
-    launch_of: dict[int, int] = {}
-    for i in launches:
-        if correlation[i] > 0:
-            launch_of.setdefault(correlation[i], i)
-    enclosing = _innermost_enclosing(start, end, thread, [i for i in range(n) if target[i]], launches)
-    enclosing = {call: op for call, op in enclosing.items() if external[op] > 0}  # no id: nothing links to it
-    if dialect is None:
-        dialect = _detect(start, end, thread, role, external, correlation, ops, launches)
+    def read_shapes(raw_rows: np.ndarray) -> list:
+        out = []
+        for r in raw_rows.tolist():
+            args = events[rows[r]].get("args")
+            dims = args.get("Input Dims") if isinstance(args, dict) else None
+            out.append(dims if dims and any(dims) else None)
+        return out
 
-    own, linked, how = [0] * n, [0] * n, [None] * n
-    for i in range(n):
-        if role[i] == _OP:
-            own[i] = external[i]
-        elif role[i] == _LAUNCH:
-            # A launch is no op: with an id of its own it would take the kernels of any op whose
-            # External id happens to equal its correlation id (MTIA traces have such pairs).
-            op = enclosing.get(i)
-            if dialect == EXTERNAL_ID and external[i] > 0:
-                linked[i] = external[i]
-            else:  # no External id, or it is the call's own correlation: the enclosing op is the link
-                linked[i] = external[op] if op is not None else 0
-        elif role[i] == _OTHER_HOST:
-            linked[i] = external[i]
-        else:
-            launch = launch_of.get(correlation[i]) if correlation[i] > 0 else None
-            bridged = enclosing.get(launch) if launch is not None else None
-            by_id = dialect == EXTERNAL_ID and external[i] in ops
-            if by_id and launch is not None and external[launch] not in (0, external[i]):
-                by_id = False  # the launch says another op: ids don't line up
-            if by_id:
-                linked[i], how[i] = external[i], "id"
-            elif bridged is not None:
-                linked[i], how[i] = external[bridged], "runtime"
-            else:
-                linked[i], how[i] = (external[i] if dialect == EXTERNAL_ID else 0), ""
-    return own, linked, how, dialect
+    return TimelineInputs(origin, DeviceLanes(lane, tuple(names)), read_shapes)
 
 
-def _detect(start: list, end: list, thread: tuple, role: tuple, external: tuple, correlation: tuple, ops: dict,
-            launches: list) -> str:  # fmt: skip
-    """EXTERNAL_ID when runtime launches name an op that encloses them (modern Kineto), else
-    CORRELATION. With no launch that has both ids: CORRELATION when device events carry
-    correlation ids and no External ids (MTIA) or External ids equal to them, else EXTERNAL_ID."""
-    named = [i for i in launches if external[i] > 0 and correlation[i] > 0]
-    if named:
-        inside = 0
-        for i in named:
-            op = ops.get(external[i])
-            inside += op is not None and thread[op] == thread[i] and start[op] <= start[i] and end[i] <= end[op]
-        return EXTERNAL_ID if 2 * inside >= len(named) else CORRELATION
-    device = [i for i in range(len(role)) if role[i] == _DEVICE and correlation[i] > 0]
-    named = [i for i in device if external[i] > 0]
-    if not named:
-        return CORRELATION if device else EXTERNAL_ID
-    same = sum(external[i] == correlation[i] for i in named)
-    return CORRELATION if 2 * same > len(named) else EXTERNAL_ID
+def chrome_origin_ns(trace: dict) -> int | None:
+    """Epoch nanoseconds of `raw_events_from_chrome_trace(trace)`'s time zero: the profiler
+    span's start (the last one, as the reader takes it), shifted by `baseTimeNanoseconds` when
+    the trace has one. None: no profiler span (the Python exporter's traces), whose zero is their
+    first event."""
+    base = trace.get("baseTimeNanoseconds", 0)
+    for event in reversed(trace.get("traceEvents", ())):  # Kineto writes it near the end
+        if (isinstance(event, dict) and event.get("ph") == "X" and event.get("cat") == "Trace"
+                and str(event.get("name", "")).startswith("PyTorch Profiler")):  # fmt: skip
+            ts = event.get("ts")
+            if isinstance(ts, (int, float)) and isinstance(base, int):
+                return base + int(_ns(np.array([float(ts)]))[0])
+    return None
 
 
-def _innermost_enclosing(start: list, end: list, thread: tuple, ops: list, queries: list) -> dict[int, int]:
-    """For each query row, the op row that encloses it on its thread and started last (the shortest
-    one among those starting together, the last recorded among equal ones); queries that no op
-    encloses are left out.
-
-    One sweep per thread in (start, -end) order, ops before queries at the same start: the stack
-    holds every op that may still be open; the first one from the top that reaches the query's
-    end encloses it.
-    """
-    found: dict[int, int] = {}
-    # Ops that start and end together nest in recording order (torch's stack): the later is inner.
-    items = sorted([(thread[i], start[i], 0, -end[i], i) for i in ops]
-                   + [(thread[i], start[i], 1, -end[i], i) for i in queries])  # fmt: skip
-    stack: list[int] = []
-    current = None
-    for th, s, kind, _, i in items:
-        if th != current:
-            stack, current = [], th
-        while stack and end[stack[-1]] < s:
-            stack.pop()
-        if kind == 0:
-            stack.append(i)
-            continue
-        for op in reversed(stack):
-            if end[op] >= end[i]:
-                found[i] = op
-                break
-    return found
+def _thread_names(events: list) -> tuple[dict, dict]:
+    """{pid: process name} and {(pid, tid): thread name}, from the trace's metadata events."""
+    pid_names, tid_names = {}, {}
+    for event in [e for e in events if e.get("ph") == "M"]:
+        args = event.get("args")
+        name = args.get("name") if isinstance(args, dict) else None
+        if event.get("name") == "process_name":
+            pid_names[event.get("pid")] = str(name if name is not None else event.get("pid"))
+        elif event.get("name") == "thread_name":
+            tid_names[(event.get("pid"), event.get("tid"))] = str(name if name is not None else event.get("tid"))
+    return pid_names, tid_names
 
 
-def _summary(dialect: str, how: list, device_class: list, annotation: tuple, dur: tuple) -> Linking:
-    """Counts over device rows that are not annotations; rows of a class torch never attaches
-    (DEVICE_OTHER) count as unattributed whatever their ids say."""
-    counted = [(h if c == DEVICE_KERNEL else "", d) for h, c, a, d in zip(how, device_class, annotation, dur)
-               if c != HOST and not a]  # fmt: skip
-    return Linking(
-        dialect=dialect,
-        device_events=len(counted),
-        by_external_id=sum(h == "id" for h, _ in counted),
-        through_runtime=sum(h == "runtime" for h, _ in counted),
-        unlinked=sum(h == "" for h, _ in counted),
-        device_time_us=math.fsum(d for _, d in counted),
-        unattributed_device_time_us=math.fsum(d for h, d in counted if h == ""),
-    )
+def load_chrome_trace(path: str | Path) -> dict:
+    """A chrome trace file (`.gz` or not) as JSON; ValueError, saying why, for anything else.
+
+    orjson reads it (about three times as fast as `json`); Python's `json` takes what orjson
+    refuses but Python writes, such as NaN."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)
+    except (OSError, EOFError) as error:
+        raise ValueError(f"{path}: not a readable chrome trace ({type(error).__name__}: {error})") from error
+    try:
+        trace = _loads(data)
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path}: not a readable chrome trace ({type(error).__name__}: {error})") from error
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        raise ValueError(f"{path}: not a chrome trace (no traceEvents list)")
+    return trace
+
+
+def _loads(data: bytes) -> Any:
+    if orjson is not None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
+
+
+PARSER = "orjson" if orjson is not None else "json"

@@ -27,11 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from .._trace.events import DEVICE_KERNEL, DEVICE_OTHER, HOST, RawEvents, factorize
-
-STEP_PREFIX, STEP_NAME = "ProfilerStep#", "ProfilerStep*"  # as recorded; as torch's parse renames it
+from .events import DEVICE_KERNEL, DEVICE_OTHER, HOST, RawEvents, factorize
+from .names import display_name
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,13 +103,7 @@ def event_tree(raw: RawEvents) -> EventTree:
 
 def _display_names(raw_names: tuple[str, ...]) -> tuple[list[str], np.ndarray]:
     """Names as FunctionEvent.name has them (demangled, ProfilerStep#N -> ProfilerStep*), as ids."""
-    demangle = getattr(torch._C, "_demangle", None)
-    shown = []
-    for s in raw_names:
-        s = demangle(s) if demangle is not None and len(s) > 1 else s
-        shown.append(STEP_NAME if s.startswith(STEP_PREFIX) else s)
-    names, of_raw = factorize(shown)
-    return names, of_raw
+    return factorize([display_name(s) for s in raw_names])
 
 
 def _linked_threads(raw: RawEvents, sync_host: np.ndarray) -> np.ndarray:

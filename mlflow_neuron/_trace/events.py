@@ -1,11 +1,13 @@
-"""`RawEvents`: one profiler cycle's events in numpy columns, the shape both readers produce
-(`_kineto` from torch's Kineto results, `_chrome` from a chrome trace) and the aggregator and the
-timeline read. Pure: no torch, no MLflow, no files.
+"""What both readers of a cycle produce (`kineto` from torch's Kineto results, `chrome` from a
+chrome trace), and the aggregator and the timeline read: `RawEvents`, the events in numpy columns,
+and `TimelineInputs`, what a timeline needs besides them. Pure: no torch, no MLflow, no files.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -53,6 +55,11 @@ class RawEvents:
     def __len__(self) -> int:
         return len(self.name_id)
 
+    def sources_within(self, count: int) -> bool:
+        """Whether `source_index` is known and every entry indexes a list of `count` events."""
+        rows = self.source_index
+        return rows is not None and (len(rows) == 0 or (int(rows.min()) >= 0 and int(rows.max()) < count))
+
 
 def empty_events(use_device: str | None) -> RawEvents:
     i, b = np.zeros(0, np.int64), np.zeros(0, bool)
@@ -85,3 +92,25 @@ def factorize(values: list) -> tuple[list, np.ndarray]:
     """(distinct values in first-seen order, each value's index into them)."""
     codes, uniques = pd.factorize(np.asarray(values, dtype=object))
     return list(uniques), codes.astype(np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceLanes:
+    """Which stream each `RawEvents` row ran on: `lane[row]` indexes `names` (-1: not a device
+    row, or unknown)."""
+
+    lane: np.ndarray
+    names: tuple[str, ...]
+
+
+ShapesReader = Callable[[np.ndarray], Sequence[Any]]  # raw rows -> each row's input shapes (or None)
+
+
+@dataclass(frozen=True, eq=False)
+class TimelineInputs:
+    """What `build_timeline` needs besides `RawEvents`, read from the same cycle's source: the epoch
+    time of the events' zero, each device row's stream, and input shapes (`record_shapes=True`)."""
+
+    origin_ns: int | None = None
+    lanes: DeviceLanes | None = None
+    input_shapes: ShapesReader | None = None

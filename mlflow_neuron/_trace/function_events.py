@@ -1,4 +1,5 @@
-"""Pure extraction: torch profiler events in, a per-op table and totals out.
+"""The fallback reader: a cycle's `FunctionEvent`s (`prof.events()`, torch's own parse) in, a
+`CycleProfile` out. Used where the Kineto reader cannot read a profile (other torch versions).
 
 No MLflow, no files. Device time is attributed to the CPU op that launched it (the op's kernels,
 as torch links them); totals count every kernel once, from the device rows, the way torch's own
@@ -8,70 +9,20 @@ table does. Reading both sides into one sum would double every kernel.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
-import pandas as pd
+from torch.autograd import DeviceType
 
-from .._neuron import devices as _devices
-from .._trace.steps import StepOp, StepTotal, split_by_step, step_numbers
+from .names import STEP_NAME, STEP_PREFIX
+from .profile import ATEN_PREFIX, KERNEL, KINDS, OP, DEVICE_ANNOTATION, CycleProfile, OpStats, device_time_state, ranked
+from .steps import split_by_step, step_numbers
 
-PRESENT, MISSING, NOT_PROFILED = "present", "missing", "not_profiled"
-OP, KERNEL, DEVICE_ANNOTATION = "op", "kernel", "device_annotation"
-_KINDS = (OP, KERNEL, DEVICE_ANNOTATION)
-
-_STEP_PREFIX = "ProfilerStep#"  # as recorded; torch's parser renames it to _STEP_NAME
-_STEP_NAME = "ProfilerStep*"
-_ATEN_PREFIX = "aten::"
-
-
-@dataclass(frozen=True)
-class OpStats:
-    """One row of a cycle's op table. Times in microseconds, summed over the cycle."""
-
-    name: str
-    kind: str  # OP: host-side op or annotation; KERNEL: device activity; DEVICE_ANNOTATION
-    calls: int
-    self_device_time_us: float
-    device_time_us: float
-    self_cpu_time_us: float
-    cpu_time_us: float
-
-
-@dataclass(frozen=True)
-class CycleProfile:
-    """What one profiler cycle measured."""
-
-    device: str
-    device_time: str  # PRESENT | MISSING | NOT_PROFILED
-    ops: tuple[OpStats, ...]  # ranked: self device time, else self CPU time, then name
-    total_self_device_time_us: float
-    total_self_cpu_time_us: float
-    attributed_device_time_us: float  # the part of the total that op rows carry
-    aten_calls: int
-    active_steps: int
-    event_count: int
-    steps: tuple[StepOp, ...] = ()  # the same events split by profiler step (see _steps)
-    step_totals: tuple[StepTotal, ...] = ()
-    annotations: frozenset[str] = frozenset()  # host rows that are ranges (record_function), not ops
-
-    @property
-    def ranking_metric(self) -> str:
-        return "self_device_time_us" if self.device_time == PRESENT else "self_cpu_time_us"
-
-    def top_ops(self, k: int) -> list[OpStats]:
-        """The `k` host-side ops that cost the most: device time when there is some."""
-        return [op for op in self.ops if op.kind == OP][: max(k, 0)]
-
-    def to_frame(self) -> pd.DataFrame:
-        columns = [f.name for f in fields(OpStats)]
-        return pd.DataFrame([[getattr(op, c) for c in columns] for op in self.ops], columns=columns)
-
-    def steps_frame(self) -> pd.DataFrame:
-        """One row per (profiler step, op or kernel): the per-step samples."""
-        columns = [f.name for f in fields(StepOp)]
-        return pd.DataFrame([[getattr(row, c) for c in columns] for row in self.steps], columns=columns)
+# Device rows of key_averages(); compared as enum members because a PrivateUse1 rename changes
+# their printed names ("NEURON") but not their identity.
+DEVICE_ROW_TYPES = frozenset(
+    getattr(DeviceType, name) for name in ("CUDA", "PrivateUse1", "MTIA", "HPU", "XPU") if hasattr(DeviceType, name)
+)
 
 
 def extract_cycle(
@@ -89,12 +40,12 @@ def extract_cycle(
         if getattr(event, "is_async", False):
             continue
         name = event.name
-        if name == _STEP_NAME or name.startswith(_STEP_PREFIX):
+        if name == STEP_NAME or name.startswith(STEP_PREFIX):
             steps += 1
-            name = _STEP_NAME
+            name = STEP_NAME
             step_events.append(event)
         kind = _kind(event)
-        self_device = _devices.self_device_time_us(event)
+        self_device = self_device_time_us(event)
         self_cpu = float(event.self_cpu_time_total)
         counted.append((event, name, kind, self_device, self_cpu))
         if kind == OP and getattr(event, "is_user_annotation", False):
@@ -102,7 +53,7 @@ def extract_cycle(
         row = rows.setdefault((name, kind), [0, 0.0, 0.0, 0.0, 0.0])
         row[0] += 1
         row[1] += self_device
-        row[2] += _devices.device_time_us(event)
+        row[2] += device_time_us(event)
         row[3] += self_cpu
         row[4] += float(event.cpu_time_total)
         total_cpu += self_cpu
@@ -138,7 +89,7 @@ def _split_by_step(counted: list, step_events: list, top_level: list, default_st
     numbers = step_numbers([getattr(e, "trace_name", None) or e.name for e in by_start], len(by_start), default_step)
     op_start: dict[int, float] = {}  # a kernel's op: the first unlinked host event with its id, as torch links
     for event, *_ in counted:
-        if not _devices.is_device_row(event) and not getattr(event, "linked_correlation_id", 0):
+        if not is_device_row(event) and not getattr(event, "linked_correlation_id", 0):
             op_start.setdefault(event.id, event.time_range.start)
     placed, name_ids, kind_ids, device, cpu, in_total = [], [], [], [], [], []
     names: dict[str, int] = {}
@@ -146,25 +97,17 @@ def _split_by_step(counted: list, step_events: list, top_level: list, default_st
         link = getattr(event, "linked_correlation_id", 0) if kind != OP else 0
         placed.append(op_start.get(link, event.time_range.start) if link else event.time_range.start)
         name_ids.append(names.setdefault(name, len(names)))
-        kind_ids.append(_KINDS.index(kind))
+        kind_ids.append(KINDS.index(kind))
         device.append(self_device)
         cpu.append(self_cpu)
         in_total.append(kind == KERNEL or (kind == OP and getattr(event, "is_legacy", False)))
     return split_by_step(
         step_starts=np.array([e.time_range.start for e in by_start], np.float64), step_numbers=numbers,
         default_step=default_step, placed_at=np.array(placed, np.float64), name_id=np.array(name_ids, np.int64),
-        names=list(names), kind_id=np.array(kind_ids, np.int64), kinds=_KINDS, self_device_us=np.array(device),
+        names=list(names), kind_id=np.array(kind_ids, np.int64), kinds=KINDS, self_device_us=np.array(device),
         self_cpu_us=np.array(cpu), in_device_total=np.array(in_total, bool),
         aten_starts=np.array([e.time_range.start for e in top_level], np.float64),
     )  # fmt: skip
-
-
-def ranked(ops: Iterable[OpStats], device_time: str) -> tuple[OpStats, ...]:
-    """Costliest first: by self device time when the cycle has some, else by self CPU time."""
-    by_device = device_time == PRESENT
-    return tuple(sorted(ops, key=lambda op: (
-        -(op.self_device_time_us if by_device else op.self_cpu_time_us), -op.self_cpu_time_us, op.name, op.kind,
-    )))  # fmt: skip
 
 
 def count_top_level_aten_calls(events: Iterable[Any]) -> int:
@@ -180,10 +123,10 @@ def top_level_aten_events(events: Iterable[Any]) -> list[Any]:
     """The events `count_top_level_aten_calls` counts."""
     found = []
     for event in events:
-        if _devices.is_device_row(event) or not event.name.startswith(_ATEN_PREFIX):
+        if is_device_row(event) or not event.name.startswith(ATEN_PREFIX):
             continue
         parent = event.cpu_parent
-        while parent is not None and not parent.name.startswith(_ATEN_PREFIX):
+        while parent is not None and not parent.name.startswith(ATEN_PREFIX):
             parent = parent.cpu_parent
         if parent is None:
             found.append(event)
@@ -191,12 +134,27 @@ def top_level_aten_events(events: Iterable[Any]) -> list[Any]:
 
 
 def _kind(event: Any) -> str:
-    if not _devices.is_device_row(event):
+    if not is_device_row(event):
         return OP
     return DEVICE_ANNOTATION if getattr(event, "is_user_annotation", False) else KERNEL
 
 
-def device_time_state(device_profiled: bool, total_device_us: float) -> str:
-    if not device_profiled:
-        return NOT_PROFILED
-    return PRESENT if total_device_us > 0 else MISSING
+
+
+def is_device_row(event: Any) -> bool:
+    return event.device_type in DEVICE_ROW_TYPES
+
+
+def self_device_time_us(event: Any) -> float:
+    """Self device time of a torch event; very old torch only had the CUDA-named attribute."""
+    value = getattr(event, "self_device_time_total", None)
+    if value is None:
+        value = getattr(event, "self_cuda_time_total", 0)
+    return float(value or 0)
+
+
+def device_time_us(event: Any) -> float:
+    value = getattr(event, "device_time_total", None)
+    if value is None:
+        value = getattr(event, "cuda_time_total", 0)
+    return float(value or 0)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-STEP_PREFIX = "ProfilerStep#"
+from .names import STEP_PREFIX
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,83 @@
+"""One running helper process, seen from the training process: its pipes and two threads.
+
+A writer thread feeds its stdin (a full pipe never blocks training), a reader thread hands every
+message from its stdout to `on_message`, then {"type": "eof"}. The protocol is `helper`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+HELPER_COMMAND = (sys.executable, "-m", "mlflow_neuron._delivery.helper")
+
+
+class HelperError(RuntimeError):
+    """An error raised in the helper process (its type name and message)."""
+
+
+class HelperProcess:
+    """One running helper: its pipes, a writer thread (a full pipe never blocks training) and a
+    reader thread that hands every message to `on_message`, then {"type": "eof"}."""
+
+    def __init__(self, init: dict, on_message, command: tuple[str, ...] | None = None) -> None:
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        # subprocess, never a bare fork: the Neuron and CUDA runtimes do not survive a fork.
+        # The same session on purpose: Linux's autogroup scheduling weighs sessions against each
+        # other, so only inside the training's own session does the helper's lower priority count.
+        # (It ignores SIGINT: a Ctrl-C reaches training; the helper finishes its jobs and exits.)
+        self.proc = subprocess.Popen(
+            list(command or HELPER_COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+        )  # fmt: skip
+        self._outgoing: queue.Queue[bytes | None] = queue.Queue()
+        self._on_message = on_message
+        self.send(init)
+        threading.Thread(target=self._write, name="mlflow-neuron-handoff-writer", daemon=True).start()
+        threading.Thread(target=self._read, name="mlflow-neuron-handoff-reader", daemon=True).start()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def send(self, message: dict) -> None:
+        self._outgoing.put((json.dumps(message) + "\n").encode())
+
+    def end_input(self) -> None:
+        self._outgoing.put(None)
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    def _write(self) -> None:
+        stdin = self.proc.stdin
+        while True:
+            data = self._outgoing.get()
+            try:
+                if data is None:
+                    stdin.close()
+                    return
+                stdin.write(data)
+                stdin.flush()
+            except (OSError, ValueError):
+                return  # the helper is gone: the reader reports it
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            self._on_message(self, message)
+        self._on_message(self, {"type": "eof"})

@@ -1,0 +1,57 @@
+"""What a cycle sends, as plain data: the run it goes to, the delivery, and the names it is
+logged under. Standard library only: the command line and the outbox read it before anything else.
+
+A `Delivery` can be sent now, retried, or stored in the outbox and replayed later; sending it twice
+leaves the same data once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Run tags.
+DEVICE_TAG = "mlflow_neuron.device"  # neuron | cuda | cpu (ingest also: rocm | xpu | mtia)
+DEVICE_TIME_TAG = "mlflow_neuron.device_time"  # present | missing | not_profiled
+RUN_KEY_TAG = "mlflow_neuron.run_key"  # a run the callback creates, found again by this key
+SOURCE_TAG = "mlflow_neuron.source"  # "ingest" for runs logged from traces made elsewhere
+
+# Files of a cycle, under profiler/step_<N>/ (rank 0) or profiler/step_<N>/rank_<r>/.
+OPS_TABLE = "ops.json"  # every op: the log_table layout, a sortable table in the UI
+STEPS_TABLE = "steps.json"  # per-step samples: one row per (profiler step, op)
+STEP_TOTALS_TABLE = "step_totals.json"  # one row per profiler step: its totals and top-level ATen calls
+KEY_AVERAGES = "key_averages.txt"  # the op table in torch's text layout
+TIMELINE = "timeline.json"  # the cycle's span tree (`_trace.timeline.Timeline`): the MLflow trace, the report's SVG
+TRACE = "trace.json.gz"  # the framework trace, when no Neuron session folder holds one
+MANIFEST = "manifest.json"  # every file found, where it went, its checksum; NTFFs with their NEFFs
+
+PER_OP_METRICS = ("self_device_time_us", "self_cpu_time_us", "calls")  # profiler/<metric>/<op>
+STEP_METRICS = ("self_device_time_us", "self_cpu_time_us")  # profiler/step/<metric>, one point per step
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """Which run a delivery belongs to. A run the callback creates itself is known, until it
+    exists, by `run_key` (a tag), so that replaying from the outbox creates it only once."""
+
+    tracking_uri: str
+    run_id: str | None = None
+    experiment_id: str | None = None
+    run_name: str | None = None
+    run_key: str | None = None
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A cycle ready to send: its files lie on disk, the rest is in these fields."""
+
+    step: int
+    timestamp_ms: int
+    artifact_dir: str  # "profiler/step_<N>" (rank 0) or "profiler/step_<N>/rank_<r>"
+    metrics: dict[str, float] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+    files_dir: str | None = None  # generated files, uploaded as they lie under artifact_dir
+    uploads: tuple[tuple[str, str], ...] = ()  # (local file, artifact folder relative to the run)
+    table: str | None = None  # artifact path of an ops table to register for the UI
+    series: tuple[tuple[str, float, int], ...] = ()  # (key, value, step): points at steps of their own
+    timeline: str | None = None  # a file in files_dir holding the cycle's Timeline, logged as a trace

@@ -1,0 +1,172 @@
+"""Preparing a cycle: a `CycleJob` in, a `Delivery` out, its files written. Off the training thread.
+
+    summarize (the job's source)  ->  numbers (metrics, tables, tags)  ->  files  ->  Delivery
+
+One `Preparer` per run and process. It keeps the op-key registry (an op keeps its key across
+cycles) and whether device time was seen, and reports what looks wrong through its reporter.
+The training process (in-process path, and jobs handed back by a failed helper) and the helper
+process each hold one; `export` / `absorb` carry that state from one to the other.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pandas as pd
+
+from .._neuron import summary as neuron_summary
+from .._trace.device_names import MISSING_DEVICE_TIME_HINT
+from .._trace.profile import MISSING, PRESENT, CycleProfile
+from .._trace.summarize import CycleSettings, CycleSummary, empty_summary
+from .files import gzip_file
+from .job import CycleJob
+from .keys import OpKeys
+from .model import DEVICE_TAG, DEVICE_TIME_TAG, KEY_AVERAGES, MANIFEST, OPS_TABLE, TIMELINE, TRACE, Delivery
+from .record import cycle_metrics, ops_table, split_non_finite, step_series, step_tables, summary_metrics, write_table
+
+
+class Preparer:
+    def __init__(self, reporter: Any, *, top_k: int, rank: int = 0, primary: bool = True, all_ranks: bool = False):
+        self.reporter = reporter
+        self.top_k = top_k
+        self.rank = rank
+        self.primary = primary
+        self.all_ranks = all_ranks
+        self.keys = OpKeys()
+        self.last_profile: CycleProfile | None = None
+        self._device_time_seen = False
+        self._lock = threading.Lock()  # the sender, or close() storing a job, prepare jobs
+
+    def prepare(self, job: CycleJob) -> Delivery:
+        """The job's delivery, prepared once (whichever thread asks first)."""
+        with job.lock:
+            if job.delivery is None:
+                job.delivery = self._prepare(job)
+            return job.delivery
+
+    def export(self) -> dict:
+        """What a Preparer in another process must know to go on where this one is: the op keys
+        handed out and whether device time was seen."""
+        with self._lock:
+            return {"keys": self.keys.known(), "device_time_seen": self._device_time_seen}
+
+    def absorb(self, known: dict) -> None:
+        """Takes what another Preparer of the same run `export`ed."""
+        with self._lock:
+            self.keys.adopt(known.get("keys") or {})
+            self._device_time_seen |= bool(known.get("device_time_seen"))
+
+    def _prepare(self, job: CycleJob) -> Delivery:
+        numbers = self._numbers(job) if job.source is not None else None
+        staged = job.staged_dir
+        staged.mkdir(parents=True, exist_ok=True)
+        metrics, series, tags, table, timeline = {}, (), dict(job.tags), None, None
+        if numbers is not None:
+            summary, ops, metrics, series, device_tags = numbers
+            tags.update(device_tags)
+            write_table(ops, staged / OPS_TABLE)
+            table = f"{job.artifact_dir}/{OPS_TABLE}" if job.register_table else None
+            for name, frame in step_tables(summary.profile).items():
+                write_table(frame, staged / name)
+            (staged / KEY_AVERAGES).write_text(job.table_note + summary.table, encoding="utf-8")
+            if summary.timeline is not None:
+                (staged / TIMELINE).write_text(summary.timeline.to_json(), encoding="utf-8")
+                timeline = TIMELINE
+        self._stage_trace(job)
+        (staged / MANIFEST).write_text(json.dumps(job.manifest, indent=2), encoding="utf-8")
+        return Delivery(
+            step=job.step, timestamp_ms=job.timestamp_ms, artifact_dir=job.artifact_dir,
+            metrics={**metrics, **self._summary_metrics(job)}, tags=tags, params=job.params, files_dir=str(staged),
+            uploads=job.uploads, table=table, series=series, timeline=timeline,
+        )  # fmt: skip
+
+    def _numbers(self, job: CycleJob) -> tuple[CycleSummary, pd.DataFrame, dict, tuple, dict]:
+        """The cycle summarized, its op table, metrics, per-step series and device tags: one cycle
+        at a time, since op keys are handed out in order."""
+        with self._lock:
+            summary = self._summary(job)
+            profile = summary.profile
+            self.last_profile = profile
+            if profile.device_time == MISSING:
+                self.reporter.problem("device_time_missing", MISSING_DEVICE_TIME_HINT.format(device=profile.device))
+            metrics, series, tags = self._metrics(profile), self._series(profile), {}
+            if self.primary:
+                self._device_time_seen |= profile.device_time == PRESENT
+                seen = PRESENT if self._device_time_seen else profile.device_time
+                tags = {DEVICE_TAG: profile.device, DEVICE_TIME_TAG: seen}
+            return summary, ops_table(profile, self.keys), metrics, series, tags
+
+    def _summary(self, job: CycleJob) -> CycleSummary:
+        try:
+            summary = job.source.summarize()
+        except Exception as error:  # noqa: BLE001 - the cycle's files and trace still go
+            self.reporter.problem("events", "the cycle's events could not be read (per-op metrics are empty)", error)
+            settings = getattr(job.source, "settings", None) or CycleSettings("cpu", False)
+            return empty_summary(settings)
+        if summary.timeline_error is not None:
+            self.reporter.problem("timeline", f"profiler step {job.step} has no timeline (its trace is not logged)",
+                                  summary.timeline_error)  # fmt: skip
+        return summary
+
+    def _metrics(self, profile: CycleProfile) -> dict[str, float]:
+        metrics = {}
+        if self.primary:
+            metrics.update(cycle_metrics(profile, self.keys, self.top_k))
+        if self.all_ranks:
+            metrics.update(cycle_metrics(profile, self.keys, self.top_k, f"rank_{self.rank}/"))
+        finite, dropped = split_non_finite(metrics)
+        if dropped:
+            self.reporter.problem(
+                "non_finite", f"{len(dropped)} metric(s) were NaN or infinite and not logged (first: {dropped[0]}); "
+                "ops.json keeps the raw values",
+            )  # fmt: skip
+        return finite
+
+    def _series(self, profile: CycleProfile) -> tuple[tuple[str, float, int], ...]:
+        series = step_series(profile) if self.primary else ()
+        if self.all_ranks:
+            series += step_series(profile, f"rank_{self.rank}/")
+        return series
+
+    def _stage_trace(self, job: CycleJob) -> None:
+        """The framework trace, gzipped into the staged folder (exported first, for in-process jobs)."""
+        if job.trace_export is not None and job.raw_trace is not None:
+            try:
+                job.trace_export(job.raw_trace)
+            except Exception as error:  # noqa: BLE001 - the rest of the cycle still goes
+                job.problems.append(("trace_export", f"could not export the framework trace: {type(error).__name__}: {error}"))
+            job.trace_export = None  # the Kineto results it holds are not needed any more
+        if job.raw_trace is not None and job.raw_trace.exists():
+            gzip_file(job.raw_trace, job.staged_dir / TRACE)
+            job.raw_trace.unlink()
+
+    def _summary_metrics(self, job: CycleJob) -> dict[str, float]:
+        """Neuron Explorer's summary of each capture session: the tool's JSON where it runs, else the
+        session's `Summary.parquet` tables. The models of all the cycle's sessions are logged
+        together; the flat keys only when there is one model."""
+        everything: dict[str, dict[str, float]] = {}
+        for session in job.summary_sessions:
+            models = {}
+            if job.summary_tool:
+                try:
+                    models = neuron_summary.run_summary_tool(job.summary_tool, session)
+                except neuron_summary.SummaryError as error:
+                    job.problems.append(("neuron_summary", f"Neuron Explorer summary of {session} failed: {error}"))
+            if not models:
+                try:
+                    models = neuron_summary.parquet_summaries(session)
+                except neuron_summary.SummaryError as error:
+                    job.problems.append(("neuron_summary", f"Summary.parquet of {session}: {error}"))
+            repeated = sorted(set(models) & set(everything))
+            if repeated:
+                job.problems.append(("neuron_summary_repeated", f"model(s) {', '.join(repeated)} were summarized "
+                                     f"in several sessions of step {job.step}; the last one's numbers are logged"))
+            everything.update(models)
+        try:
+            metrics = summary_metrics(everything, job.summary_prefix)
+        except ValueError as error:  # a bad MLFLOW_NEURON_PERCENT_SCALE
+            job.problems.append(("neuron_summary", str(error)))
+            return {}
+        return split_non_finite(metrics)[0]

@@ -1,0 +1,81 @@
+"""What one profiler cycle measured, as plain data: `CycleProfile` and its `OpStats` rows.
+
+Both ways to a profile produce it: `aggregate(raw)` from a reader's `RawEvents`, and
+`extract_cycle(prof.events())` from torch's own parse. Pure: no torch, no MLflow, no files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+
+import pandas as pd
+
+from .steps import StepOp, StepTotal
+
+PRESENT, MISSING, NOT_PROFILED = "present", "missing", "not_profiled"
+OP, KERNEL, DEVICE_ANNOTATION = "op", "kernel", "device_annotation"
+KINDS = (OP, KERNEL, DEVICE_ANNOTATION)
+ATEN_PREFIX = "aten::"
+
+
+@dataclass(frozen=True)
+class OpStats:
+    """One row of a cycle's op table. Times in microseconds, summed over the cycle."""
+
+    name: str
+    kind: str  # OP: host-side op or annotation; KERNEL: device activity; DEVICE_ANNOTATION
+    calls: int
+    self_device_time_us: float
+    device_time_us: float
+    self_cpu_time_us: float
+    cpu_time_us: float
+
+
+@dataclass(frozen=True)
+class CycleProfile:
+    """What one profiler cycle measured."""
+
+    device: str
+    device_time: str  # PRESENT | MISSING | NOT_PROFILED
+    ops: tuple[OpStats, ...]  # ranked: self device time, else self CPU time, then name
+    total_self_device_time_us: float
+    total_self_cpu_time_us: float
+    attributed_device_time_us: float  # the part of the total that op rows carry
+    aten_calls: int
+    active_steps: int
+    event_count: int
+    steps: tuple[StepOp, ...] = ()  # the same events split by profiler step (see _steps)
+    step_totals: tuple[StepTotal, ...] = ()
+    annotations: frozenset[str] = frozenset()  # host rows that are ranges (record_function), not ops
+
+    @property
+    def ranking_metric(self) -> str:
+        return "self_device_time_us" if self.device_time == PRESENT else "self_cpu_time_us"
+
+    def top_ops(self, k: int) -> list[OpStats]:
+        """The `k` host-side ops that cost the most: device time when there is some."""
+        return [op for op in self.ops if op.kind == OP][: max(k, 0)]
+
+    def to_frame(self) -> pd.DataFrame:
+        columns = [f.name for f in fields(OpStats)]
+        return pd.DataFrame([[getattr(op, c) for c in columns] for op in self.ops], columns=columns)
+
+    def steps_frame(self) -> pd.DataFrame:
+        """One row per (profiler step, op or kernel): the per-step samples."""
+        columns = [f.name for f in fields(StepOp)]
+        return pd.DataFrame([[getattr(row, c) for c in columns] for row in self.steps], columns=columns)
+
+
+def ranked(ops: Iterable[OpStats], device_time: str) -> tuple[OpStats, ...]:
+    """Costliest first: by self device time when the cycle has some, else by self CPU time."""
+    by_device = device_time == PRESENT
+    return tuple(sorted(ops, key=lambda op: (
+        -(op.self_device_time_us if by_device else op.self_cpu_time_us), -op.self_cpu_time_us, op.name, op.kind,
+    )))  # fmt: skip
+
+
+def device_time_state(device_profiled: bool, total_device_us: float) -> str:
+    if not device_profiled:
+        return NOT_PROFILED
+    return PRESENT if total_device_us > 0 else MISSING
