@@ -76,7 +76,7 @@ def compare(args: argparse.Namespace, out=None) -> int:
 
     import mlflow
 
-    from ._compare.frame import render as _render
+    from ._compare import render as _render
     from ._compare.runs import attach_comparison, compare_runs, load_timelines
 
     out = out or sys.stdout
@@ -138,22 +138,22 @@ def annotate(args: argparse.Namespace, out=None) -> int:
 
 def ingest(args: argparse.Namespace, out=None) -> int:
     import uuid
-    from pathlib import Path
 
     import mlflow
     from mlflow.tracking import MlflowClient
 
     from ._capture.ingest import ingest as ingest_path
-    from ._delivery.record import RunRef
+    from ._delivery.model import RunRef
 
     uri = args.tracking_uri or mlflow.get_tracking_uri()
-    if args.run_id:
-        run = RunRef(uri, args.run_id)
-    else:
+
+    def new_run() -> RunRef:  # made once the first trace has been read: a bad path creates nothing
         client = MlflowClient(uri)
         experiment = client.get_experiment_by_name(args.experiment or "Default")
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment or "Default")
-        run = RunRef(uri, None, experiment_id, args.run_name or Path(args.path).name, uuid.uuid4().hex)
+        return RunRef(uri, None, experiment_id, args.run_name or Path(args.path).name, uuid.uuid4().hex)
+
+    run = RunRef(uri, args.run_id) if args.run_id else new_run
     cap = None if args.max_file_mb is None else int(args.max_file_mb * 1024**2)
     run_id, cycles = ingest_path(Path(args.path), run, top_k=args.top_k, max_file_bytes=cap, out=out,
                                  log_timeline=args.timeline, timeline_max_spans=args.timeline_max_spans)  # fmt: skip
@@ -165,10 +165,11 @@ def ingest(args: argparse.Namespace, out=None) -> int:
 
 def open_session(args: argparse.Namespace, out=None) -> int:
     """Downloads a cycle's Neuron session folder and opens it in Neuron Explorer (or prints how)."""
-    from ._neuron.explorer import download, open_in_explorer
+    from ._compare.runs import download_neuron_files
+    from ._neuron.explorer import open_in_explorer, opened_profile
 
-    opened = download(args.run, args.step, args.dest, args.tracking_uri)
-    return open_in_explorer(opened, launch=not args.no_launch, out=out)
+    step, neuron_dir = download_neuron_files(args.run, args.step, args.dest, args.tracking_uri)
+    return open_in_explorer(opened_profile(args.run, step, neuron_dir), launch=not args.no_launch, out=out)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -373,13 +374,12 @@ def _check_server(args: argparse.Namespace) -> None:
 
 def _exit_for(error: BaseException) -> tuple[int | None, str]:
     """(exit code, one line) for errors a user can act on; (None, "") for bugs, which keep their traceback."""
-    from ._delivery.probe import is_unreachable
+    from ._delivery.failures import is_unreachable, reason
 
     if isinstance(error, ConnectionError):  # the probe's own, which says which server and why
         return EXIT_UNREACHABLE, str(error)
     from mlflow.exceptions import MlflowException
 
-    from ._delivery.mlflow_io import reason
     from ._compare.runs import RunNotFound
 
     if is_unreachable(error):

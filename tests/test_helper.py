@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import mlflow
 import pandas as pd
@@ -59,6 +60,24 @@ def started(callback) -> MLflowProfilerCallback:
     assert callback.start_helper(READY_S), "the helper did not start"
     return callback
 
+
+
+def test_the_helper_process_never_maps_libtorch(tracking_uri, strict):
+    """The helper reads traces, aggregates and talks to MLflow: none of it needs torch."""
+    seen = {}
+
+    def look(prof):  # at the second cycle, once the helper has delivered the first
+        if callback.cycles_read:
+            seen["flushed"] = callback.flush(READY_S)
+            seen["maps"] = Path(f"/proc/{callback._sender.helper_pid}/maps").read_text()
+
+    with mlflow.start_run():
+        callback = started(MLflowProfilerCallback(look))
+        profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
+        callback.close()
+    assert seen["flushed"] and callback._sender.jobs_sent == 2 and callback.cycles_logged == 2
+    assert "libtorch" not in seen["maps"] and "libc10" not in seen["maps"]
+    assert "libpython" in seen["maps"] or "python" in seen["maps"]  # the maps were read, of a Python process
 
 @pytest.mark.parametrize("exporter", ["callback", "tensorboard_gz"])
 def test_the_helper_logs_what_torchs_own_parse_gives_on_every_row(tracking_uri, strict, tmp_path, exporter):

@@ -92,16 +92,9 @@ def log_timeline(
     """
     key = cycle_key(run_id, timeline.cycle_step)
     trace_id = trace_id_for(key)
-    existing = find_cycle_traces(client, experiment_id, key)
-    done = sorted(t.trace_id for t in existing if t.tags.get(COMPLETE_TAG) == COMPLETE)
-    keep = done[0] if done else None
-    # Without a complete trace, the id itself may hold a partial write that carries no tags yet.
-    stale = ({t.trace_id for t in existing} | ({trace_id} if keep is None else set())) - {keep}
-    if stale:
-        client.delete_traces(experiment_id=experiment_id, trace_ids=sorted(stale))
-    if keep is not None:
-        return keep
-
+    done = _complete_or_cleared(client, experiment_id, key, trace_id)
+    if done is not None:
+        return done
     if span_storage not in SPAN_STORAGE:
         raise ValueError(f"span_storage must be one of {', '.join(SPAN_STORAGE)}, got {span_storage!r}")
     shift = 0 if timeline.origin_ns else time.time_ns() - timeline.spans[0].end_ns
@@ -115,17 +108,6 @@ def log_timeline(
         except NotImplementedError:
             pass  # stores without span logging keep the spans in an artifact (below)
     root = timeline.spans[0]
-    all_tags = {
-        "mlflow.traceName": timeline.name,
-        CYCLE_KEY_TAG: key,
-        "mlflow_neuron.run_id": run_id,
-        "mlflow_neuron.step": str(timeline.cycle_step),
-        "mlflow_neuron.spans": str(len(timeline.spans)),
-        "mlflow_neuron.spans_dropped": str(timeline.dropped),
-        **({"mlflow_neuron.device": device} if device else {}),
-        **({"mlflow_neuron.run_name": run_name} if run_name else {}),
-        **dict(tags or {}),
-    }
     info = TraceInfo(
         trace_id=trace_id,
         trace_location=TraceLocation.from_experiment_id(experiment_id),
@@ -133,7 +115,7 @@ def log_timeline(
         execution_duration=(root.end_ns - root.start_ns) // 1_000_000,
         state=TraceState.OK,
         trace_metadata={"mlflow.sourceRun": run_id, "mlflow.trace_schema.version": "3"},
-        tags=all_tags,
+        tags=_trace_tags(timeline, key, run_id, device, run_name, tags),
     )
     stored = tracing.start_trace(info)
     if not in_store or stored.tags.get(_SPANS_IN_STORE[0]) != _SPANS_IN_STORE[1]:
@@ -146,6 +128,34 @@ def log_timeline(
     client.link_traces_to_run([trace_id], run_id)
     client.set_trace_tag(trace_id, COMPLETE_TAG, COMPLETE)
     return trace_id
+
+
+def _complete_or_cleared(client: Any, experiment_id: str, key: str, trace_id: str) -> str | None:
+    """The id of the cycle's complete trace, if one exists; else None, once every incomplete one
+    (a process died mid-write) is deleted, with any trace under the cycle's own id."""
+    existing = find_cycle_traces(client, experiment_id, key)
+    done = sorted(t.trace_id for t in existing if t.tags.get(COMPLETE_TAG) == COMPLETE)
+    keep = done[0] if done else None
+    # Without a complete trace, the id itself may hold a partial write that carries no tags yet.
+    stale = ({t.trace_id for t in existing} | ({trace_id} if keep is None else set())) - {keep}
+    if stale:
+        client.delete_traces(experiment_id=experiment_id, trace_ids=sorted(stale))
+    return keep
+
+
+def _trace_tags(timeline: Timeline, key: str, run_id: str, device: str | None, run_name: str | None,
+                tags: Mapping[str, str] | None) -> dict[str, str]:  # fmt: skip
+    return {
+        "mlflow.traceName": timeline.name,
+        CYCLE_KEY_TAG: key,
+        "mlflow_neuron.run_id": run_id,
+        "mlflow_neuron.step": str(timeline.cycle_step),
+        "mlflow_neuron.spans": str(len(timeline.spans)),
+        "mlflow_neuron.spans_dropped": str(timeline.dropped),
+        **({"mlflow_neuron.device": device} if device else {}),
+        **({"mlflow_neuron.run_name": run_name} if run_name else {}),
+        **dict(tags or {}),
+    }
 
 
 def mlflow_spans(timeline: Timeline, trace_id: str, shift_ns: int = 0) -> list[Span]:

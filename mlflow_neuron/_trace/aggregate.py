@@ -37,7 +37,7 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_ste
         return CycleProfile(device, device_time_state(device_profiled, 0.0), (), 0.0, 0.0, 0.0, 0, 0, 0)
     if tree is None:
         tree = event_tree(raw)
-    order, start, names, name = tree.order, tree.start_ns, tree.names, tree.name
+    order, names, name = tree.order, tree.names, tree.name
     survivor, parent, sync_host, is_legacy = tree.survivor, tree.parent, tree.sync_host, tree.is_legacy
     self_cpu, self_device, device_rows = tree.self_cpu_us, tree.self_device_us, tree.device
     is_async, annotation = raw.is_async[order], raw.is_user_annotation[order]
@@ -62,18 +62,7 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_ste
     aten = np.array([s.startswith(ATEN_PREFIX) for s in names], bool)[name]
     top_level = _top_level_aten(aten & survivor & ~device_rows, aten, parent)
 
-    step_at = counted[is_step]
-    linked, own_id = raw.linked_correlation_id[order], raw.correlation_id[order]
-    per_step, step_totals = split_by_step(
-        step_starts=start[step_at],
-        step_numbers=step_numbers([raw.names[i] for i in raw.name_id[order][step_at]], len(step_at), default_step),
-        default_step=default_step,
-        placed_at=_placed_at(start, linked, own_id, survivor & sync_host & (linked == 0), device_rows)[counted],
-        name_id=name[counted], names=names, kind_id=ck, kinds=KINDS,
-        self_device_us=cd, self_cpu_us=self_cpu[counted],
-        in_device_total=(ck == 1) | ((ck == 0) & is_legacy[counted]),
-        aten_starts=start[top_level],
-    )  # fmt: skip
+    per_step, step_totals = _per_step(raw, tree, counted, counted[is_step], ck, cd, top_level, default_step)
     return CycleProfile(
         device=device,
         device_time=device_time,
@@ -88,6 +77,24 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_ste
         step_totals=step_totals,
         annotations=frozenset(names[i] for i in np.unique(name[survivor & sync_host & annotation]).tolist()),
     )
+
+
+def _per_step(raw: RawEvents, tree: EventTree, counted: np.ndarray, step_at: np.ndarray, kind: np.ndarray,
+              self_device: np.ndarray, top_level: np.ndarray, default_step: int):  # fmt: skip
+    """The counted events split by the ProfilerStep range each belongs to (see `steps`)."""
+    order, start = tree.order, tree.start_ns
+    linked, own_id = raw.linked_correlation_id[order], raw.correlation_id[order]
+    frontend = tree.survivor & tree.sync_host & (linked == 0)
+    return split_by_step(
+        step_starts=start[step_at],
+        step_numbers=step_numbers([raw.names[i] for i in raw.name_id[order][step_at]], len(step_at), default_step),
+        default_step=default_step,
+        placed_at=_placed_at(start, linked, own_id, frontend, tree.device)[counted],
+        name_id=tree.name[counted], names=tree.names, kind_id=kind, kinds=KINDS,
+        self_device_us=self_device, self_cpu_us=tree.self_cpu_us[counted],
+        in_device_total=(kind == 1) | ((kind == 0) & tree.is_legacy[counted]),
+        aten_starts=start[top_level],
+    )  # fmt: skip
 
 
 def _placed_at(start: np.ndarray, linked: np.ndarray, own_id: np.ndarray, frontend: np.ndarray,

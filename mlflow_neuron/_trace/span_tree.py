@@ -116,77 +116,90 @@ def _tree(tree: EventTree) -> _Tree:
 def _select(raw, t: _Tree, root_name: str, cycle_step: int, origin_ns: int, max_spans: int,
             lanes: DeviceLanes | None, input_shapes: ShapesReader | None) -> Timeline:  # fmt: skip
     n = len(t.order)
+    steps = np.flatnonzero(t.is_step)  # already in start order
+    lane_key, lane_names = _lanes(raw, t, lanes)
+    parent = _hang(t, steps, lane_key, len(lane_names))
+    kept, anchor, summarized = _keep(t, parent, steps, len(lane_names), max_spans)
+
+    # Spans: parents before children: root, streams, steps, then the other events in tree order
+    # (a parent starts no later than its child; an op of another thread may start with its step).
+    ids = np.flatnonzero(kept[:n])
+    ids = np.concatenate([ids[t.is_step[ids]], ids[~t.is_step[ids]]])
+    index = np.full(len(parent), -1, np.int64)
+    present_rows = np.flatnonzero(t.present)
+    dropped = int(len(present_rows) - kept[:n].sum())
+    lo = int(t.start[present_rows].min()) if len(present_rows) else 0
+    hi = int(t.end[present_rows].max()) if len(present_rows) else 0
+    spans = [TimelineSpan(root_name, CYCLE, origin_ns + lo, origin_ns + hi, -1, {
+        "step": cycle_step, "spans_total": int(len(present_rows) + 1 + len(lane_names)),
+        "spans_dropped": dropped, "steps": len(steps)})]  # fmt: skip
+    index[n] = 0
+    spans += _stream_spans(t, lane_key, lane_names, index, n, origin_ns, lo)
     raw_names = [demangle(s) for s in raw.names]
     ev_name = raw.name_id[t.order]
-    steps = np.flatnonzero(t.is_step)  # already in start order
-    step_nums = step_numbers([raw_names[i] for i in ev_name[steps]], len(steps), cycle_step)
+    step_of = dict(zip(steps.tolist(), step_numbers([raw_names[i] for i in ev_name[steps]], len(steps), cycle_step)))
+    shapes = _shapes(input_shapes, t.order, ids, t.device)
+    launcher = _launchers(raw, t, ids)
+    up = _nearest_kept(parent, kept)  # the parent itself, unless ties broke the closure
+    for i in ids.tolist():
+        index[i] = len(spans)
+        spans.append(_event_span(raw, t, i, int(index[up[i]]), origin_ns, raw_names[ev_name[i]], step_of.get(i),
+                                 shapes.get(i), launcher, lane_names, lane_key))  # fmt: skip
+    spans.extend(_summary_spans(t, anchor, summarized, index, parent, origin_ns, n))
+    return Timeline(root_name, cycle_step, origin_ns, tuple(spans), int(len(present_rows) + 1 + len(lane_names)),
+                    dropped)  # fmt: skip
 
-    # Where each present event hangs: its torch parent; else the step its start falls in; device
-    # rows under their stream. Synthetic nodes after the events: root n, steps' parent is root,
-    # streams n+1+k.
-    lane_key, lane_names = _lanes(raw, t, lanes)
-    n_lanes = len(lane_names)
+
+def _hang(t: _Tree, steps: np.ndarray, lane_key: np.ndarray, n_lanes: int) -> np.ndarray:
+    """Where each present event hangs: its torch parent; else the step its start falls in; device
+    rows under their stream. Synthetic nodes follow the events: the root at n (the steps' parent),
+    streams at n+1+k (under the root)."""
+    n = len(t.order)
     root = n
     parent = t.parent.copy()
     loose = t.present & (parent < 0) & ~t.device & ~t.is_step
     parent[loose] = _step_holding(t.start[loose], t.start[steps], t.end[steps], steps, root)
     parent[t.is_step] = root
     parent[t.device] = n + 1 + lane_key[t.device]
-
-    # Keep: root, streams, steps; then the longest of the rest, ties to the shallower (earlier).
-    duration = t.end - t.start
-    mandatory = 1 + n_lanes + len(steps)
-    ranked = _longest(np.flatnonzero(t.present & ~t.is_step), duration, max(max_spans - mandatory, 0))
     full_parent = np.concatenate([parent, np.full(1 + n_lanes, -1, np.int64)])
     full_parent[n + 1:] = root
-    total = n + 1 + n_lanes
-    kept = np.zeros(total, bool)
+    return full_parent
+
+
+def _keep(t: _Tree, parent: np.ndarray, steps: np.ndarray, n_lanes: int, max_spans: int):
+    """Which nodes become spans: root, streams, steps; then the longest of the rest, ties to the
+    shallower (earlier), as many as fit with the summary spans they need. Returns (kept, each
+    dropped event's kept ancestor, the kept nodes that get a summary)."""
+    n = len(t.order)
+    mandatory = 1 + n_lanes + len(steps)
+    budget = max(max_spans - mandatory, 0)
+    ranked = _longest(np.flatnonzero(t.present & ~t.is_step), t.end - t.start, budget)
+    kept = np.zeros(len(parent), bool)
     kept[n:] = True
     kept[steps] = True
-    budget = max(max_spans - mandatory, 0)
     take = min(budget, len(ranked))
     while True:  # summaries count against the cap: a few rounds until they fit
         kept_now = kept.copy()
         kept_now[ranked[:take]] = True
-        anchor, summarized = _summaries(full_parent, kept_now, t.present)
+        anchor, summarized = _summaries(parent, kept_now, t.present)
         if take == 0 or take + len(summarized) <= budget:
-            break
+            return kept_now, anchor, summarized
         take = max(0, min(take - 1, budget - len(summarized)))
-    kept = kept_now
 
-    # Spans: parents before children: root, streams, steps, then the other events in tree order
-    # (a parent starts no later than its child; an op of another thread may start with its step).
-    ids = np.flatnonzero(kept[:n])
-    ids = np.concatenate([ids[t.is_step[ids]], ids[~t.is_step[ids]]])
-    index = np.full(total, -1, np.int64)
-    spans: list[TimelineSpan] = []
-    present_rows = np.flatnonzero(t.present)
-    dropped = int(len(present_rows) - kept[:n].sum())
-    lo = int(t.start[present_rows].min()) if len(present_rows) else 0
-    hi = int(t.end[present_rows].max()) if len(present_rows) else 0
-    spans.append(TimelineSpan(root_name, CYCLE, origin_ns + lo, origin_ns + hi, -1, {
-        "step": cycle_step, "spans_total": int(len(present_rows) + 1 + n_lanes),
-        "spans_dropped": dropped, "steps": len(steps)}))  # fmt: skip
-    index[root] = 0
+
+def _stream_spans(t: _Tree, lane_key: np.ndarray, lane_names, index: np.ndarray, n: int, origin_ns: int,
+                  lo: int) -> list[TimelineSpan]:  # fmt: skip
+    """One span per device stream, under the root, spanning its kernels."""
+    spans = []
     dev = np.flatnonzero(t.device & t.present)
     for k, lane_name in enumerate(lane_names):
         rows = dev[lane_key[dev] == k]
         s, e = (int(t.start[rows].min()), int(t.end[rows].max())) if len(rows) else (lo, lo)
-        index[n + 1 + k] = len(spans)
+        index[n + 1 + k] = 1 + k
         spans.append(TimelineSpan(lane_name, STREAM, origin_ns + s, origin_ns + e, 0, {
             "stream": lane_name, "kernels": int(len(rows)),
             "device_us": _us(int((t.end[rows] - t.start[rows]).sum()))}))  # fmt: skip
-    shapes = _shapes(input_shapes, t.order, ids, t.device)
-    launcher = _launchers(raw, t, ids)
-    step_of = dict(zip(steps.tolist(), step_nums))
-    up = _nearest_kept(full_parent, kept)  # the parent itself, unless ties broke the closure
-    for i in ids.tolist():
-        index[i] = len(spans)
-        p = int(index[up[i]])
-        spans.append(_event_span(raw, t, i, p, origin_ns, raw_names[ev_name[i]], step_of.get(i),
-                                 shapes.get(i), launcher, lane_names, lane_key))  # fmt: skip
-    spans.extend(_summary_spans(t, anchor, summarized, index, full_parent, origin_ns, n))
-    return Timeline(root_name, cycle_step, origin_ns, tuple(spans), int(len(present_rows) + 1 + n_lanes), dropped)
+    return spans
 
 
 def _longest(candidates: np.ndarray, duration: np.ndarray, k: int) -> np.ndarray:
