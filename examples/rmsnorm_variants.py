@@ -16,6 +16,7 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -78,7 +79,7 @@ def profile_variant(name: str, fn: Callable, args: argparse.Namespace, device: s
         # script's own work runs while a step is recorded (its host time would carry it). A training
         # job keeps the default background sender: device time is not affected by it.
         with MLflowProfilerCallback(*setup.handlers, run_id=run.info.run_id, background=False) as callback:
-            with profile(
+            with kineto_markers_dropped(), profile(
                 **setup.profiler_kwargs(),
                 schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=REPEAT),
                 on_trace_ready=callback,
@@ -88,6 +89,38 @@ def profile_variant(name: str, fn: Callable, args: argparse.Namespace, device: s
                     synchronize(device)
                     prof.step()
     return run.info.run_id
+
+
+# Kineto, the C++ library behind torch.profiler, writes "USDT:<time> <pid>:<tid>
+# SyncActivityProfilerHandler.cpp:52] profiler_start" (and :59 profiler_stop) to file descriptor 2
+# (std::cerr, so Python's sys.stderr cannot catch it) each time a cycle's recording starts and
+# stops: 4 lines per variant here. They are markers for tracing tools, not messages for a person.
+# No setting drops only them: KINETO_LOG_LEVEL is a threshold and USDT its highest level, so a
+# level that drops them drops Kineto's warnings and errors too. And a schedule starts and stops the
+# recording inside prof.step(), the same call that runs the callback (whose warnings the user must
+# see), so fd 2 cannot be pointed away around the start and stop alone.
+KINETO_MARKER = re.compile(rb"USDT:.*\] profiler_(start|stop)\r?\n?")
+
+
+@contextlib.contextmanager
+def kineto_markers_dropped():
+    """Points fd 2 at a temporary file while a variant is profiled, then writes back to stderr every
+    line but Kineto's start/stop markers: warnings and errors arrive when the variant ends, a few
+    seconds late, and nothing is read or written inside a recorded step."""
+    sys.stderr.flush()
+    stderr_fd = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(stderr_fd, 2)
+            os.close(stderr_fd)
+            captured.seek(0)
+            for line in captured:
+                if not KINETO_MARKER.fullmatch(line):
+                    os.write(2, line)
 
 
 @contextlib.contextmanager
