@@ -1,9 +1,11 @@
 """RMSNorm three ways, profiled into MLflow: naive ATen ops, fused `torch.rms_norm`, `torch.compile`.
 
 One parent run and one child run per variant (`naive`, `fused`, `compiled`) in experiment
-`rmsnorm-variants`. Each variant is profiled for 10 steps (two cycles of 5 active steps), so the
-comparison read back from MLflow has 10 samples per variant: medians, 95% intervals, outliers
-and a verdict per variant, which also lands in the parent run's description.
+`rmsnorm-variants`. The parent is named for the device and the time it started, such as
+`rmsnorm-cpu-20250131-142501`, so that reruns are rows of their own in the MLflow UI. Each variant
+is profiled for 10 steps (two cycles of 5 active steps), so the comparison read back from MLflow
+has 10 samples per variant: medians, 95% intervals, outliers and a verdict per variant, which also
+lands in the parent run's description.
 
     python examples/rmsnorm_variants.py                       # Neuron, else CUDA, else CPU
     python examples/rmsnorm_variants.py --device cpu --shape 8,4096 --dtype float32
@@ -19,6 +21,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from collections.abc import Callable
@@ -185,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         print(f"host noise: torch uses {args.threads} CPU thread(s) (--threads 0 keeps torch's default)")
     mlflow.set_experiment(EXPERIMENT)
-    with mlflow.start_run(run_name=f"rmsnorm-{device}") as parent:
+    # One name per rerun: three runs of this script are three rows that tell apart in the UI. The
+    # children keep the variant names, which the comparison labels its columns with.
+    with mlflow.start_run(run_name=f"rmsnorm-{device}-{time.strftime('%Y%m%d-%H%M%S')}") as parent:
         mlflow.log_params({"device": device, "shape": args.shape, "dtype": args.dtype, "steps": STEPS,
                            "threads": args.threads or torch.get_num_threads()})  # fmt: skip
         run_ids = {name: profile_variant(name, fn, args, device) for name, fn in variants(device).items()}
@@ -193,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     frame = attach_comparison_to(parent.info.run_id, run_ids)
     print(f"\nRMSNorm variants on {device}, shape {args.shape} {args.dtype}, {ACTIVE * REPEAT} profiled steps each")
     print(render.text(frame, top=8))
-    print(f"\nParent run {parent.info.run_id} in experiment '{EXPERIMENT}' holds the comparison (table, PNG, HTML).")
+    print(f"\nParent run {parent.info.run_name} ({parent.info.run_id}) in experiment '{EXPERIMENT}' holds the "
+          "comparison (table, PNG, HTML).")
     print(f"Compare from the shell: mlflow-neuron compare --experiment {EXPERIMENT} --baseline naive")
     print("Open the MLflow UI with:")
     print(f"    mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")
