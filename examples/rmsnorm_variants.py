@@ -1,9 +1,11 @@
 """RMSNorm three ways, profiled into MLflow: naive ATen ops, fused `torch.rms_norm`, `torch.compile`.
 
 One parent run and one child run per variant (`naive`, `fused`, `compiled`) in experiment
-`rmsnorm-variants`. Each variant is profiled for 10 steps (two cycles of 5 active steps), so the
-comparison read back from MLflow has 10 samples per variant: medians, 95% intervals, outliers
-and a verdict per variant, which also lands in the parent run's description.
+`rmsnorm-variants`. The parent is named for the device and the time it started, such as
+`rmsnorm-cpu-20250131-142501`, so that reruns are rows of their own in the MLflow UI. Each variant
+is profiled for 10 steps (two cycles of 5 active steps), so the comparison read back from MLflow
+has 10 samples per variant: medians, 95% intervals, outliers and a verdict per variant, which also
+lands in the parent run's description.
 
     python examples/rmsnorm_variants.py                       # Neuron, else CUDA, else CPU
     python examples/rmsnorm_variants.py --device cpu --shape 8,4096 --dtype float32
@@ -16,8 +18,10 @@ import contextlib
 import gc
 import logging
 import os
+import re
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 from collections.abc import Callable
@@ -78,7 +82,7 @@ def profile_variant(name: str, fn: Callable, args: argparse.Namespace, device: s
         # script's own work runs while a step is recorded (its host time would carry it). A training
         # job keeps the default background sender: device time is not affected by it.
         with MLflowProfilerCallback(*setup.handlers, run_id=run.info.run_id, background=False) as callback:
-            with profile(
+            with kineto_markers_dropped(), profile(
                 **setup.profiler_kwargs(),
                 schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=REPEAT),
                 on_trace_ready=callback,
@@ -88,6 +92,38 @@ def profile_variant(name: str, fn: Callable, args: argparse.Namespace, device: s
                     synchronize(device)
                     prof.step()
     return run.info.run_id
+
+
+# Kineto, the C++ library behind torch.profiler, writes "USDT:<time> <pid>:<tid>
+# SyncActivityProfilerHandler.cpp:52] profiler_start" (and :59 profiler_stop) to file descriptor 2
+# (std::cerr, so Python's sys.stderr cannot catch it) each time a cycle's recording starts and
+# stops: 4 lines per variant here. They are markers for tracing tools, not messages for a person.
+# No setting drops only them: KINETO_LOG_LEVEL is a threshold and USDT its highest level, so a
+# level that drops them drops Kineto's warnings and errors too. And a schedule starts and stops the
+# recording inside prof.step(), the same call that runs the callback (whose warnings the user must
+# see), so fd 2 cannot be pointed away around the start and stop alone.
+KINETO_MARKER = re.compile(rb"USDT:.*\] profiler_(start|stop)\r?\n?")
+
+
+@contextlib.contextmanager
+def kineto_markers_dropped():
+    """Points fd 2 at a temporary file while a variant is profiled, then writes back to stderr every
+    line but Kineto's start/stop markers: warnings and errors arrive when the variant ends, a few
+    seconds late, and nothing is read or written inside a recorded step."""
+    sys.stderr.flush()
+    stderr_fd = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(stderr_fd, 2)
+            os.close(stderr_fd)
+            captured.seek(0)
+            for line in captured:
+                if not KINETO_MARKER.fullmatch(line):
+                    os.write(2, line)
 
 
 @contextlib.contextmanager
@@ -152,7 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
         print(f"host noise: torch uses {args.threads} CPU thread(s) (--threads 0 keeps torch's default)")
     mlflow.set_experiment(EXPERIMENT)
-    with mlflow.start_run(run_name=f"rmsnorm-{device}") as parent:
+    # One name per rerun: three runs of this script are three rows that tell apart in the UI. The
+    # children keep the variant names, which the comparison labels its columns with.
+    with mlflow.start_run(run_name=f"rmsnorm-{device}-{time.strftime('%Y%m%d-%H%M%S')}") as parent:
         mlflow.log_params({"device": device, "shape": args.shape, "dtype": args.dtype, "steps": STEPS,
                            "threads": args.threads or torch.get_num_threads()})  # fmt: skip
         run_ids = {name: profile_variant(name, fn, args, device) for name, fn in variants(device).items()}
@@ -160,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     frame = attach_comparison_to(parent.info.run_id, run_ids)
     print(f"\nRMSNorm variants on {device}, shape {args.shape} {args.dtype}, {ACTIVE * REPEAT} profiled steps each")
     print(render.text(frame, top=8))
-    print(f"\nParent run {parent.info.run_id} in experiment '{EXPERIMENT}' holds the comparison (table, PNG, HTML).")
+    print(f"\nParent run {parent.info.run_name} ({parent.info.run_id}) in experiment '{EXPERIMENT}' holds the "
+          "comparison (table, PNG, HTML).")
     print(f"Compare from the shell: mlflow-neuron compare --experiment {EXPERIMENT} --baseline naive")
     print("Open the MLflow UI with:")
     print(f"    mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")

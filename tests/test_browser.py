@@ -33,7 +33,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 UPDATE_SCREENSHOTS_ENV = "MLFLOW_NEURON_UPDATE_SCREENSHOTS"
 EXPERIMENT = "rmsnorm-variants"
-PARENT = "rmsnorm-cpu"
+PARENT_PREFIX = "rmsnorm-cpu-"  # the example names each parent run rmsnorm-<device>-<YYYYMMDD-HHMMSS>
 VARIANTS = ("naive", "fused", "compiled")
 SECTION = "profiler/self_cpu_time_us"
 STEP_SERIES = "profiler/step/self_cpu_time_us"
@@ -67,8 +67,10 @@ def ui(tmp_path_factory):
         client = MlflowClient(server.uri)
         experiment = client.get_experiment_by_name(EXPERIMENT)
         runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-        assert set(runs) == {PARENT, *VARIANTS}
-        yield SimpleNamespace(uri=server.uri, client=client, experiment_id=experiment.experiment_id, runs=runs)
+        [parent] = [name for name in runs if name.startswith(PARENT_PREFIX)]
+        assert set(runs) == {parent, *VARIANTS}
+        yield SimpleNamespace(uri=server.uri, client=client, experiment_id=experiment.experiment_id, runs=runs,
+                              parent=parent)  # fmt: skip
 
 
 @pytest.fixture
@@ -122,8 +124,8 @@ def close_assistant_panel(driver) -> None:
 def open_chart_view(driver, ui) -> None:
     # workflowType: MLflow 3 opens experiments in its GenAI view; profiles are "Model training".
     driver.get(f"{ui.uri}/#/experiments/{ui.experiment_id}/runs?workflowType=machine_learning&compareRunsMode=CHART")
-    parent_cell = f"//div[@role='gridcell'][.//a[normalize-space()='{PARENT}']]"
-    wait_for(driver, lambda d: d.find_elements(By.XPATH, parent_cell), f"the {PARENT} row")
+    parent_cell = f"//div[@role='gridcell'][.//a[normalize-space()='{ui.parent}']]"
+    wait_for(driver, lambda d: d.find_elements(By.XPATH, parent_cell), f"the {ui.parent} row")
     close_assistant_panel(driver)
     # Child runs start collapsed under their parent, and charts show only the runs listed.
     driver.find_element(By.XPATH, parent_cell).find_element(By.TAG_NAME, "button").click()
@@ -264,7 +266,7 @@ def test_the_per_step_series_shows_every_profiled_step_of_every_variant(ui, brow
 
 
 def test_the_parent_runs_artifacts_show_the_comparison_png(ui, browser, screenshots, tmp_path):
-    parent = ui.runs[PARENT]
+    parent = ui.runs[ui.parent]
     listed = {a.path for a in ui.client.list_artifacts(parent.info.run_id, "comparison")}
     if COMPARISON_PNG not in listed:
         pytest.skip(f"the parent run has no {COMPARISON_PNG} yet (examples/rmsnorm_variants.py does not log it)")

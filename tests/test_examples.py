@@ -1,11 +1,15 @@
 """The examples run as users run them, on CPU, into a real sqlite store."""
 
 import os
+import re
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 from mlflow.tracking import MlflowClient
+
+from mlflow_neuron import compare_runs
 
 CONTRACT_TOTALS = {
     "profiler/total/self_device_time_us",
@@ -13,6 +17,8 @@ CONTRACT_TOTALS = {
     "profiler/total/aten_calls",
     "profiler/total/active_steps",
 }
+VARIANTS = ("naive", "fused", "compiled")
+PARENT = "mlflow.parentRunId"
 
 
 def run_example(name, *args, cwd, env=None):
@@ -21,19 +27,39 @@ def run_example(name, *args, cwd, env=None):
         cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return result.stdout
+    return result
 
 
-def test_rmsnorm_variants_leaves_three_child_runs_and_prints_the_table(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = run_example("rmsnorm_variants.py", "--device", "cpu", "--tracking-uri", uri, cwd=tmp_path)
+@pytest.fixture(scope="module")
+def rmsnorm_twice(tmp_path_factory):
+    """The example run twice into one store, as a user reruns it: (tracking URI, parent runs oldest
+    first, {parent run id: {variant: child run}}, the two runs' output)."""
+    tmp = tmp_path_factory.mktemp("rmsnorm")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    with pytest.MonkeyPatch.context() as mp:  # no active experiment or run leaked by earlier tests
+        for name in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+            mp.delenv(name, raising=False)
+        results = [run_example("rmsnorm_variants.py", "--device", "cpu", "--tracking-uri", uri, cwd=tmp)
+                   for _ in range(2)]  # fmt: skip
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("rmsnorm-variants")
-    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert set(runs) == {"naive", "fused", "compiled", "rmsnorm-cpu"}
-    parent_id = runs["rmsnorm-cpu"].info.run_id
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    parents = [r for r in runs if PARENT not in r.data.tags]
+    children = {p.info.run_id: {r.info.run_name: r for r in runs if r.data.tags.get(PARENT) == p.info.run_id}
+                for p in parents}  # fmt: skip
+    return uri, parents, children, results
+
+
+def test_rmsnorm_variants_leaves_three_child_runs_and_prints_the_table(rmsnorm_twice):
+    uri, parents, children, results = rmsnorm_twice
+    out = results[-1].stdout
+    client = MlflowClient(uri)
+    parent = parents[-1]
+    runs = children[parent.info.run_id]
+    assert set(runs) == set(VARIANTS)
+    parent_id = parent.info.run_id
     aten_calls = {}
-    for name in ("naive", "fused", "compiled"):
+    for name in VARIANTS:
         run = runs[name]
         assert run.data.tags["mlflow.parentRunId"] == parent_id
         assert CONTRACT_TOTALS <= set(run.data.metrics)
@@ -41,10 +67,10 @@ def test_rmsnorm_variants_leaves_three_child_runs_and_prints_the_table(tmp_path)
         aten_calls[name] = run.data.metrics["profiler/total/aten_calls"]
     # What fusion does to dispatched ATen calls (measured on CPU; see the issue), 5 steps a cycle.
     assert aten_calls == {"naive": 30, "fused": 5, "compiled": 0}
-    for name in ("naive", "fused", "compiled"):  # 10 samples: two cycles of 5 steps
+    for name in VARIANTS:  # 10 samples: two cycles of 5 steps
         steps = client.get_metric_history(runs[name].info.run_id, "profiler/step/self_cpu_time_us")
         assert sorted(p.step for p in steps) == [3, 4, 5, 6, 7, 11, 12, 13, 14, 15]
-    description = runs["rmsnorm-cpu"].data.tags["mlflow.note.content"]
+    description = parent.data.tags["mlflow.note.content"]
     assert "fused vs naive: " in description and "compiled vs naive: " in description
     assert "profiler/calls/aten.mul" in runs["naive"].data.metrics
     assert "profiler/calls/aten._fused_rms_norm" in runs["fused"].data.metrics
@@ -56,6 +82,24 @@ def test_rmsnorm_variants_leaves_three_child_runs_and_prints_the_table(tmp_path)
     assert any(line.startswith("compiled vs naive: ") for line in lines)
     assert f"mlflow ui --backend-store-uri {uri}" in out
     assert "host noise: torch uses 1 CPU thread(s)" in out
+    assert f"Parent run {parent.info.run_name} ({parent_id})" in out
+    # Kineto's "USDT: ... profiler_start/profiler_stop" markers (4 per variant, on fd 2) are dropped.
+    for result in results:
+        usdt = [line for line in (result.stdout + result.stderr).splitlines() if "USDT" in line]
+        assert not usdt, usdt
+
+
+def test_rmsnorm_variants_reruns_are_parent_runs_named_apart(rmsnorm_twice):
+    uri, parents, children, results = rmsnorm_twice
+    names = [p.info.run_name for p in parents]
+    assert len(names) == 2 and names[0] != names[1], names
+    assert all(re.fullmatch(r"rmsnorm-cpu-\d{8}-\d{6}", name) for name in names), names  # device, start time
+    for parent, result in zip(parents, results):  # each run made one parent, named in its output
+        assert set(children[parent.info.run_id]) == set(VARIANTS)
+        assert f"Parent run {parent.info.run_name} ({parent.info.run_id})" in result.stdout
+    # `mlflow-neuron compare --experiment rmsnorm-variants` compares the latest parent's children.
+    frame = compare_runs("rmsnorm-variants", baseline="naive", tracking_uri=uri)
+    assert frame.attrs["runs"] == {name: run.info.run_id for name, run in children[parents[-1].info.run_id].items()}
 
 
 def test_rmsnorm_variants_rejects_a_device_it_cannot_use_in_one_line(tmp_path):
