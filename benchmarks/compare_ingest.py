@@ -98,22 +98,18 @@ def main() -> None:
     print(f"compare {args.runs} runs x {args.ops} ops: pure {pure * 1000:.0f} ms; "
           f"compare_runs from a local sqlite store {full:.2f} s (reading {args.runs} runs dominates)")
 
-    from mlflow_neuron._trace import chrome as _chrome
-    from mlflow_neuron._trace import device_names as _devices
+    import json
+
     from mlflow_neuron._trace.aggregate import aggregate
-    from mlflow_neuron._trace.chrome import load_chrome_trace as load_trace
+    from mlflow_neuron._trace.chrome import read_chrome_file
 
     path = trace_file(work, args.events)
     size_mb = path.stat().st_size / 1e6
-    trace = load_trace(path)
-    count = len(trace["traceEvents"])
+    count = len(json.load(open(path))["traceEvents"])
 
     def parse_and_aggregate():
-        loaded = load_trace(path)
-        device, profiled = _devices.device_of_trace(loaded)
-        aggregate(_chrome.raw_events_from_chrome_trace(loaded), device=device, device_profiled=profiled)
-
-    import json
+        cycle = read_chrome_file(path, shapes=False)
+        aggregate(cycle.raw, device=cycle.device, device_profiled=cycle.device_profiled)
 
     bare = median_time(lambda: json.load(open(path)))
     ours = median_time(parse_and_aggregate)

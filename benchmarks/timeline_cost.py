@@ -8,13 +8,13 @@ Each cycle: `--steps` ProfilerStep ranges of `torch.add` ops, each op launching 
 kernel (tests/fake_device, needs g++; without it CPU ops only, and a note says so). Per cycle,
 medians over --reps fresh cycles, seconds:
 
-  parse             chrome path only: the saved trace file's bytes through orjson.loads
-                    (json.loads without orjson; a note says so)
-  read              Kineto: `raw_events_from_kineto(prof)`; chrome: `raw_events_from_chrome_trace`
+  parse             chrome path: 0, parsed while read (the file is read in pieces, orjson)
+  read              Kineto: `raw_events_from_kineto(prof)`; chrome: `read_chrome_file`, which also
+                    collects what the timeline needs (streams, shapes) in the same pass
   aggregate         `event_tree(raw)` + `aggregate(raw, tree=...)`: the numbers every cycle pays for
   streams           the timeline's inputs (origin, device streams, shapes reader). Kineto: what
                     `read_kineto_cycle` adds to the read, from the same list of Kineto events;
-                    chrome: `timeline_inputs_from_chrome_trace(trace, raw)`
+                    chrome: 0 (in "read")
   build             `build_timeline(raw, inputs=..., tree=...)`: the event tree is aggregation's
   stage             `Timeline.to_json` + `from_json`: the outbox round trip between a cycle and its
                     delivery
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import json
 import os
 import pathlib
 import shutil
@@ -107,10 +106,9 @@ def main() -> None:
     device = "neuron" if why_not is None else "cpu"
     if why_not:
         print(f"note: no fake device ({why_not}); CPU ops only")
-    try:
-        from orjson import loads as parse_json
-    except ImportError:
-        parse_json = json.loads
+    from mlflow_neuron._trace.chrome_file import PARSER
+
+    if PARSER != "orjson":
         print("note: no orjson; the chrome path parses with json.loads")
 
     from mlflow import MlflowClient
@@ -134,7 +132,7 @@ def main() -> None:
             trace_file = store / "cycle.pt.trace.json"
             prof.export_chrome_trace(str(trace_file))
             del prof
-            runs["chrome"].append(chrome_path(trace_file, parse_json, args, log_into))
+            runs["chrome"].append(chrome_path(trace_file, args, log_into))
             trace_file.unlink()
         for path, reps in runs.items():
             m = {k: statistics.median(r[k] for r in reps) for k in reps[0]}
@@ -177,26 +175,23 @@ def kineto_path(prof, args, log_into) -> dict[str, float]:
     return {**clock.times, **trace_cost(raw, tree, inputs, prof.step_num, args, log_into), "events": len(raw)}
 
 
-def chrome_path(trace_file: pathlib.Path, parse_json, args, log_into) -> dict[str, float]:
+def chrome_path(trace_file: pathlib.Path, args, log_into) -> dict[str, float]:
     """A helper process: the cycle's saved chrome trace parsed, read, aggregated, and the trace."""
     from mlflow_neuron._trace.aggregate import aggregate
-    from mlflow_neuron._trace.chrome import raw_events_from_chrome_trace
+    from mlflow_neuron._trace.chrome import read_chrome_file
     from mlflow_neuron._trace.event_tree import event_tree
-    from mlflow_neuron._capture.ingest import step_of
-    from mlflow_neuron._trace.chrome import timeline_inputs_from_chrome_trace
 
     _, _, device, _ = log_into
     clock = Clock()
-    trace = parse_json(trace_file.read_bytes())
-    clock.lap("parse")
-    raw = raw_events_from_chrome_trace(trace)
+    clock.lap("parse")  # parsed in pieces, while read: both are in "read"
+    cycle = read_chrome_file(trace_file)
+    raw, inputs = cycle.raw, cycle.inputs  # the streams and shapes are collected in the same pass
     clock.lap("read")
     tree = event_tree(raw)
     aggregate(raw, device=device, device_profiled=device != "cpu", tree=tree)
     clock.lap("aggregate")
-    inputs = timeline_inputs_from_chrome_trace(trace, raw)
     clock.lap("streams")
-    step = step_of(trace, 0)
+    step = cycle.last_step + 1 if cycle.last_step is not None else 0
     return {**clock.times, **trace_cost(raw, tree, inputs, step, args, log_into), "events": len(raw)}
 
 

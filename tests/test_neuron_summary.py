@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
+from mlflow_neuron._delivery.record import summary_metrics
 from mlflow_neuron._neuron import summary as ns
 
 PUBLISHED = {
@@ -38,7 +39,7 @@ def published_percent(node):
 
 def test_one_model_is_keyed_by_model_and_also_as_before():
     models = ns.parse_summary_json(json.dumps({"n_5eed": PUBLISHED}))
-    metrics = ns.summary_metrics(models, "neuron/summary")
+    metrics = summary_metrics(models, "neuron/summary")
     expected = published_percent(PUBLISHED)
     assert {k: v for k, v in metrics.items() if k.count("/") == 2} == pytest.approx(
         {f"neuron/summary/{k}": v for k, v in expected.items()})
@@ -50,7 +51,7 @@ def test_one_model_is_keyed_by_model_and_also_as_before():
 
 def test_two_models_each_get_their_own_keys_and_no_flat_keys():
     text = LOG_LINES + json.dumps({"n_abc": PUBLISHED, "n_def": QUIET}, indent=2)
-    metrics = ns.summary_metrics(ns.parse_summary_json(text), "neuron/summary")
+    metrics = summary_metrics(ns.parse_summary_json(text), "neuron/summary")
     assert metrics["neuron/summary/n_abc/dma_active_time_percent"] == pytest.approx(47.6)
     assert metrics["neuron/summary/n_def/dma_active_time_percent"] == pytest.approx(1.0)
     assert metrics["neuron/summary/n_def/mbu_estimated_percent"] == pytest.approx(18.4)
@@ -65,7 +66,7 @@ def test_a_new_field_is_read_and_text_fields_are_left_out():
 
 
 def test_a_summary_without_a_model_level_keeps_the_flat_keys():
-    metrics = ns.summary_metrics(ns.parse_summary_json(json.dumps({"total_time": 0.25, "x_percent": 0.5})), "p")
+    metrics = summary_metrics(ns.parse_summary_json(json.dumps({"total_time": 0.25, "x_percent": 0.5})), "p")
     assert metrics == {"p/total_time": 0.25, "p/x_percent": 50.0}
 
 
@@ -115,8 +116,8 @@ def write_summary_parquet(folder, columns=SUMMARY_COLUMNS):
 
 def test_a_summary_parquet_table_gives_the_same_keys_as_the_json(tmp_path):
     write_summary_parquet(tmp_path / "session" / "graph@latest")
-    from_parquet = ns.summary_metrics(ns.parquet_summaries(tmp_path / "session"), "neuron/summary")
-    from_json = ns.summary_metrics(ns.parse_summary_json(json.dumps({"graph@latest": SUMMARY_COLUMNS})),
+    from_parquet = summary_metrics(ns.parquet_summaries(tmp_path / "session"), "neuron/summary")
+    from_json = summary_metrics(ns.parse_summary_json(json.dumps({"graph@latest": SUMMARY_COLUMNS})),
                                    "neuron/summary")
     assert from_parquet == pytest.approx(from_json)
     assert from_parquet["neuron/summary/mfu_estimated_percent"] == pytest.approx(11.0)

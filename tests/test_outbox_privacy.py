@@ -11,7 +11,7 @@ import pytest
 
 from mlflow_neuron._delivery import outbox as _outbox
 from mlflow_neuron._delivery.model import Delivery, RunRef
-from mlflow_neuron.cli import sync
+from mlflow_neuron.cli import exit_code, sync
 
 URI_WITH_PASSWORD = "http://alice:s3cret-pw@127.0.0.1:5000"
 
@@ -82,7 +82,7 @@ def test_a_symlinked_outbox_is_refused_never_followed(tmp_path):
     assert list(target.iterdir()) == []
     err = io.StringIO()
     result = sync(str(link), out=io.StringIO(), err=err)
-    assert tuple(result) == (0, 0) and result.exit_code == 2
+    assert tuple(result) == (0, 0) and exit_code(result) == 2
     assert "symbolic link" in err.getvalue() and list(target.iterdir()) == []
 
 

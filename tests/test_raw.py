@@ -453,3 +453,18 @@ def test_the_fast_path_imports_without_mlflow():
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+SYMBOLS = [
+    "aten::mul", "ProfilerStep#3", "i", "ab", "Dn", "St", "Ss", "_Z", "ü", "void foo<int>(int)", "_Z3fooi",
+    "N3c104HalfE", "St6vectorIiSaIiEE",
+    "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEENS_6detail5ArrayIPcLi1EEEEEviT0_T1_",
+]
+
+
+@pytest.mark.parametrize("name", SYMBOLS)
+def test_names_are_demangled_as_torch_demangles_them_without_torch(name):
+    """The helper process never loads libtorch; it must still name kernels as torch's parse does."""
+    from mlflow_neuron._trace.names import demangle
+
+    assert demangle(name) == torch._C._demangle(name) if len(name) > 1 else demangle(name) == name

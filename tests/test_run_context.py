@@ -13,7 +13,7 @@ import time
 import types
 
 import pytest
-from conftest import ROOT, run_python
+from conftest import run_python
 from mlflow.tracking.context.abstract_context import RunContextProvider
 
 from mlflow_neuron._neuron import run_context as _run_context
@@ -132,17 +132,14 @@ def test_tags_are_cheap_enough_for_every_run_start():
 
 
 def test_the_module_imports_neither_torch_nor_anything_of_the_neuron_stack(tmp_path):
-    # Loaded as a standalone file, without the mlflow_neuron package (whose __init__ imports torch).
+    # As MLflow loads it (through the package), at every `import mlflow` of a program.
     code = textwrap.dedent(
-        f"""
-        import importlib.util, json, sys
-        path = {str(ROOT / "mlflow_neuron" / "_run_context.py")!r}
-        spec = importlib.util.spec_from_file_location("run_context", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        tags = module.NeuronRunContextProvider().tags()
+        """
+        import json, sys
+        from mlflow_neuron._neuron.run_context import NeuronRunContextProvider
+        tags = NeuronRunContextProvider().tags()
         heavy = [m for m in ("torch", "torch_neuronx", "libneuronxla", "neuronxcc") if m in sys.modules]
-        print(json.dumps({{"tags": tags, "heavy": heavy}}))
+        print(json.dumps({"tags": tags, "heavy": heavy}))
         """
     )
     result = run_python(code, cwd=tmp_path)

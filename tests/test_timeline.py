@@ -28,7 +28,7 @@ from mlflow_neuron._trace.kineto import raw_events_from_kineto
 from mlflow_neuron._trace.events import HOST
 from mlflow_neuron._trace.timeline import CYCLE, KERNEL, OP, STEP, STREAM, SUMMARY, Timeline
 from mlflow_neuron._trace.span_tree import build_timeline
-from mlflow_neuron._trace.chrome import timeline_inputs_from_chrome_trace
+from mlflow_neuron._trace.chrome import read_chrome_file
 from mlflow_neuron._trace.kineto import timeline_inputs_from_kineto
 
 TESTS = Path(__file__).parent
@@ -121,9 +121,8 @@ def test_a_chrome_trace_of_the_cycle_gives_the_same_timeline(tmp_path):
         for _ in range(3):
             rms_norm_naive(x, w)
             prof.step()
-    trace = json.loads((tmp_path / "trace.json").read_text())
-    raw = raw_events_from_chrome_trace(trace)
-    from_file = build_timeline(raw, cycle_step=3, inputs=timeline_inputs_from_chrome_trace(trace, raw))
+    cycle = read_chrome_file(tmp_path / "trace.json")
+    from_file = build_timeline(cycle.raw, cycle_step=3, inputs=cycle.inputs)
     want, got = seen["kineto"], from_file
 
     def shape(t):
@@ -143,7 +142,7 @@ from mlflow_neuron._trace.aggregate import aggregate
 from mlflow_neuron._trace.chrome import raw_events_from_chrome_trace
 from mlflow_neuron._trace.kineto import raw_events_from_kineto
 from mlflow_neuron._trace.span_tree import build_timeline
-from mlflow_neuron._trace.chrome import timeline_inputs_from_chrome_trace
+from mlflow_neuron._trace.chrome import read_chrome_cycle
 from mlflow_neuron._trace.kineto import timeline_inputs_from_kineto
 x, w = inputs()
 out = {}
@@ -154,10 +153,8 @@ def on_cycle(prof):
                         for cap in sys.argv[2].split(",")]
     p = aggregate(raw, device="neuron", device_profiled=True)
     prof.export_chrome_trace("trace.json")
-    trace = json.loads(pathlib.Path("trace.json").read_text())
-    raw = raw_events_from_chrome_trace(trace)
-    out["from_file"] = build_timeline(raw, cycle_step=prof.step_num,
-                                      inputs=timeline_inputs_from_chrome_trace(trace, raw)).to_json()
+    cycle = read_chrome_cycle(json.loads(pathlib.Path("trace.json").read_text()))
+    out["from_file"] = build_timeline(cycle.raw, cycle_step=prof.step_num, inputs=cycle.inputs).to_json()
     out["ops"] = {f"{o.kind}:{o.name}": o.self_device_time_us for o in p.ops}
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
              schedule=schedule(wait=0, warmup=1, active=2), on_trace_ready=on_cycle) as prof:

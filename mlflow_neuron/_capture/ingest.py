@@ -9,7 +9,6 @@ ingested run compares with a live one. Device events are linked to ops from the 
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 import tempfile
@@ -28,10 +27,9 @@ from .._delivery.prepare import Preparer
 from .._delivery.report import MLflowNeuronWarning, Reporter
 from .._neuron import layout
 from .._neuron.output_files import TOO_LARGE, UPLOAD, FoundFile
-from .._trace.chrome import load_chrome_trace, read_chrome_trace, timeline_inputs_from_chrome_trace
+from .._trace.chrome import read_chrome_file
 from .._trace.chrome_links import Linking
-from .._trace.device_names import device_of_trace
-from .._trace.summarize import CycleSettings, CycleSummary, Summarized, summarize
+from .._trace.summarize import CycleSettings, CycleSummary, Summarized, cycle_collector_paused, summarize
 from .._trace.timeline import DEFAULT_MAX_SPANS
 
 TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
@@ -39,7 +37,6 @@ TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 # more than rounding, and the reason is in the trace (launches outside ops, device events without
 # a launch), not in the numbers.
 WEAK_ATTRIBUTION_SHARE = 0.05
-_STEP_EVENT = re.compile(r"^ProfilerStep#(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -85,16 +82,16 @@ def read_cycle(trace_file: Path, index: int, *, log_timeline: bool = True,
                max_spans: int = DEFAULT_MAX_SPANS) -> tuple[int, CycleSummary, Linking]:  # fmt: skip
     """One trace file summarized: (the step it is logged at, its summary, how its device events
     were linked). Raises ValueError for a file that is not a trace, or one without host ops."""
-    trace = load_chrome_trace(trace_file)
-    step = step_of(trace, index)
-    device, device_profiled = device_of_trace(trace)
-    raw, linking = read_chrome_trace(trace)
-    settings = CycleSettings(device, device_profiled, default_step=max(step - 1, 0), max_spans=max_spans,
+    with cycle_collector_paused():
+        cycle = read_chrome_file(trace_file, shapes=log_timeline)
+    # The step the callback would have logged this cycle at: the last ProfilerStep + 1.
+    step = cycle.last_step + 1 if cycle.last_step is not None else index
+    settings = CycleSettings(cycle.device, cycle.device_profiled, default_step=max(step - 1, 0), max_spans=max_spans,
                              timeline_step=step if log_timeline else None)  # fmt: skip
-    summary = summarize(raw, settings, timeline_inputs_from_chrome_trace(trace, raw) if log_timeline else None)
+    summary = summarize(cycle.raw, settings, cycle.inputs if log_timeline else None)
     if not summary.profile.ops:
         raise ValueError(f"{trace_file}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
-    return step, summary, linking
+    return step, summary, cycle.linking
 
 
 def weak_attribution(linking: Linking) -> str | None:
@@ -109,12 +106,6 @@ def weak_attribution(linking: Linking) -> str | None:
             f"({linking.unattributed_share:.1%}) is attributed to no op: {cause} (device events without a "
             f"correlation id or runtime launch, launches from threads or code outside torch ops, or a trace "
             f"cut mid-step); per-op device time covers the rest")  # fmt: skip
-
-
-def step_of(trace: dict, fallback: int) -> int:
-    """The step the callback would have logged this cycle at: the last ProfilerStep + 1."""
-    steps = [int(m.group(1)) for e in trace["traceEvents"] if (m := _STEP_EVENT.match(str(e.get("name", ""))))]
-    return max(steps) + 1 if steps else fallback
 
 
 def ingest(path: Path, run: RunRef | Callable[[], RunRef], *, top_k: int = 50, max_file_bytes: int | None = None,

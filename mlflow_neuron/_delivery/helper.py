@@ -196,7 +196,7 @@ def main() -> int:
         try:
             request = json.loads(line)
             if request.get("op") == "init":
-                from .._trace.chrome import PARSER
+                from .._trace.chrome_file import PARSER
 
                 helper = Helper(request, channel)
                 _watch_parent(parent, helper)

@@ -1,13 +1,16 @@
-"""The chrome-trace reader: Kineto's JSON (any dialect, any accelerator) as `RawEvents` columns.
+"""The chrome-trace reader: Kineto's JSON (any dialect, any accelerator) as `RawEvents` columns,
+and what a timeline needs, in one pass over the events.
 
 Example::
 
-    trace = json.load(open("worker0.pt.trace.json"))
-    raw, links = read_chrome_trace(trace)
-    profile = aggregate(raw, device="cuda", device_profiled=True)
-    links.unattributed_device_time_us  # device time that no host op launched, as far as the trace says
+    cycle = read_chrome_file("worker0.pt.trace.json.gz")   # read in pieces: bounded memory
+    profile = aggregate(cycle.raw, device=cycle.device, device_profiled=cycle.device_profiled)
+    cycle.linking.unattributed_device_time_us  # device time no host op launched, as far as the trace says
 
-How device events are linked to their ops, in each dialect, is `chrome_links`'s.
+    raw, links = read_chrome_trace(json.load(open("trace.json")))   # a trace already in memory
+
+How device events are linked to their ops, in each dialect, is `chrome_links`'s; how a file is
+read in pieces, `chrome_file`'s; which device made the trace, `device_names`'.
 
 Device classes (`_CHROME_CLASSES`) follow torch's `deviceTypeFromActivity`, with one choice of our
 own: MTIA device events (`mtia_ccp_events`) are attached to the op that launched them, as CUDA,
@@ -18,15 +21,16 @@ trace read here shows per-op device time instead.
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
+import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .chrome_file import read_pieces
 from .chrome_links import (
     DEVICE_ROLE,
     EXTERNAL_ID,
@@ -37,6 +41,7 @@ from .chrome_links import (
     link_devices,
     linking_summary,
 )
+from .device_names import device_of
 from .events import (
     DEVICE_KERNEL,
     DEVICE_OTHER,
@@ -47,14 +52,8 @@ from .events import (
     RawEvents,
     TimelineInputs,
     empty_events,
-    factorize,
     uncovered_memory,
 )
-
-try:  # a fast parser is a dependency; the standard one keeps a broken install working
-    import orjson
-except ImportError:  # pragma: no cover
-    orjson = None
 
 # Kineto activity categories as torch 2.13's deviceTypeFromActivity files them (MTIA: see above).
 _TORCH_OP_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function"})
@@ -76,6 +75,25 @@ _LAUNCH_CATEGORIES = frozenset(
 
 _NUMBERS = frozenset({int, float})  # bool is neither: `_checked` refuses it
 _NO_ARGS: Mapping = {}
+
+_NUMBERS = frozenset({int, float})  # bool is neither: `_checked` refuses it
+_NO_ARGS: Mapping = {}
+_COLUMNS = ("name", "ts", "dur", "thread", "device_class", "role", "target", "annotation", "external", "correlation",
+            "source")  # fmt: skip  # one piece's rows, as arrays
+_STEP_EVENT = re.compile(r"^ProfilerStep#(\d+)$")
+_HIP_CALL_CATEGORIES = ("cuda_runtime", "cuda_driver")  # ROCm's HIP calls, as torch's Kineto build files them
+
+
+@dataclass(frozen=True, eq=False)
+class ChromeCycle:
+    """What one pass over a chrome trace gives."""
+
+    raw: RawEvents
+    linking: Linking  # how device events were linked to their ops
+    inputs: TimelineInputs  # the epoch origin, device streams and input shapes, for a timeline
+    device: str  # which device made the trace (`device_names.device_of`)
+    device_profiled: bool
+    last_step: int | None  # the highest `ProfilerStep#N`; None without step ranges
 
 
 def raw_events_from_chrome_trace(trace: Mapping[str, Any]) -> RawEvents:
@@ -106,50 +124,177 @@ def read_chrome_trace(trace: Mapping[str, Any], *, dialect: str | None = None) -
 
     `dialect` forces a linking (EXTERNAL_ID or CORRELATION) instead of detecting it; for tests.
     """
+    cycle = read_chrome_cycle(trace, dialect=dialect, shapes=False)
+    return cycle.raw, cycle.linking
+
+
+def read_chrome_cycle(trace: Mapping[str, Any], *, dialect: str | None = None, shapes: bool = True) -> ChromeCycle:
+    """Everything `ChromeCycle` holds, from a trace in memory (`json.load`ed)."""
     if not isinstance(trace, Mapping) or not isinstance(trace.get("traceEvents"), list):
         raise ValueError("not a chrome trace: expected a JSON object with a 'traceEvents' list")
-    rows, memory, trace_start_us = [], [], None
-    threads: dict[Any, int] = {}
-    events = trace["traceEvents"]
-    for index, event in enumerate(events):
-        if type(event) is not dict and not isinstance(event, Mapping):
-            raise ValueError(f"traceEvents[{index}] is {type(event).__name__}, not an object")
-        get = event.get
-        phase, cat, name = get("ph"), get("cat"), get("name")
-        if (name == MEMORY_EVENT_NAME or name == OUT_OF_MEMORY_EVENT_NAME) and phase in ("i", "I", "X"):
-            ts, _, name = _checked(event, index, "ts")  # Kineto writes instants, the Python exporter X
-            thread = threads.setdefault((get("pid"), get("tid")), len(threads))
-            memory.append((name, ts, thread, index))
-            continue
-        if phase != "X":
-            continue
-        kind = _KINDS.get(cat)
-        if kind is not None:
-            # The common case is checked inline (this loop is most of a helper's cycle); finiteness
-            # and negative durations are checked on the columns, in `_checked_numbers`.
-            ts, dur = get("ts"), get("dur")
-            if type(name) is not str or type(ts) not in _NUMBERS or type(dur) not in _NUMBERS:
-                ts, dur, name = _checked(event, index, "ts", "dur")
-            args = get("args") or _NO_ARGS
-            if type(args) is not dict and not isinstance(args, Mapping):
-                args = _NO_ARGS
-            hidden = args.get("hidden")
-            if hidden is not None and str(hidden) == "1":
-                continue  # Kineto's "hidden" metadata: torch drops these events
-            external, correlation = args.get("External id", 0), args.get("correlation", 0)
-            if type(external) is not int:
-                external = _int_arg(args, "External id", index)
-            if type(correlation) is not int:
-                correlation = _int_arg(args, "correlation", index)
-            key = (get("pid"), get("tid"))
-            thread = threads.get(key)
-            if thread is None:
-                thread = threads[key] = len(threads)
-            rows.append((name, ts, dur, thread, *kind, external, correlation, index))
-        elif cat == "Trace" and str(name or "").startswith("PyTorch Profiler"):
-            trace_start_us = _checked(event, index, "ts")[0]  # Kineto's span starts at trace_start_ns
-    _checked_numbers(rows, events)
-    return _chrome_columns(rows, memory, trace_start_us, dialect)
+    reader = ChromeReader(shapes)
+    reader.feed(trace["traceEvents"])
+    return reader.finish(trace, dialect)
+
+
+def read_chrome_file(path: str | Path, *, shapes: bool = True) -> ChromeCycle:
+    """Everything `ChromeCycle` holds, from a trace file (`.gz` or not), read in pieces so that
+    parsed events never pile up; ValueError, saying why, for a file that is not a trace."""
+    reader = ChromeReader(shapes)
+    header = read_pieces(path, reader.feed, reader.reset)
+    return reader.finish(header)
+
+
+class ChromeReader:
+    """One pass over a chrome trace's events, fed a list at a time; each list's rows become
+    numpy columns at once, so only the columns stay. `shapes`: keep `args["Input Dims"]` for a
+    timeline's spans (the trace must have been recorded with `record_shapes=True`)."""
+
+    def __init__(self, shapes: bool = True) -> None:
+        self.shapes = shapes
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets every event fed so far."""
+        self.events = 0  # fed so far: the next event's index in traceEvents
+        self.names: dict[str, int] = {}
+        self.threads: dict[tuple, int] = {}  # (pid, tid) -> thread index
+        self.pieces: list[dict[str, np.ndarray]] = []
+        self.memory: list[tuple] = []  # [memory] / [OutOfMemory] records: (name, ts, thread, index)
+        self.dims: dict[int, Any] = {}  # row -> its Input Dims
+        self.rows = 0
+        self.trace_start_us: float | None = None  # Kineto's profiler span starts at trace_start_ns
+        self.categories: set = set()
+        self.hip_calls = False
+        self.process_names: dict = {}
+        self.thread_names: dict = {}
+
+    def feed(self, events: list) -> None:
+        rows: list[tuple] = []
+        names, threads, categories = self.names, self.threads, self.categories
+        for index, event in enumerate(events, self.events):
+            if type(event) is not dict and not isinstance(event, Mapping):
+                raise ValueError(f"traceEvents[{index}] is {type(event).__name__}, not an object")
+            get = event.get
+            phase, cat, name = get("ph"), get("cat"), get("name")
+            categories.add(cat)
+            if (name == MEMORY_EVENT_NAME or name == OUT_OF_MEMORY_EVENT_NAME) and phase in ("i", "I", "X"):
+                ts, _, name = _checked(event, index, "ts")  # Kineto writes instants, the Python exporter X
+                self.memory.append((name, ts, threads.setdefault((get("pid"), get("tid")), len(threads)), index))
+                continue
+            if phase != "X":
+                if phase == "M":
+                    self._metadata(event)
+                continue
+            kind = _KINDS.get(cat)
+            if kind is not None:
+                # The common case is checked inline (this loop is most of a helper's cycle); finiteness
+                # and negative durations are checked on the columns, in `_checked_numbers`.
+                ts, dur = get("ts"), get("dur")
+                if type(name) is not str or type(ts) not in _NUMBERS or type(dur) not in _NUMBERS:
+                    ts, dur, name = _checked(event, index, "ts", "dur")
+                args = get("args") or _NO_ARGS
+                if type(args) is not dict and not isinstance(args, Mapping):
+                    args = _NO_ARGS
+                hidden = args.get("hidden")
+                if hidden is not None and str(hidden) == "1":
+                    continue  # Kineto's "hidden" metadata: torch drops these events
+                external, correlation = args.get("External id", 0), args.get("correlation", 0)
+                if type(external) is not int:
+                    external = _int_arg(args, "External id", index)
+                if type(correlation) is not int:
+                    correlation = _int_arg(args, "correlation", index)
+                key = (get("pid"), get("tid"))
+                thread = threads.get(key)
+                if thread is None:
+                    thread = threads[key] = len(threads)
+                name_id = names.get(name)
+                if name_id is None:
+                    name_id = names[name] = len(names)
+                if self.shapes and kind[0] == HOST and args.get("Input Dims"):
+                    self.dims[self.rows + len(rows)] = args["Input Dims"]
+                if cat in _HIP_CALL_CATEGORIES and name.startswith("hip"):
+                    self.hip_calls = True
+                rows.append((name_id, ts, dur, thread, *kind, external, correlation, index))
+            elif cat == "Trace" and str(name or "").startswith("PyTorch Profiler"):
+                self.trace_start_us = _checked(event, index, "ts")[0]
+        _checked_numbers(rows, events, self.events)
+        self.events += len(events)
+        if rows:
+            self.rows += len(rows)
+            self.pieces.append(dict(zip(_COLUMNS, map(np.array, zip(*rows)))))
+
+    def finish(self, header: Mapping, dialect: str | None = None) -> ChromeCycle:
+        """The cycle, once every event was fed; `header` is the trace's other keys."""
+        raw, linking = self._columns(dialect)
+        device, profiled = device_of(self.categories, header, self.hip_calls)
+        steps = [int(m.group(1)) for name in self.names if (m := _STEP_EVENT.match(name))]
+        return ChromeCycle(raw, linking, self._inputs(raw, header), device, profiled, max(steps, default=None))
+
+    def _metadata(self, event: Mapping) -> None:
+        """Process and thread names (`process_name` / `thread_name` metadata): the streams' names."""
+        args = event.get("args")
+        name = args.get("name") if isinstance(args, dict) else None
+        if event.get("name") == "process_name":
+            self.process_names[event.get("pid")] = str(name if name is not None else event.get("pid"))
+        elif event.get("name") == "thread_name":
+            key = (event.get("pid"), event.get("tid"))
+            self.thread_names[key] = str(name if name is not None else event.get("tid"))
+
+    def _columns(self, dialect: str | None) -> tuple[RawEvents, Linking]:
+        memory = self.memory
+        if not self.rows and not memory:
+            return empty_events(None), Linking(EXTERNAL_ID, 0, 0, 0, 0, 0.0, 0.0)
+        c = {k: np.concatenate([p[k] for p in self.pieces]) if self.pieces else np.zeros(0) for k in _COLUMNS}
+        start = _ns(c["ts"].astype(np.float64))
+        end = start + np.rint(c["dur"].astype(np.float64) * 1000).astype(np.int64)
+        mem_start = _ns(np.array([r[1] for r in memory], np.float64))
+        if self.trace_start_us is not None:
+            origin = _ns(np.array([self.trace_start_us]))[0]
+        else:  # the Python exporter writes no trace start: the first event stands in (floats differ in the last bits)
+            origin = min(a.min() for a in (start, mem_start) if len(a))
+        m = self.rows
+        for record in memory:
+            self.names.setdefault(record[0], len(self.names))
+        raw_names = list(self.names)
+        device_class = c["device_class"].astype(np.int8)
+        own, linked, how, dialect = link_devices(start, end, c["thread"], c["role"], c["target"], c["external"],
+                                                 c["correlation"], dialect)  # fmt: skip
+        columns = [c["name"].astype(np.int64), start - origin, end - origin, c["thread"].astype(np.int64), device_class,
+                   own, linked, np.zeros(m, bool),
+                   c["annotation"].astype(bool), np.zeros(m), c["source"].astype(np.int64)]  # fmt: skip
+        if memory:
+            ids = np.array([self.names[r[0]] for r in memory], np.int64)
+            oom = np.array([r[0] == OUT_OF_MEMORY_EVENT_NAME for r in memory], bool)
+            records = (ids, mem_start - origin, np.array([r[2] for r in memory], np.int64), oom,
+                       np.array([r[3] for r in memory], np.int64))  # fmt: skip
+            extra = uncovered_memory(records, columns[1], columns[2], device_class == HOST)
+            columns = [np.concatenate([col, x]) for col, x in zip(columns, extra)]
+        use_device = "device" if (device_class != HOST).any() else None
+        linking = linking_summary(dialect, how, device_class, c["annotation"], c["dur"])
+        return RawEvents(tuple(raw_names), *columns[:-1], use_device=use_device, source_index=columns[-1]), linking
+
+    def _inputs(self, raw: RawEvents, header: Mapping) -> TimelineInputs:
+        """Origin, stream names and input shapes for the timeline. The device rows are split by
+        (pid, tid) already; the names come from the trace's `process_name`/`thread_name` metadata."""
+        base = header.get("baseTimeNanoseconds", 0)
+        origin = None
+        if self.trace_start_us is not None and isinstance(base, int) and not isinstance(base, bool):
+            origin = base + int(_ns(np.array([self.trace_start_us]))[0])
+        dev = np.flatnonzero(raw.device_class != HOST)
+        lane = np.full(len(raw), -1, np.int64)
+        lane[dev] = raw.thread[dev]
+        names = [""] * (int(lane.max(initial=-1)) + 1)
+        key_of = {index: key for key, index in self.threads.items()}
+        for k in np.unique(raw.thread[dev]).tolist():
+            pid, tid = key_of[k]
+            names[k] = f"{self.process_names.get(pid, pid)} {self.thread_names.get((pid, tid), f'stream {tid}')}".strip()
+        dims = self.dims
+
+        def read_shapes(raw_rows: np.ndarray) -> list:
+            return [d if (d := dims.get(r)) and any(d) else None for r in raw_rows.tolist()]
+
+        return TimelineInputs(origin, DeviceLanes(lane, tuple(names)), read_shapes if self.shapes else None)
 
 
 def _kinds() -> dict[str, tuple]:
@@ -169,7 +314,7 @@ def _kinds() -> dict[str, tuple]:
 _KINDS = _kinds()
 
 
-def _checked_numbers(rows: list, events: list) -> None:
+def _checked_numbers(rows: list, events: list, offset: int) -> None:
     """The ValueError `_checked` gives for the first row whose ts or dur is not finite, or whose
     dur is negative (the row loop only checked their types)."""
     if not rows:
@@ -179,7 +324,7 @@ def _checked_numbers(rows: list, events: list) -> None:
     bad = ~(np.isfinite(ts) & np.isfinite(dur) & (dur >= 0))
     if bad.any():
         index = rows[int(np.argmax(bad))][-1]
-        _checked(events[index], index, "ts", "dur")
+        _checked(events[index - offset], index, "ts", "dur")
 
 
 def _checked(event: Mapping, index: int, *keys: str) -> tuple:
@@ -211,129 +356,3 @@ def _ns(us: np.ndarray) -> np.ndarray:
     """Whole nanoseconds from microsecond floats written with three decimals (exact below 2**43 µs)."""
     whole = np.floor(us)
     return whole.astype(np.int64) * 1000 + np.rint((us - whole) * 1000).astype(np.int64)
-
-
-def _chrome_columns(rows: list, memory: list, trace_start_us: float | None, dialect: str | None) -> tuple:
-    if not rows and not memory:
-        return empty_events(None), Linking(EXTERNAL_ID, 0, 0, 0, 0, 0.0, 0.0)
-    names, ts, dur, thread, device_class, role, target, annotation, external, correlation, source = (
-        zip(*rows) if rows else [()] * 11
-    )
-    start = _ns(np.array(ts, np.float64))
-    end = start + np.rint(np.array(dur, np.float64) * 1000).astype(np.int64)
-    mem_start = _ns(np.array([r[1] for r in memory], np.float64))
-    if trace_start_us is not None:
-        origin = _ns(np.array([trace_start_us]))[0]
-    else:  # the Python exporter writes no trace start: the first event stands in (floats differ in the last bits)
-        origin = min(a.min() for a in (start, mem_start) if len(a))
-    raw_names, name_id = factorize(list(names) + [r[0] for r in memory])
-    m = len(rows)
-    device_class = np.array(device_class, np.int8)
-    own, linked, how, dialect = link_devices(start.tolist(), end.tolist(), thread, role, target, external, correlation,
-                                      dialect)  # fmt: skip
-    columns = [name_id[:m], start - origin, end - origin, np.array(thread, np.int64), device_class,
-               np.array(own, np.int64), np.array(linked, np.int64), np.zeros(m, bool),
-               np.array(annotation, bool), np.zeros(m), np.array(source, np.int64)]  # fmt: skip
-    if memory:
-        oom = np.array([r[0] == OUT_OF_MEMORY_EVENT_NAME for r in memory], bool)
-        records = (name_id[m:], mem_start - origin, np.array([r[2] for r in memory], np.int64), oom,
-                   np.array([r[3] for r in memory], np.int64))  # fmt: skip
-        extra = uncovered_memory(records, columns[1], columns[2], device_class == HOST)
-        columns = [np.concatenate([c, x]) for c, x in zip(columns, extra)]
-    use_device = "device" if (device_class != HOST).any() else None
-    linking = linking_summary(dialect, how, device_class.tolist(), annotation, dur)
-    return RawEvents(tuple(raw_names), *columns[:-1], use_device=use_device, source_index=columns[-1]), linking
-
-
-def timeline_inputs_from_chrome_trace(trace: dict, raw: RawEvents) -> TimelineInputs:
-    """Origin, stream names and input shapes (`args["Input Dims"]`) for
-    `raw = raw_events_from_chrome_trace(trace)`. Its device rows are split by (pid, tid) already;
-    the names come from the trace's `process_name`/`thread_name` metadata. Without `raw`'s
-    `source_index` (or one that does not fit the trace), the origin only."""
-    events = trace.get("traceEvents", ())
-    origin = chrome_origin_ns(trace)
-    rows = raw.source_index
-    if not raw.sources_within(len(events)):
-        return TimelineInputs(origin)
-    dev = np.flatnonzero(raw.device_class != HOST)
-    lane = np.full(len(raw), -1, np.int64)
-    lane[dev] = raw.thread[dev]
-    names = [""] * (int(lane.max(initial=-1)) + 1)
-    if len(dev):
-        pid_names, tid_names = _thread_names(events)
-        used, first = np.unique(raw.thread[dev], return_index=True)
-        for k, f in zip(used.tolist(), first.tolist()):
-            event = events[rows[dev[f]]]
-            pid, tid = event.get("pid"), event.get("tid")
-            names[k] = f"{pid_names.get(pid, pid)} {tid_names.get((pid, tid), f'stream {tid}')}".strip()
-
-    def read_shapes(raw_rows: np.ndarray) -> list:
-        out = []
-        for r in raw_rows.tolist():
-            args = events[rows[r]].get("args")
-            dims = args.get("Input Dims") if isinstance(args, dict) else None
-            out.append(dims if dims and any(dims) else None)
-        return out
-
-    return TimelineInputs(origin, DeviceLanes(lane, tuple(names)), read_shapes)
-
-
-def chrome_origin_ns(trace: dict) -> int | None:
-    """Epoch nanoseconds of `raw_events_from_chrome_trace(trace)`'s time zero: the profiler
-    span's start (the last one, as the reader takes it), shifted by `baseTimeNanoseconds` when
-    the trace has one. None: no profiler span (the Python exporter's traces), whose zero is their
-    first event."""
-    base = trace.get("baseTimeNanoseconds", 0)
-    for event in reversed(trace.get("traceEvents", ())):  # Kineto writes it near the end
-        if (isinstance(event, dict) and event.get("ph") == "X" and event.get("cat") == "Trace"
-                and str(event.get("name", "")).startswith("PyTorch Profiler")):  # fmt: skip
-            ts = event.get("ts")
-            if isinstance(ts, (int, float)) and isinstance(base, int):
-                return base + int(_ns(np.array([float(ts)]))[0])
-    return None
-
-
-def _thread_names(events: list) -> tuple[dict, dict]:
-    """{pid: process name} and {(pid, tid): thread name}, from the trace's metadata events."""
-    pid_names, tid_names = {}, {}
-    for event in [e for e in events if e.get("ph") == "M"]:
-        args = event.get("args")
-        name = args.get("name") if isinstance(args, dict) else None
-        if event.get("name") == "process_name":
-            pid_names[event.get("pid")] = str(name if name is not None else event.get("pid"))
-        elif event.get("name") == "thread_name":
-            tid_names[(event.get("pid"), event.get("tid"))] = str(name if name is not None else event.get("tid"))
-    return pid_names, tid_names
-
-
-def load_chrome_trace(path: str | Path) -> dict:
-    """A chrome trace file (`.gz` or not) as JSON; ValueError, saying why, for anything else.
-
-    orjson reads it (about three times as fast as `json`); Python's `json` takes what orjson
-    refuses but Python writes, such as NaN."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-        if path.suffix == ".gz":
-            data = gzip.decompress(data)
-    except (OSError, EOFError) as error:
-        raise ValueError(f"{path}: not a readable chrome trace ({type(error).__name__}: {error})") from error
-    try:
-        trace = _loads(data)
-    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{path}: not a readable chrome trace ({type(error).__name__}: {error})") from error
-    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
-        raise ValueError(f"{path}: not a chrome trace (no traceEvents list)")
-    return trace
-
-
-def _loads(data: bytes) -> Any:
-    if orjson is not None:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(data)
-
-
-PARSER = "orjson" if orjson is not None else "json"

@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .events import DEVICE_KERNEL, HOST
 
 EXTERNAL_ID, CORRELATION = "external_id", "correlation"
@@ -73,55 +75,56 @@ class Linking:
         }
 
 
-def link_devices(start: list, end: list, thread: tuple, role: tuple, target: tuple, external: tuple, correlation: tuple,
-          dialect: str | None) -> tuple[list, list, list, str]:  # fmt: skip
-    """(own ids, linked ids, how each device row was linked, dialect) of the rows.
+def link_devices(start: np.ndarray, end: np.ndarray, thread: np.ndarray, role: np.ndarray, target: np.ndarray,
+                 external: np.ndarray, correlation: np.ndarray,
+                 dialect: str | None) -> tuple[np.ndarray, np.ndarray, dict[int, str], str]:  # fmt: skip
+    """(own ids, linked ids, how each device row was linked, dialect) of the rows (columns in).
 
-    How: None for rows that are not device rows, else "id", "runtime" or "" (no op found).
+    How: per device row, "id", "runtime" or "" (no op found). Only launches and device rows need
+    more than their own columns; a trace without either (a CPU profile) is linked in numpy alone.
     """
-    n = len(role)
-    ops = {external[i]: i for i in range(n) if role[i] == OP_ROLE and external[i] > 0}
-    launches = [i for i in range(n) if role[i] == LAUNCH_ROLE]
+    own = np.where(role == OP_ROLE, external, 0).astype(np.int64)
+    linked = np.where(role == OTHER_HOST_ROLE, external, 0).astype(np.int64)
+    launches, devices = np.flatnonzero(role == LAUNCH_ROLE).tolist(), np.flatnonzero(role == DEVICE_ROLE).tolist()
+    if not launches and not devices:
+        return own, linked, {}, dialect or EXTERNAL_ID
+    start, end, thread, external, correlation = (c.tolist() for c in (start, end, thread, external, correlation))
+    op_rows = np.flatnonzero((role == OP_ROLE) & (np.asarray(external) > 0)).tolist()
+    ops = {external[i]: i for i in op_rows}
     launch_of: dict[int, int] = {}
     for i in launches:
         if correlation[i] > 0:
             launch_of.setdefault(correlation[i], i)
-    enclosing = _innermost_enclosing(start, end, thread, [i for i in range(n) if target[i]], launches)
+    enclosing = _innermost_enclosing(start, end, thread, np.flatnonzero(target).tolist(), launches)
     enclosing = {call: op for call, op in enclosing.items() if external[op] > 0}  # no id: nothing links to it
     if dialect is None:
-        dialect = _detect(start, end, thread, role, external, correlation, ops, launches)
-
-    own, linked, how = [0] * n, [0] * n, [None] * n
-    for i in range(n):
-        if role[i] == OP_ROLE:
-            own[i] = external[i]
-        elif role[i] == LAUNCH_ROLE:
-            # A launch is no op: with an id of its own it would take the kernels of any op whose
-            # External id happens to equal its correlation id (MTIA traces have such pairs).
-            op = enclosing.get(i)
-            if dialect == EXTERNAL_ID and external[i] > 0:
-                linked[i] = external[i]
-            else:  # no External id, or it is the call's own correlation: the enclosing op is the link
-                linked[i] = external[op] if op is not None else 0
-        elif role[i] == OTHER_HOST_ROLE:
+        dialect = _detect(start, end, thread, external, correlation, ops, launches, devices)
+    for i in launches:
+        # A launch is no op: with an id of its own it would take the kernels of any op whose
+        # External id happens to equal its correlation id (MTIA traces have such pairs).
+        op = enclosing.get(i)
+        if dialect == EXTERNAL_ID and external[i] > 0:
             linked[i] = external[i]
+        else:  # no External id, or it is the call's own correlation: the enclosing op is the link
+            linked[i] = external[op] if op is not None else 0
+    how: dict[int, str] = {}
+    for i in devices:
+        launch = launch_of.get(correlation[i]) if correlation[i] > 0 else None
+        bridged = enclosing.get(launch) if launch is not None else None
+        by_id = dialect == EXTERNAL_ID and external[i] in ops
+        if by_id and launch is not None and external[launch] not in (0, external[i]):
+            by_id = False  # the launch says another op: ids don't line up
+        if by_id:
+            linked[i], how[i] = external[i], "id"
+        elif bridged is not None:
+            linked[i], how[i] = external[bridged], "runtime"
         else:
-            launch = launch_of.get(correlation[i]) if correlation[i] > 0 else None
-            bridged = enclosing.get(launch) if launch is not None else None
-            by_id = dialect == EXTERNAL_ID and external[i] in ops
-            if by_id and launch is not None and external[launch] not in (0, external[i]):
-                by_id = False  # the launch says another op: ids don't line up
-            if by_id:
-                linked[i], how[i] = external[i], "id"
-            elif bridged is not None:
-                linked[i], how[i] = external[bridged], "runtime"
-            else:
-                linked[i], how[i] = (external[i] if dialect == EXTERNAL_ID else 0), ""
+            linked[i], how[i] = (external[i] if dialect == EXTERNAL_ID else 0), ""
     return own, linked, how, dialect
 
 
-def _detect(start: list, end: list, thread: tuple, role: tuple, external: tuple, correlation: tuple, ops: dict,
-            launches: list) -> str:  # fmt: skip
+def _detect(start: list, end: list, thread: list, external: list, correlation: list, ops: dict, launches: list,
+            devices: list) -> str:  # fmt: skip
     """EXTERNAL_ID when runtime launches name an op that encloses them (modern Kineto), else
     CORRELATION. With no launch that has both ids: CORRELATION when device events carry
     correlation ids and no External ids (MTIA) or External ids equal to them, else EXTERNAL_ID."""
@@ -132,7 +135,7 @@ def _detect(start: list, end: list, thread: tuple, role: tuple, external: tuple,
             op = ops.get(external[i])
             inside += op is not None and thread[op] == thread[i] and start[op] <= start[i] and end[i] <= end[op]
         return EXTERNAL_ID if 2 * inside >= len(named) else CORRELATION
-    device = [i for i in range(len(role)) if role[i] == DEVICE_ROLE and correlation[i] > 0]
+    device = [i for i in devices if correlation[i] > 0]
     named = [i for i in device if external[i] > 0]
     if not named:
         return CORRELATION if device else EXTERNAL_ID
@@ -150,6 +153,8 @@ def _innermost_enclosing(start: list, end: list, thread: tuple, ops: list, queri
     end encloses it.
     """
     found: dict[int, int] = {}
+    if not queries:
+        return found
     # Ops that start and end together nest in recording order (torch's stack): the later is inner.
     items = sorted([(thread[i], start[i], 0, -end[i], i) for i in ops]
                    + [(thread[i], start[i], 1, -end[i], i) for i in queries])  # fmt: skip
@@ -170,11 +175,12 @@ def _innermost_enclosing(start: list, end: list, thread: tuple, ops: list, queri
     return found
 
 
-def linking_summary(dialect: str, how: list, device_class: list, annotation: tuple, dur: tuple) -> Linking:
+def linking_summary(dialect: str, how: dict[int, str], device_class: np.ndarray, annotation: np.ndarray,
+                    dur: np.ndarray) -> Linking:  # fmt: skip
     """Counts over device rows that are not annotations; rows of a class torch never attaches
     (DEVICE_OTHER) count as unattributed whatever their ids say."""
-    counted = [(h if c == DEVICE_KERNEL else "", d) for h, c, a, d in zip(how, device_class, annotation, dur)
-               if c != HOST and not a]  # fmt: skip
+    rows = np.flatnonzero((device_class != HOST) & ~annotation.astype(bool)).tolist()
+    counted = [(how.get(i, "") if device_class[i] == DEVICE_KERNEL else "", float(dur[i])) for i in rows]
     return Linking(
         dialect=dialect,
         device_events=len(counted),

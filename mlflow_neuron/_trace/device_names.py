@@ -8,6 +8,7 @@ needs, without torch.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 NEURON = "neuron"
 CUDA = "cuda"
@@ -43,8 +44,17 @@ RUNTIME_TRACE_CATEGORIES = frozenset(_RUNTIME_DEVICE)
 _ROCM_TRACE_KEYS = ("roctracer_version", "hip_runtime_version", "hip_driver_version")
 
 
-def device_of_trace(trace: dict) -> tuple[str, bool]:
-    """(device, device activity profiled) of a chrome trace, from what it holds.
+def device_of_trace(trace: Mapping) -> tuple[str, bool]:
+    """`device_of` a chrome trace in memory."""
+    events = [e for e in trace.get("traceEvents", ()) if isinstance(e, dict)]
+    hip_calls = any(e.get("cat") in ("cuda_runtime", "cuda_driver") and str(e.get("name", "")).startswith("hip")
+                    for e in events)  # fmt: skip
+    return device_of({e.get("cat") for e in events}, trace, hip_calls)
+
+
+def device_of(categories: set, header: Mapping, hip_calls: bool) -> tuple[str, bool]:
+    """(device, device activity profiled) of a chrome trace, from the categories of its events,
+    its other keys (`header`) and whether it holds HIP calls.
 
     Devices: "cuda", "rocm" (AMD GPUs: HIP calls, roctracer metadata or an AMD device in
     `deviceProperties`), "xpu", "mtia", "neuron" (PrivateUse1 activity is taken to be TorchNeuron's,
@@ -53,27 +63,22 @@ def device_of_trace(trace: dict) -> tuple[str, bool]:
     events is always profiled: when no op carries their time the state is "missing", never
     "not_profiled".
     """
-    events = [e for e in trace.get("traceEvents", ()) if isinstance(e, dict)]
-    categories = {e.get("cat") for e in events}
     if not categories & (DEVICE_TRACE_CATEGORIES | RUNTIME_TRACE_CATEGORIES):
         return CPU, False
     if categories & {"mtia_ccp_events", "mtia_insight", "mtia_counters"}:
         return MTIA, True
     device = next((d for c, d in _RUNTIME_DEVICE.items() if c in categories), None)
-    if device in (CUDA, None) and _is_rocm(trace, events):
+    if device in (CUDA, None) and (hip_calls or _is_rocm(header)):
         return ROCM, True
     if device is None:
-        return (CUDA if trace.get("deviceProperties") else NEURON), True
+        return (CUDA if header.get("deviceProperties") else NEURON), True
     return device, True
 
 
-def _is_rocm(trace: dict, events: list) -> bool:
-    if any(k in trace for k in _ROCM_TRACE_KEYS):
+def _is_rocm(header: Mapping) -> bool:
+    if any(k in header for k in _ROCM_TRACE_KEYS):
         return True
-    properties = trace.get("deviceProperties")
-    if isinstance(properties, list) and any(
+    properties = header.get("deviceProperties")
+    return isinstance(properties, list) and any(
         isinstance(p, dict) and re.search(r"\b(AMD|Radeon|Instinct)\b", str(p.get("name", ""))) for p in properties
-    ):
-        return True
-    calls = (e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver"))
-    return any(str(e.get("name", "")).startswith("hip") for e in calls)
+    )

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .aggregate import aggregate
-from .chrome import load_chrome_trace, read_chrome_trace, timeline_inputs_from_chrome_trace
+from .chrome import read_chrome_file
 from .event_tree import event_tree
 from .events import RawEvents, TimelineInputs, empty_events
 from .profile import CycleProfile
@@ -90,13 +90,10 @@ class ChromeTraceFile:
         path = Path(self.path)
         if not path.exists() and self.fallback and Path(self.fallback).exists():
             path = Path(self.fallback)
+        wanted = self.settings.timeline_step is not None
         with cycle_collector_paused():
-            trace = load_chrome_trace(path)
-            raw, _ = read_chrome_trace(trace)
-            wanted = self.settings.timeline_step is not None
-            inputs = timeline_inputs_from_chrome_trace(trace, raw) if wanted else None
-            del trace  # the parsed trace is most of the memory; inputs keep only what they read
-            return summarize(raw, self.settings, inputs)
+            cycle = read_chrome_file(path, shapes=wanted)
+            return summarize(cycle.raw, self.settings, cycle.inputs if wanted else None)
 
 
 @dataclass(frozen=True)
@@ -111,7 +108,7 @@ class Summarized:
 
 @contextmanager
 def cycle_collector_paused() -> Iterator[None]:
-    """A parsed trace is hundreds of thousands of acyclic objects: Python's cycle collector would
+    """Parsed trace events are many thousands of acyclic objects: Python's cycle collector would
     scan them again and again as they are made (about half of reading them), while reference
     counting frees them anyway."""
     collecting = gc.isenabled()
