@@ -125,7 +125,10 @@ def in_flight_ratio(results: list[dict]) -> float | None:
 
 
 def rss_child(path: str, ops: int, work: Path) -> None:
-    """One `ops`-op cycle in this (fresh) process; prints peak RSS of it and of the helper."""
+    """One `ops`-op cycle in this (fresh) process; prints the peak RSS of it and of the helper.
+
+    The helper's peak is its VmHWM, read while it is still up (after the cycle is delivered):
+    its own `getrusage` maxrss would also count this process's RSS when it forked the helper."""
     uri = f"sqlite:///{work / 'rss.db'}"
     handler, callback = None, None
     if path == "tensorboard":
@@ -137,18 +140,26 @@ def rss_child(path: str, ops: int, work: Path) -> None:
         if path == "helper":
             callback.start_helper(300)
     x, y = torch.zeros(64), torch.ones(64)
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=1),
+    helper_kb = None
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=1, repeat=1),
                  on_trace_ready=handler) as prof:  # fmt: skip
-        for _ in range(3):
+        for step in range(4):
             for _ in range(ops):
                 x.add_(y)
             prof.step()
-    helper_kb = None
+            if step == 2 and callback is not None:  # the cycle ended at this step
+                callback.flush(300)
+                helper_kb = _vm_hwm_kb(getattr(callback._sender, "helper_pid", None))
     if callback is not None:
-        callback.flush(300)
-        helper_kb = getattr(callback._sender, "helper_peak_rss_kb", None)
         callback.close()
     print(json.dumps({"training_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "helper_kb": helper_kb}))
+
+
+def _vm_hwm_kb(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    status = Path(f"/proc/{pid}/status").read_text()
+    return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
 
 
 def main(argv: list[str] | None = None) -> None:

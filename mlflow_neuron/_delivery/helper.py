@@ -142,6 +142,13 @@ class Helper:
 
 
 def _peak_rss_kb() -> int | None:
+    """This process's peak RSS (KiB). Linux's VmHWM: `getrusage`'s maxrss would also count the
+    training process's RSS at the moment it forked this one."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration, ValueError):
+        pass
     try:
         import resource
 
