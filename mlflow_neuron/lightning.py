@@ -16,7 +16,6 @@ imports it.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 try:
@@ -28,13 +27,12 @@ except ImportError as error:
         'mlflow_neuron.lightning needs Lightning (the `lightning` package): pip install "mlflow-neuron[lightning]"'
     ) from error
 
-from ._capture.callback import MLflowProfilerCallback
-from ._capture.scheduled import ScheduledProfiler as _ScheduledProfiler
+from ._capture.scheduled import ProfiledTraining
 
 __all__ = ["ProfilerCallback"]
 
 
-class ProfilerCallback(Callback):
+class ProfilerCallback(ProfiledTraining, Callback):
     """Runs ``torch.profiler`` over training batches and logs each cycle into Lightning's MLflow run.
 
     The run is the one of the first ``MLFlowLogger`` in ``trainer.loggers`` (its ``run_id`` and
@@ -63,35 +61,6 @@ class ProfilerCallback(Callback):
         run_id, tracking_uri: log into this run instead of the ``MLFlowLogger``'s.
         **options: passed to `MLflowProfilerCallback` (``top_k``, ``max_file_bytes``, ``strict``, ...).
     """
-
-    def __init__(
-        self,
-        *,
-        wait: int = 1,
-        warmup: int = 1,
-        active: int = 3,
-        repeat: int = 1,
-        skip_first: int = 0,
-        device: str | None = None,
-        profile_output_dir: str | os.PathLike | None = None,
-        record_shapes: bool = False,
-        profile_memory: bool = False,
-        with_stack: bool = False,
-        handlers: tuple = (),
-        run_id: str | None = None,
-        tracking_uri: str | None = None,
-        **options: Any,
-    ) -> None:
-        self.profiler = _ScheduledProfiler(
-            wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first, device=device,
-            profile_output_dir=profile_output_dir, record_shapes=record_shapes, profile_memory=profile_memory,
-            with_stack=with_stack, handlers=handlers, run_id=run_id, tracking_uri=tracking_uri, options=options,
-        )  # fmt: skip
-
-    @property
-    def callback(self) -> MLflowProfilerCallback | None:
-        """The `MLflowProfilerCallback` of the current (or last) training run; None before it."""
-        return self.profiler.callback
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage == "fit" and isinstance(trainer.profiler, PyTorchProfiler):

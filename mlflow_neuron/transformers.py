@@ -15,7 +15,6 @@ never imports it.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 try:
@@ -26,13 +25,12 @@ except ImportError as error:
     ) from error
 
 import mlflow
-from ._capture.callback import MLflowProfilerCallback
-from ._capture.scheduled import ScheduledProfiler as _ScheduledProfiler
+from ._capture.scheduled import ProfiledTraining
 
 __all__ = ["ProfilerCallback"]
 
 
-class ProfilerCallback(TrainerCallback):
+class ProfilerCallback(ProfiledTraining, TrainerCallback):
     """Runs ``torch.profiler`` over ``Trainer`` steps and logs each cycle into the Trainer's MLflow run.
 
     ``MLflowCallback`` (``report_to=["mlflow"]``) logs through MLflow's fluent API, so its run is
@@ -63,35 +61,6 @@ class ProfilerCallback(TrainerCallback):
         run_id, tracking_uri: log into this run instead of the active one.
         **options: passed to `MLflowProfilerCallback` (``top_k``, ``max_file_bytes``, ``strict``, ...).
     """
-
-    def __init__(
-        self,
-        *,
-        wait: int = 1,
-        warmup: int = 1,
-        active: int = 3,
-        repeat: int = 1,
-        skip_first: int = 0,
-        device: str | None = None,
-        profile_output_dir: str | os.PathLike | None = None,
-        record_shapes: bool = False,
-        profile_memory: bool = False,
-        with_stack: bool = False,
-        handlers: tuple = (),
-        run_id: str | None = None,
-        tracking_uri: str | None = None,
-        **options: Any,
-    ) -> None:
-        self.profiler = _ScheduledProfiler(
-            wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first, device=device,
-            profile_output_dir=profile_output_dir, record_shapes=record_shapes, profile_memory=profile_memory,
-            with_stack=with_stack, handlers=handlers, run_id=run_id, tracking_uri=tracking_uri, options=options,
-        )  # fmt: skip
-
-    @property
-    def callback(self) -> MLflowProfilerCallback | None:
-        """The `MLflowProfilerCallback` of the current (or last) training run; None before it."""
-        return self.profiler.callback
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.profiler.waiting_to_start and state.is_world_process_zero:

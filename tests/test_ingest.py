@@ -102,6 +102,15 @@ def test_malformed_inputs_get_clear_errors(tracking_uri, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_a_path_that_holds_no_trace_creates_no_experiment_and_no_run(tracking_uri, tmp_path, capsys):
+    not_a_trace = tmp_path / "notes.json"
+    not_a_trace.write_text('{"hello": "world"}')
+    for path in (tmp_path / "missing", not_a_trace, tmp_path):  # no such path; not a trace; a folder without one
+        assert cli_main(["ingest", str(path), "--experiment", "trn2"]) == 2
+    assert MlflowClient().get_experiment_by_name("trn2") is None
+    assert [r.info.run_name for r in MlflowClient().search_runs(["0"])] == []
+
+
 def test_unknown_categories_are_ignored(tracking_uri, tmp_path):
     trace = {"traceEvents": [
         {"ph": "X", "cat": "cpu_op", "name": "aten::mul", "pid": 1, "tid": 1, "ts": 10.0, "dur": 5.0, "args": {"External id": 1}},

@@ -163,3 +163,37 @@ def _recording_holds_a_step(prof: Any) -> bool:
 
 # Set by the framework callback or taken from the framework, never passed through as options.
 _NOT_OPTIONS = frozenset({"self", "handlers", "run_id", "tracking_uri", "profile_output_dir"})
+
+
+class ProfiledTraining:
+    """What the framework callbacks share: their arguments (the schedule, the profiler's flags, the
+    run, and `MLflowProfilerCallback`'s options) and the callback of the current training run."""
+
+    def __init__(
+        self,
+        *,
+        wait: int = 1,
+        warmup: int = 1,
+        active: int = 3,
+        repeat: int = 1,
+        skip_first: int = 0,
+        device: str | None = None,
+        profile_output_dir: str | os.PathLike | None = None,
+        record_shapes: bool = False,
+        profile_memory: bool = False,
+        with_stack: bool = False,
+        handlers: tuple = (),
+        run_id: str | None = None,
+        tracking_uri: str | None = None,
+        **options: Any,
+    ) -> None:
+        self.profiler = ScheduledProfiler(
+            wait=wait, warmup=warmup, active=active, repeat=repeat, skip_first=skip_first, device=device,
+            profile_output_dir=profile_output_dir, record_shapes=record_shapes, profile_memory=profile_memory,
+            with_stack=with_stack, handlers=handlers, run_id=run_id, tracking_uri=tracking_uri, options=options,
+        )  # fmt: skip
+
+    @property
+    def callback(self) -> MLflowProfilerCallback | None:
+        """The `MLflowProfilerCallback` of the current (or last) training run; None before it."""
+        return self.profiler.callback
