@@ -17,7 +17,7 @@ _HOME = {
     "attach_comparison": "_compare.runs",
     "load_timelines": "_compare.runs",
     "annotate_model_version": "_compare.publish",
-    "RunProfile": "_compare.frame",
+    "RunProfile": "_compare.model",
     "compare": "_compare.frame",
     "regressions": "_compare.frame",
     "ProfilingSetup": "_neuron.devices",

@@ -11,7 +11,7 @@ import math
 
 from matplotlib.ticker import FuncFormatter
 
-from .._compare.frame import FASTER, SLOWER, TOO_FEW, TOTAL
+from .._compare.model import FASTER, SLOWER, TOO_FEW, TOTAL
 
 VERDICT_COLORS = {FASTER: "#1a7f37", SLOWER: "#b3261e", TOO_FEW: "#c77c00"}
 _ROW_GAP = 1  # empty row between ops

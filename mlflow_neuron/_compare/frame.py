@@ -1,13 +1,13 @@
 """Comparing profiled runs (pure: DataFrames in, DataFrames out).
 
 One row per op (original names) and a TOTAL row; one column group per run. Every number is per
-profiler step, over all of a run's active steps (see `_samples`):
+profiler step, over all of a run's active steps (see `samples`):
 
 - `time_us`: the median per step; `calls`: median calls per step; `share`: of the run's median
   total; `delta_us`: median minus the baseline's median; `speedup`: baseline median / median;
 - `n`: samples (steps) of the run; `outliers`: how many of this op's samples are outliers;
 - `ratio`, `ratio_low`, `ratio_high`: run / baseline, Hodges–Lehmann, with its 95% interval
-  (NaN where no interval exists; see `_stats` for the method), from the samples that are not
+  (NaN where no interval exists; see `stats` for the method), from the samples that are not
   outliers;
 - `verdict`: `faster`, `slower`, `no change` (the interval contains 1.0, or the change is under
   `noise_pct`), `too few samples` (no 95% interval), `new` / `gone` (the op is in one run only),
@@ -26,72 +26,31 @@ and the frame says so in `attrs`: device and CPU microseconds are never mixed in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pandas as pd
 
 from .._compare import stats as _stats
-from .._compare.samples import StepSamples, step_samples
+from .._compare.model import (
+    BASELINE,
+    CPU_METRIC,
+    DEFAULT_NOISE_PCT,
+    DEVICE_METRIC,
+    FASTER,
+    FIELDS,
+    GONE,
+    METRICS,
+    NEW,
+    NO_CHANGE,
+    SLOWER,
+    TOO_FEW,
+    TOTAL,
+    Regression,
+    RunProfile,
+)
+from .._compare.samples import StepSamples, step_samples, wrapper_names
+from .._compare.verdict import sentence
 
-DEVICE_METRIC, CPU_METRIC = "self_device_time_us", "self_cpu_time_us"
-METRICS = (DEVICE_METRIC, CPU_METRIC)
-FIELDS = ("time_us", "calls", "share", "delta_us", "speedup", "n", "outliers", "ratio", "ratio_low", "ratio_high", "verdict")
-TOTAL = "TOTAL"
-FASTER, SLOWER, NO_CHANGE, TOO_FEW = "faster", "slower", "no change", "too few samples"
-NEW, GONE, BASELINE = "new", "gone", "baseline"
-DEFAULT_NOISE_PCT = 2.0
 PLOTTED_OPS = 12  # ops whose samples travel in attrs for the charts (plus the TOTAL)
-
-
-@dataclass(frozen=True)
-class RunProfile:
-    """What a comparison needs from one run: its last cycle's op table and totals, and the
-    per-step samples of every cycle.
-
-    `samples`: one row per (profiler step, host op): columns `cycle` (the cycle's logged step),
-    `step` (the ProfilerStep number), `name`, `self_device_time_us`, `self_cpu_time_us`, `calls`.
-    `step_totals`: one row per profiler step: `cycle`, `step`, `self_device_time_us`,
-    `self_cpu_time_us`, `aten_calls`. `source` says where they came from: SAMPLES_FROM_STEPS (the
-    cycles' steps.json), SAMPLES_FROM_METRICS (step totals from `profiler/step/...` metrics; per-op
-    samples are cycle sums / active steps), SAMPLES_FROM_CYCLES (runs logged before per-step
-    samples: one sample per cycle, its sums / active steps). None: derived from `ops`/`totals`.
-    """
-
-    label: str
-    run_id: str
-    step: int
-    ops: pd.DataFrame  # the rows of ops.json (columns name, kind, calls, self_*_time_us, ...)
-    totals: dict[str, float]  # self_device_time_us, self_cpu_time_us, aten_calls, ...
-    device: str = ""
-    device_time: str = ""  # the run's mlflow_neuron.device_time tag
-    extra: dict = field(default_factory=dict)
-    samples: pd.DataFrame | None = None
-    step_totals: pd.DataFrame | None = None
-    source: str | None = None
-
-
-SAMPLES_FROM_STEPS, SAMPLES_FROM_METRICS, SAMPLES_FROM_CYCLES = "steps", "metrics", "cycles"
-SAMPLE_COLUMNS = ("cycle", "step", "name", "self_device_time_us", "self_cpu_time_us", "calls")
-STEP_TOTAL_COLUMNS = ("cycle", "step", "self_device_time_us", "self_cpu_time_us", "aten_calls")
-
-
-@dataclass(frozen=True)
-class Regression:
-    """An op (or the TOTAL) whose whole interval lies above the gate's threshold."""
-
-    run: str
-    op: str
-    baseline_us: float  # medians per step
-    run_us: float
-    ratio: float = float("nan")
-    ratio_low: float = float("nan")
-    ratio_high: float = float("nan")
-
-    @property
-    def percent(self) -> float:
-        ratio = self.ratio if not np.isnan(self.ratio) else self.run_us / self.baseline_us
-        return (ratio - 1) * 100
 
 
 def compare(
@@ -150,8 +109,6 @@ def compare(
         method="Hodges-Lehmann ratio of per-step samples with Moses' distribution-free 95% interval",
         wrappers=sorted(_wrappers(profiles) & set(order)),
     )
-    from .._compare.verdict import sentence  # the wording reads the finished frame
-
     others = [label for label in samples if label != base.label]
     frame.attrs["verdicts"] = {label: frame.loc[TOTAL, (label, "verdict")] for label in others}
     frame.attrs["sentences"] = {label: sentence(frame, label) for label in others}
@@ -320,8 +277,6 @@ def _plotted(run: StepSamples, ops: list[str]) -> dict[str, list[float]]:
 
 
 def _wrappers(profiles: list[RunProfile]) -> set[str]:
-    from .._compare.samples import wrapper_names
-
     return set().union(*(wrapper_names(p.ops) for p in profiles))
 
 

@@ -16,7 +16,8 @@ from dataclasses import replace
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from .._compare.frame import CPU_METRIC, DEVICE_METRIC, TOTAL, compare
+from .._compare.frame import compare
+from .._compare.model import CPU_METRIC, DEVICE_METRIC, TOTAL
 from .._compare.runs import load_profile
 from .._compare.verdict import short_names
 

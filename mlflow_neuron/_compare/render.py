@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .._compare.frame import FASTER, NO_CHANGE, SLOWER, TOO_FEW, TOTAL, flat
+from .._compare.frame import flat
+from .._compare.model import FASTER, NO_CHANGE, SLOWER, TOO_FEW, TOTAL
 from .._compare.verdict import short_names
 
 SHOWN_OUTLIERS = 20

@@ -19,15 +19,15 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from .._compare.frame import (
+from .._compare.frame import compare, flat
+from .._compare.model import (
     SAMPLE_COLUMNS,
     SAMPLES_FROM_CYCLES,
     SAMPLES_FROM_METRICS,
     SAMPLES_FROM_STEPS,
     STEP_TOTAL_COLUMNS,
+    TOTAL,
     RunProfile,
-    compare,
-    flat,
 )
 from .._delivery.keys import PREFIX, readable_key
 from .._delivery.mlflow_io import RunLogger
@@ -262,7 +262,6 @@ def load_timelines(frame: pd.DataFrame, tracking_uri: str | None = None) -> dict
     `profiler/step_<N>/timeline.json` is downloaded. Returns {label: StepTimeline}; a run without
     a timeline gets one that says why. Only the report needs this: `compare` never downloads it.
     """
-    from .._compare.frame import TOTAL
     from .._trace.timeline import Timeline
     from .._compare.timeline_svg import StepTimeline, representative_step, step_durations_us
 
