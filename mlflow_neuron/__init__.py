@@ -13,9 +13,9 @@ __version__ = "0.1.0"
 _HOME = {
     "MLflowProfilerCallback": "_capture.callback",
     "DEFAULT_MAX_FILE_BYTES": "_capture.callback",
-    "compare_runs": "_compare.runs",
-    "attach_comparison": "_compare.runs",
-    "load_timelines": "_compare.runs",
+    "compare_runs": "_compare.profiles",
+    "attach_comparison": "_compare.publish",
+    "load_timelines": "_compare.profiles",
     "annotate_model_version": "_compare.publish",
     "RunProfile": "_compare.model",
     "compare": "_compare.frame",

@@ -76,8 +76,9 @@ def compare(args: argparse.Namespace, out=None) -> int:
 
     import mlflow
 
-    from ._compare.frame import render as _render
-    from ._compare.runs import attach_comparison, compare_runs, load_timelines
+    from ._compare import render as _render
+    from ._compare.profiles import compare_runs, load_timelines
+    from ._compare.publish import attach_comparison
 
     out = out or sys.stdout
     frame = compare_runs(args.runs or [], args.baseline, args.metric, args.step, experiment=args.experiment,

@@ -258,11 +258,11 @@ def test_bad_values_are_usage_errors(argv, message, capsys):
 
 
 def test_the_cli_gate_prints_the_interval_and_exits_1_on_a_proven_regression(monkeypatch, capsys):
-    import mlflow_neuron._compare.runs as runs
+    import mlflow_neuron._compare.profiles as loading
 
     profiles = [jittery("base"), jittery("slow", 1.5)]
-    monkeypatch.setattr(runs, "resolve_runs", lambda client, names, experiment: names)
-    monkeypatch.setattr(runs, "load_profiles", lambda client, names, step=None: profiles)
+    monkeypatch.setattr(loading, "resolve_runs", lambda client, names, experiment: names)
+    monkeypatch.setattr(loading, "load_profiles", lambda client, names, step=None: profiles)
     assert cli_main(["compare", "--runs", "base", "slow", "--fail-if-slower", "10"]) == 1
     out = capsys.readouterr().out
     gate = [line for line in out.splitlines() if line.startswith("REGRESSION slow: TOTAL")]

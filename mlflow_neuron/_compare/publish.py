@@ -1,31 +1,54 @@
-"""Performance annotations on registered model versions.
+"""What a comparison writes back to MLflow (the only `_compare` module that writes).
 
-Tags (`perf.*`, string values: registry tags are searchable with `=`/`LIKE`) and a short markdown
-table in the description, between markers, so re-annotating replaces its own block and leaves
-the user's text alone. Annotating twice gives the same version. Numbers are medians per profiled
-step; `perf.top_op` names a real op, never a wrapper range. With a baseline run the version also
-gets `perf.verdict` and the verdict in words. `describe_run` puts a comparison's verdicts into a
-run's description the same way.
+`attach_comparison` logs a comparison's table and rendered files under a run's `comparison/` and
+`describe_run` puts its verdicts in words into the run's description. `annotate_model_version`
+tags a registered model version with its run's profile: tags (`perf.*`, string values: registry
+tags are searchable with `=`/`LIKE`) and a short markdown table in the description. Descriptions
+get their block between markers, so writing again replaces its own block and leaves the user's
+text alone; annotating twice gives the same version. Numbers are medians per profiled step;
+`perf.top_op` names a real op, never a wrapper range. With a baseline run the version also gets
+`perf.verdict` and the verdict in words.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from .._compare.frame import compare
+from .._compare.frame import compare, flat
 from .._compare.model import CPU_METRIC, DEVICE_METRIC, TOTAL
-from .._compare.runs import load_profile
+from .._compare.profiles import load_profile
 from .._compare.verdict import short_names
+from .._delivery.mlflow_io import RunLogger
+from .._delivery.model import Delivery, RunRef
+from .._delivery.record import write_table
 
 BEGIN, END = "<!-- mlflow-neuron:perf -->", "<!-- /mlflow-neuron:perf -->"
 MAX_DESCRIPTION_CHARS = 5000  # Postgres/MySQL registry backends
 NOTE_TAG = "mlflow.note.content"  # a run's description in the UI
 BASELINE_TAGS = ("perf.verdict", "perf.baseline_run_id", "perf.ratio_vs_baseline")
+COMPARISON_DIR, COMPARISON_TABLE = "comparison", "ops.json"
 _BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
+
+
+def attach_comparison(tracking_uri: str, run_id: str, frame: pd.DataFrame, files: list[Path]) -> None:
+    """Logs the comparison table (shown as a table in the UI) and its rendered files under
+    `comparison/`, replacing an earlier comparison there, and puts the verdicts in words into
+    the run's description (its page shows them)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write_table(flat(frame), Path(tmp, COMPARISON_TABLE))
+        for path in files:
+            shutil.copyfile(path, Path(tmp, Path(path).name))
+        delivery = Delivery(step=0, timestamp_ms=0, artifact_dir=COMPARISON_DIR, files_dir=tmp,
+                            table=f"{COMPARISON_DIR}/{COMPARISON_TABLE}")
+        RunLogger(RunRef(tracking_uri, run_id)).deliver(delivery)
+    describe_run(tracking_uri, run_id, frame)
 
 
 def annotate_model_version(
