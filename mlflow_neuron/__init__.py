@@ -19,7 +19,7 @@ _HOME = {
     "annotate_model_version": "_compare.publish",
     "RunProfile": "_compare.model",
     "compare": "_compare.frame",
-    "regressions": "_compare.frame",
+    "regressions": "_compare.gate",
     "ProfilingSetup": "_neuron.devices",
     "compile_backend": "_neuron.devices",
     "pick_device": "_neuron.devices",

@@ -44,7 +44,6 @@ from .._compare.model import (
     SLOWER,
     TOO_FEW,
     TOTAL,
-    Regression,
     RunProfile,
 )
 from .._compare.samples import StepSamples, step_samples, wrapper_names
@@ -120,26 +119,6 @@ def compare(
         op_sample_steps={label: [list(key) for key in s.op_keys] for label, s in samples.items()},
     )
     return frame
-
-
-def regressions(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> list[Regression]:
-    """Ops (and the TOTAL) whose whole 95% interval of run / baseline lies above +`percent`.
-
-    A point estimate over the line is not enough: per-step noise and stalls move it, and the
-    interval says by how much. Ops under `min_us` (median) in both runs, and wrapper ranges, are
-    left out; the TOTAL is always checked. Rows with too few samples for an interval never fail (see `unchecked`).
-    """
-    found = []
-    for run, op, row in _gated_rows(frame, min_us):
-        if row["ratio_low"] > 1 + percent / 100:
-            found.append(Regression(run, op, *_row_numbers(frame, run, op)))
-    return found
-
-
-def unchecked(frame: pd.DataFrame, min_us: float = 0.0) -> list[Regression]:
-    """The rows the gate could not check: too few samples for a 95% interval."""
-    return [Regression(run, op, *_row_numbers(frame, run, op))
-            for run, op, row in _gated_rows(frame, min_us) if row["verdict"] == TOO_FEW]  # fmt: skip
 
 
 def summary(frame: pd.DataFrame, top: int | None = None) -> pd.DataFrame:
@@ -226,29 +205,6 @@ def _judge(base_values, values, is_base: bool, noise_pct: float) -> tuple[_stats
     if estimate.low <= 1 <= estimate.high or abs(estimate.ratio - 1) * 100 < noise_pct:
         return estimate, NO_CHANGE
     return estimate, SLOWER if estimate.ratio > 1 else FASTER
-
-
-def _gated_rows(frame: pd.DataFrame, min_us: float):
-    """Rows the gate checks: real ops and the TOTAL. Wrapper ranges (ProfilerStep*, compiled
-    regions, user annotations) are left out: their own time is bookkeeping, and the TOTAL has it."""
-    base, wrappers = frame.attrs["baseline"], set(frame.attrs.get("wrappers", []))
-    for run in frame.columns.get_level_values("run").unique():
-        if run == base:
-            continue
-        for op in frame.index:
-            if op in wrappers:
-                continue
-            row = frame[run].loc[op]
-            largest = np.fmax(row["time_us"], frame.loc[op, (base, "time_us")])  # NaN: not in that run
-            if op != TOTAL and not largest >= min_us:
-                continue
-            yield run, op, row
-
-
-def _row_numbers(frame: pd.DataFrame, run: str, op: str) -> tuple[float, ...]:
-    base = frame.attrs["baseline"]
-    return tuple(float(frame.loc[op, key]) for key in
-                 [(base, "time_us"), (run, "time_us"), (run, "ratio"), (run, "ratio_low"), (run, "ratio_high")])  # fmt: skip
 
 
 def _outliers(samples: dict[str, StepSamples], order: list[str]) -> list[dict]:
