@@ -305,6 +305,21 @@ def variants(tracking_uri):
     return ids
 
 
+def test_a_mistyped_experiment_name_gets_the_closest_names_as_a_hint(tracking_uri):
+    from mlflow_neuron._compare.runs import RunNotFound
+
+    for name in ("rmsnorm-variants", "rmsnorm-sweep", "layernorm-variants", "unrelated"):
+        mlflow.create_experiment(name)
+    with pytest.raises(RunNotFound) as typo:
+        compare_runs("rmsnorm-variant")
+    message = str(typo.value)
+    assert message.startswith(f"no experiment named 'rmsnorm-variant' at {tracking_uri}; did you mean 'rmsnorm-variants'")
+    assert message.endswith("?") and "unrelated" not in message
+    with pytest.raises(RunNotFound) as nothing_close:
+        compare_runs(["a-run"], experiment="qqqqqqq")
+    assert str(nothing_close.value) == f"no experiment named 'qqqqqqq' at {tracking_uri}"
+
+
 def test_runs_are_found_by_experiment_parent_name_and_id(variants):
     by_experiment = compare_runs("variants")
     assert list(by_experiment.attrs["runs"]) == ["base", "again"]  # the latest parent's children

@@ -9,6 +9,7 @@ Neuron session files for `mlflow-neuron open`.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -99,8 +100,21 @@ def _children(client: MlflowClient, run: Run) -> list[Run]:
 def _experiment_id(client: MlflowClient, name: str) -> str:
     experiment = client.get_experiment_by_name(name)
     if experiment is None:
-        raise RunNotFound(f"no experiment named {name!r} at {client.tracking_uri}")
+        raise RunNotFound(f"no experiment named {name!r} at {client.tracking_uri}{_did_you_mean(client, name)}")
     return experiment.experiment_id
+
+
+def _did_you_mean(client: MlflowClient, name: str) -> str:
+    """"; did you mean 'x' or 'y'?" for the closest experiment names, or "" when none is close."""
+    try:
+        names = [e.name for e in client.search_experiments()]
+    except MlflowException:
+        return ""  # the hint is a courtesy: never hide the real error behind a second one
+    close = [repr(n) for n in difflib.get_close_matches(name, names, n=3)]
+    if not close:
+        return ""
+    *others, last = close
+    return f"; did you mean {', '.join(others) + ' or ' if others else ''}{last}?"
 
 
 def labels(runs: list[Run]) -> list[str]:
