@@ -67,27 +67,15 @@ def compare(
         frame = compare([naive, fused], baseline="naive")
         frame.loc["TOTAL", ("fused", "verdict")], frame.attrs["sentences"]["fused"]
     """
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}; got {metric!r}")
-    if not profiles:
-        raise ValueError("nothing to compare: no runs")
-    if skip_steps < 0 or noise_pct < 0:
-        raise ValueError(f"skip_steps and noise_pct must be >= 0; got {skip_steps} and {noise_pct}")
+    _check(profiles, metric, skip_steps, noise_pct)
     base = _find(profiles, baseline) if baseline else profiles[0]
     without_device = [p.label for p in profiles if p.device_time != "present"]
     used = CPU_METRIC if metric == DEVICE_METRIC and without_device else metric
     samples = {p.label: step_samples(p, used, skip_steps) for p in profiles}
-
     medians = pd.DataFrame({label: s.ops.median() for label, s in samples.items()})
     # Costliest first in any run, so an op that only one variant has (a compiled graph) shows too.
     order = list(medians.max(axis=1).sort_values(ascending=False, kind="stable").index)
-    columns = {}
-    for label, run in samples.items():
-        for name, values in _run_columns(run, samples[base.label], order, label == base.label, noise_pct).items():
-            columns[(label, name)] = values
-    frame = pd.DataFrame(columns, index=[*order, TOTAL])
-    frame.columns = pd.MultiIndex.from_tuples(frame.columns, names=["run", "field"])
-    frame.index.name = "op"
+    frame = _table(samples, base.label, order, noise_pct)
     frame.attrs.update(
         metric=used,
         requested_metric=metric,
@@ -95,13 +83,7 @@ def compare(
             f"compared on self CPU time: no device time in {', '.join(without_device)}" if used != metric else None
         ),
         baseline=base.label,
-        runs={p.label: p.run_id for p in profiles},
-        steps={p.label: p.step for p in profiles},
-        devices={p.label: p.device for p in profiles},
-        aten_calls={label: _count(np.median(s.aten_calls)) if s.aten_calls is not None else None
-                    for label, s in samples.items()},  # fmt: skip
-        n={label: s.n for label, s in samples.items()},
-        sources={label: s.source or "ops" for label, s in samples.items()},
+        **_per_run(profiles, samples),
         skip_steps=skip_steps,
         noise_pct=noise_pct,
         confidence=_stats.CONFIDENCE,
@@ -119,6 +101,40 @@ def compare(
         op_sample_steps={label: [list(key) for key in s.op_keys] for label, s in samples.items()},
     )
     return frame
+
+
+def _check(profiles: list[RunProfile], metric: str, skip_steps: int, noise_pct: float) -> None:
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}; got {metric!r}")
+    if not profiles:
+        raise ValueError("nothing to compare: no runs")
+    if skip_steps < 0 or noise_pct < 0:
+        raise ValueError(f"skip_steps and noise_pct must be >= 0; got {skip_steps} and {noise_pct}")
+
+
+def _table(samples: dict[str, StepSamples], base: str, order: list[str], noise_pct: float) -> pd.DataFrame:
+    """The frame without attrs: a row per op in `order` and the TOTAL, a column group per run."""
+    columns = {}
+    for label, run in samples.items():
+        for name, values in _run_columns(run, samples[base], order, label == base, noise_pct).items():
+            columns[(label, name)] = values
+    frame = pd.DataFrame(columns, index=[*order, TOTAL])
+    frame.columns = pd.MultiIndex.from_tuples(frame.columns, names=["run", "field"])
+    frame.index.name = "op"
+    return frame
+
+
+def _per_run(profiles: list[RunProfile], samples: dict[str, StepSamples]) -> dict[str, dict]:
+    """The attrs that say, per run label, which run it is and what its samples are."""
+    return {
+        "runs": {p.label: p.run_id for p in profiles},
+        "steps": {p.label: p.step for p in profiles},
+        "devices": {p.label: p.device for p in profiles},
+        "aten_calls": {label: _count(np.median(s.aten_calls)) if s.aten_calls is not None else None
+                       for label, s in samples.items()},  # fmt: skip
+        "n": {label: s.n for label, s in samples.items()},
+        "sources": {label: s.source or "ops" for label, s in samples.items()},
+    }
 
 
 def summary(frame: pd.DataFrame, top: int | None = None) -> pd.DataFrame:

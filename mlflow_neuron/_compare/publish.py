@@ -22,7 +22,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from .._compare.frame import compare, flat
-from .._compare.model import CPU_METRIC, DEVICE_METRIC, TOTAL
+from .._compare.model import CPU_METRIC, DEVICE_METRIC, TOTAL, RunProfile
 from .._compare.profiles import load_profile
 from .._compare.verdict import short_names
 from .._delivery.mlflow_io import RunLogger
@@ -75,16 +75,40 @@ def annotate_model_version(
     client = MlflowClient(tracking_uri)
     version = str(version)
     current = client.get_model_version(name, version)
-    profile = load_profile(client, client.get_run(run_id), step=step)
-    profiles = [profile]
-    if baseline_run_id:
-        base = load_profile(client, client.get_run(baseline_run_id))
-        if base.label == profile.label:
-            base = replace(base, label=f"{base.label}@{baseline_run_id[:7]}")
-        profiles = [base, profile]
+    profiles = _profiles(client, run_id, step, baseline_run_id)
+    profile = profiles[-1]
     frame = compare(profiles, baseline=profiles[0].label, skip_steps=skip_steps)
+    ops = top_ops(frame, profile.label)
+    tags = _version_tags(frame, profile, run_id, baseline_run_id, ops)
+    metric = frame.attrs["metric"]
+    other = f"perf.total_{CPU_METRIC if metric == DEVICE_METRIC else DEVICE_METRIC}"
+    for stale in [other, *(BASELINE_TAGS if not baseline_run_id else [])]:
+        if stale in current.tags:
+            client.delete_model_version_tag(name, version, stale)
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    block = _block(frame, profile.label, run_id, profile.step, ops[:top])
+    description = with_block(current.description or "", block)
+    if description != (current.description or ""):
+        client.update_model_version(name, version, description=description)
+    return tags
+
+
+def _profiles(client: MlflowClient, run_id: str, step: int | None, baseline_run_id: str | None) -> list[RunProfile]:
+    """[the run's profile], or [the baseline's, the run's], labelled apart when their names match."""
+    profile = load_profile(client, client.get_run(run_id), step=step)
+    if not baseline_run_id:
+        return [profile]
+    base = load_profile(client, client.get_run(baseline_run_id))
+    if base.label == profile.label:
+        base = replace(base, label=f"{base.label}@{baseline_run_id[:7]}")
+    return [base, profile]
+
+
+def _version_tags(frame: pd.DataFrame, profile: RunProfile, run_id: str, baseline_run_id: str | None,
+                  ops: list[str]) -> dict[str, str]:  # fmt: skip
+    """The `perf.*` tags: the run's profile, and with a baseline its verdict and ratio."""
     label, metric = profile.label, frame.attrs["metric"]
-    ops = top_ops(frame, label)
     aten_calls = frame.attrs["aten_calls"][label]
     tags = {
         "perf.device": profile.device or "unknown",
@@ -102,16 +126,6 @@ def annotate_model_version(
         tags["perf.verdict"] = str(row["verdict"])
         tags["perf.baseline_run_id"] = baseline_run_id
         tags["perf.ratio_vs_baseline"] = f"{row['ratio']:.4f}"
-    other = f"perf.total_{CPU_METRIC if metric == DEVICE_METRIC else DEVICE_METRIC}"
-    for stale in [other, *(BASELINE_TAGS if not baseline_run_id else [])]:
-        if stale in current.tags:
-            client.delete_model_version_tag(name, version, stale)
-    for key, value in tags.items():
-        client.set_model_version_tag(name, version, key, value)
-    block = _block(frame, label, run_id, profile.step, ops[:top])
-    description = with_block(current.description or "", block)
-    if description != (current.description or ""):
-        client.update_model_version(name, version, description=description)
     return tags
 
 
