@@ -222,6 +222,50 @@ def test_renderings_are_self_contained_and_show_samples_and_outliers(tmp_path):
     assert "src=\"http" not in page and "href=" not in page and "<script" not in page
 
 
+def test_the_chart_gives_each_op_the_rows_of_its_runs_its_label_between_them_and_keeps_points_in_its_band():
+    import matplotlib.pyplot as plt
+
+    from mlflow_neuron._compare import chart
+
+    def scaled(scale, stall_step=None):
+        return [scale * j * (40 if k == stall_step else 1) for k, j in enumerate(JITTER)]
+
+    frame = compare([stepped("naive", {"aten::mul": scaled(300), "aten::pow": scaled(80), "aten::add": scaled(40)}),
+                     stepped("fused", {"aten::mul": scaled(180, stall_step=4), "fused_kernel": scaled(150),
+                                       "aten::add": scaled(38)}),
+                     stepped("compiled", {"aten::mul": scaled(120), "fused_kernel": scaled(140), "graph": scaled(60)})],
+                    baseline="naive")  # fmt: skip
+    fig = chart.figure(frame, "title")
+    fig.canvas.draw()
+    left, right = fig.axes
+    bars = {line.get_gid(): float(np.mean(line.get_ydata())) for line in left.lines if line.get_gid()}  # medians
+    rows: dict[str, dict[str, float]] = {}
+    for gid, y in bars.items():
+        run, op = gid.split(": ", 1)
+        rows.setdefault(op, {})[run] = y
+    ticks = dict(zip([t.get_text() for t in left.get_yticklabels()], left.get_yticks()))
+    assert list(ticks) == [TOTAL, "aten::mul", "fused_kernel", "aten::pow", "graph", "aten::add"]
+    for op, tick in ticks.items():  # every label has rows: one per run that has the op, none for the others
+        assert set(rows[op]) == {run for run in frame.attrs["runs"] if frame.attrs["samples"][run].get(op)}
+        assert tick == pytest.approx((min(rows[op].values()) + max(rows[op].values())) / 2)
+    assert set(rows["graph"]) == {"compiled"} and set(rows["aten::pow"]) == {"naive"}
+    bands = {op: (min(ys.values()) - 0.5, max(ys.values()) + 0.5) for op, ys in rows.items()}
+    ordered = sorted(bands.values())
+    assert all(high < next_low for (_, high), (next_low, _) in zip(ordered, ordered[1:]))  # bands apart
+    points = [(c.get_gid(), y) for ax in (left, right) for c in ax.collections if c.get_gid() for _, y in c.get_offsets()]
+    assert len(points) > 3 * 10 * 2
+    for gid, y in points:  # strip points, zeros, outlier marks and ratio points
+        low, high = bands[gid.split(": ", 1)[1]]
+        assert low < y < high, (gid, y)
+    marks = [text for text in left.texts if text.get_gid()]
+    assert {text.get_gid() for text in marks} == {"fused: aten::mul", f"fused: {TOTAL}"}
+    for text in marks:  # the outlier's label, as drawn, within its op's band
+        low, high = sorted(left.transData.transform([(1, y) for y in bands[text.get_gid().split(": ", 1)[1]]])[:, 1])
+        extent = text.get_window_extent()
+        assert low <= extent.y0 and extent.y1 <= high and text.get_text().startswith("step 14: ")
+    plt.close(fig)
+
+
 def test_wrappers_are_never_named_as_the_op_behind_a_change():
     ops = pd.DataFrame({"name": ["ProfilerStep#3", "aten::mm", "my_block", "## Call CompiledFxGraph x ##"],
                         "annotation": [None, False, True, False]})  # fmt: skip
