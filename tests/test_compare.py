@@ -1,6 +1,7 @@
 """Comparison, the CI gate and the rendered reports: pure frames, then real runs in a sqlite store."""
 
 import json
+from itertools import pairwise
 
 import mlflow
 import numpy as np
@@ -250,8 +251,7 @@ def test_the_chart_gives_each_op_the_rows_of_its_runs_its_label_between_them_and
         assert tick == pytest.approx((min(rows[op].values()) + max(rows[op].values())) / 2)
     assert set(rows["graph"]) == {"compiled"} and set(rows["aten::pow"]) == {"naive"}
     bands = {op: (min(ys.values()) - 0.5, max(ys.values()) + 0.5) for op, ys in rows.items()}
-    ordered = sorted(bands.values())
-    assert all(high < next_low for (_, high), (next_low, _) in zip(ordered, ordered[1:]))  # bands apart
+    assert all(high < next_low for (_, high), (next_low, _) in pairwise(sorted(bands.values())))  # bands apart
     points = [(c.get_gid(), y) for ax in (left, right) for c in ax.collections if c.get_gid() for _, y in c.get_offsets()]
     assert len(points) > 3 * 10 * 2
     for gid, y in points:  # strip points, zeros, outlier marks and ratio points

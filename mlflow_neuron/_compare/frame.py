@@ -126,12 +126,13 @@ def _table(samples: dict[str, StepSamples], base: str, order: list[str], noise_p
 
 def _per_run(profiles: list[RunProfile], samples: dict[str, StepSamples]) -> dict[str, dict]:
     """The attrs that say, per run label, which run it is and what its samples are."""
+    aten_calls = {label: _count(np.median(s.aten_calls)) if s.aten_calls is not None else None
+                  for label, s in samples.items()}  # fmt: skip
     return {
         "runs": {p.label: p.run_id for p in profiles},
         "steps": {p.label: p.step for p in profiles},
         "devices": {p.label: p.device for p in profiles},
-        "aten_calls": {label: _count(np.median(s.aten_calls)) if s.aten_calls is not None else None
-                       for label, s in samples.items()},  # fmt: skip
+        "aten_calls": aten_calls,
         "n": {label: s.n for label, s in samples.items()},
         "sources": {label: s.source or "ops" for label, s in samples.items()},
     }

@@ -105,7 +105,7 @@ def _experiment_id(client: MlflowClient, name: str) -> str:
 
 
 def _did_you_mean(client: MlflowClient, name: str) -> str:
-    """"; did you mean 'x' or 'y'?" for the closest experiment names, or "" when none is close."""
+    """The hint `; did you mean 'x' or 'y'?` naming the closest experiment names; "" when none is close."""
     try:
         names = [e.name for e in client.search_experiments()]
     except MlflowException:
@@ -118,6 +118,7 @@ def _did_you_mean(client: MlflowClient, name: str) -> str:
 
 
 def labels(runs: list[Run]) -> list[str]:
+    """Each run's label: its name, with its id's first 7 characters where two runs share the name."""
     names = [r.info.run_name or r.info.run_id for r in runs]
     return [n if names.count(n) == 1 else f"{n}@{r.info.run_id[:7]}" for n, r in zip(names, runs)]
 
