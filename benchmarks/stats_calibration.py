@@ -26,7 +26,9 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from mlflow_neuron._compare.frame import RunProfile, compare, regressions  # noqa: E402
+from mlflow_neuron._compare.frame import compare  # noqa: E402
+from mlflow_neuron._compare.gate import regressions  # noqa: E402
+from mlflow_neuron._compare.model import RunProfile  # noqa: E402
 from synthetic_steps import Noise, rates  # noqa: E402
 
 

@@ -77,7 +77,8 @@ def compare(args: argparse.Namespace, out=None) -> int:
     import mlflow
 
     from ._compare import render as _render
-    from ._compare.runs import attach_comparison, compare_runs, load_timelines
+    from ._compare.profiles import compare_runs, load_timelines
+    from ._compare.publish import attach_comparison
 
     out = out or sys.stdout
     frame = compare_runs(args.runs or [], args.baseline, args.metric, args.step, experiment=args.experiment,
@@ -106,22 +107,12 @@ def compare(args: argparse.Namespace, out=None) -> int:
 
 def _gate(frame, percent: float, min_us: float, out) -> int:
     """Exit 1 only for a row whose whole 95% interval lies above +percent; print that interval."""
-    from ._compare.frame import TOTAL, regressions, unchecked
+    from ._compare.gate import gate_lines
 
-    base, slower = frame.attrs["baseline"], regressions(frame, percent, min_us)
-    for r in slower:
-        print(f"REGRESSION {r.run}: {r.op} median {r.baseline_us:,.2f} -> {r.run_us:,.2f} us, ratio {r.ratio:.2f} "
-              f"(95% CI {r.ratio_low:.2f}\u2013{r.ratio_high:.2f}) > +{percent:g}% vs {base}", file=out)  # fmt: skip
-    not_checked: dict[str, list] = {}
-    for r in unchecked(frame, min_us):
-        not_checked.setdefault(r.run, []).append(r)
-    for run, rows in not_checked.items():  # one line per run: single-sample runs have a row per op
-        n, total = frame.attrs["n"], next((r for r in rows if r.op == TOTAL), rows[0])
-        print(f"NOT CHECKED {run}: {len(rows)} row(s), {n[run]} vs {n[base]} samples, too few for a 95% interval "
-              f"({total.op} point ratio {total.ratio:.2f})", file=out)  # fmt: skip
-    if not slower:
-        print(f"no op or total is proven more than {percent:g}% slower than {base} (95% interval)", file=out)
-    return EXIT_FAILED if slower else EXIT_OK
+    failed, lines = gate_lines(frame, percent, min_us)
+    for line in lines:
+        print(line, file=out)
+    return EXIT_FAILED if failed else EXIT_OK
 
 
 def annotate(args: argparse.Namespace, out=None) -> int:

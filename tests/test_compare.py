@@ -1,6 +1,7 @@
 """Comparison, the CI gate and the rendered reports: pure frames, then real runs in a sqlite store."""
 
 import json
+from itertools import pairwise
 
 import mlflow
 import numpy as np
@@ -12,7 +13,8 @@ from workloads import profile_rmsnorm
 
 from mlflow_neuron import compare, compare_runs, regressions, render
 from mlflow_neuron._cli_checks import EXIT_USAGE
-from mlflow_neuron._compare.frame import TOTAL, RunProfile, unchecked
+from mlflow_neuron._compare.gate import unchecked
+from mlflow_neuron._compare.model import TOTAL, RunProfile
 from mlflow_neuron._compare.publish import top_ops
 from mlflow_neuron._compare.samples import is_wrapper, wrapper_names
 from mlflow_neuron._compare.verdict import short_name
@@ -221,6 +223,49 @@ def test_renderings_are_self_contained_and_show_samples_and_outliers(tmp_path):
     assert "src=\"http" not in page and "href=" not in page and "<script" not in page
 
 
+def test_the_chart_gives_each_op_the_rows_of_its_runs_its_label_between_them_and_keeps_points_in_its_band():
+    import matplotlib.pyplot as plt
+
+    from mlflow_neuron._compare import chart
+
+    def scaled(scale, stall_step=None):
+        return [scale * j * (40 if k == stall_step else 1) for k, j in enumerate(JITTER)]
+
+    frame = compare([stepped("naive", {"aten::mul": scaled(300), "aten::pow": scaled(80), "aten::add": scaled(40)}),
+                     stepped("fused", {"aten::mul": scaled(180, stall_step=4), "fused_kernel": scaled(150),
+                                       "aten::add": scaled(38)}),
+                     stepped("compiled", {"aten::mul": scaled(120), "fused_kernel": scaled(140), "graph": scaled(60)})],
+                    baseline="naive")  # fmt: skip
+    fig = chart.figure(frame, "title")
+    fig.canvas.draw()
+    left, right = fig.axes
+    bars = {line.get_gid(): float(np.mean(line.get_ydata())) for line in left.lines if line.get_gid()}  # medians
+    rows: dict[str, dict[str, float]] = {}
+    for gid, y in bars.items():
+        run, op = gid.split(": ", 1)
+        rows.setdefault(op, {})[run] = y
+    ticks = dict(zip([t.get_text() for t in left.get_yticklabels()], left.get_yticks()))
+    assert list(ticks) == [TOTAL, "aten::mul", "fused_kernel", "aten::pow", "graph", "aten::add"]
+    for op, tick in ticks.items():  # every label has rows: one per run that has the op, none for the others
+        assert set(rows[op]) == {run for run in frame.attrs["runs"] if frame.attrs["samples"][run].get(op)}
+        assert tick == pytest.approx((min(rows[op].values()) + max(rows[op].values())) / 2)
+    assert set(rows["graph"]) == {"compiled"} and set(rows["aten::pow"]) == {"naive"}
+    bands = {op: (min(ys.values()) - 0.5, max(ys.values()) + 0.5) for op, ys in rows.items()}
+    assert all(high < next_low for (_, high), (next_low, _) in pairwise(sorted(bands.values())))  # bands apart
+    points = [(c.get_gid(), y) for ax in (left, right) for c in ax.collections if c.get_gid() for _, y in c.get_offsets()]
+    assert len(points) > 3 * 10 * 2
+    for gid, y in points:  # strip points, zeros, outlier marks and ratio points
+        low, high = bands[gid.split(": ", 1)[1]]
+        assert low < y < high, (gid, y)
+    marks = [text for text in left.texts if text.get_gid()]
+    assert {text.get_gid() for text in marks} == {"fused: aten::mul", f"fused: {TOTAL}"}
+    for text in marks:  # the outlier's label, as drawn, within its op's band
+        low, high = sorted(left.transData.transform([(1, y) for y in bands[text.get_gid().split(": ", 1)[1]]])[:, 1])
+        extent = text.get_window_extent()
+        assert low <= extent.y0 and extent.y1 <= high and text.get_text().startswith("step 14: ")
+    plt.close(fig)
+
+
 def test_wrappers_are_never_named_as_the_op_behind_a_change():
     ops = pd.DataFrame({"name": ["ProfilerStep#3", "aten::mm", "my_block", "## Call CompiledFxGraph x ##"],
                         "annotation": [None, False, True, False]})  # fmt: skip
@@ -257,11 +302,11 @@ def test_bad_values_are_usage_errors(argv, message, capsys):
 
 
 def test_the_cli_gate_prints_the_interval_and_exits_1_on_a_proven_regression(monkeypatch, capsys):
-    import mlflow_neuron._compare.runs as runs
+    import mlflow_neuron._compare.profiles as loading
 
     profiles = [jittery("base"), jittery("slow", 1.5)]
-    monkeypatch.setattr(runs, "resolve_runs", lambda client, names, experiment: names)
-    monkeypatch.setattr(runs, "load_profiles", lambda client, names, step=None: profiles)
+    monkeypatch.setattr(loading, "resolve_runs", lambda client, names, experiment: names)
+    monkeypatch.setattr(loading, "load_profiles", lambda client, names, step=None: profiles)
     assert cli_main(["compare", "--runs", "base", "slow", "--fail-if-slower", "10"]) == 1
     out = capsys.readouterr().out
     gate = [line for line in out.splitlines() if line.startswith("REGRESSION slow: TOTAL")]
@@ -302,6 +347,21 @@ def variants(tracking_uri):
         ids["slow"] = run.info.run_id
     ids["parent"] = parent.info.run_id
     return ids
+
+
+def test_a_mistyped_experiment_name_gets_the_closest_names_as_a_hint(tracking_uri):
+    from mlflow_neuron._compare.runs import RunNotFound
+
+    for name in ("rmsnorm-variants", "rmsnorm-sweep", "layernorm-variants", "unrelated"):
+        mlflow.create_experiment(name)
+    with pytest.raises(RunNotFound) as typo:
+        compare_runs("rmsnorm-variant")
+    message = str(typo.value)
+    assert message.startswith(f"no experiment named 'rmsnorm-variant' at {tracking_uri}; did you mean 'rmsnorm-variants'")
+    assert message.endswith("?") and "unrelated" not in message
+    with pytest.raises(RunNotFound) as nothing_close:
+        compare_runs(["a-run"], experiment="qqqqqqq")
+    assert str(nothing_close.value) == f"no experiment named 'qqqqqqq' at {tracking_uri}"
 
 
 def test_runs_are_found_by_experiment_parent_name_and_id(variants):

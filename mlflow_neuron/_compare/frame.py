@@ -1,13 +1,13 @@
 """Comparing profiled runs (pure: DataFrames in, DataFrames out).
 
 One row per op (original names) and a TOTAL row; one column group per run. Every number is per
-profiler step, over all of a run's active steps (see `_samples`):
+profiler step, over all of a run's active steps (see `samples`):
 
 - `time_us`: the median per step; `calls`: median calls per step; `share`: of the run's median
   total; `delta_us`: median minus the baseline's median; `speedup`: baseline median / median;
 - `n`: samples (steps) of the run; `outliers`: how many of this op's samples are outliers;
 - `ratio`, `ratio_low`, `ratio_high`: run / baseline, Hodges–Lehmann, with its 95% interval
-  (NaN where no interval exists; see `_stats` for the method), from the samples that are not
+  (NaN where no interval exists; see `stats` for the method), from the samples that are not
   outliers;
 - `verdict`: `faster`, `slower`, `no change` (the interval contains 1.0, or the change is under
   `noise_pct`), `too few samples` (no 95% interval), `new` / `gone` (the op is in one run only),
@@ -26,72 +26,30 @@ and the frame says so in `attrs`: device and CPU microseconds are never mixed in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pandas as pd
 
 from .._compare import stats as _stats
-from .._compare.samples import StepSamples, step_samples
+from .._compare.model import (
+    BASELINE,
+    CPU_METRIC,
+    DEFAULT_NOISE_PCT,
+    DEVICE_METRIC,
+    FASTER,
+    FIELDS,
+    GONE,
+    METRICS,
+    NEW,
+    NO_CHANGE,
+    SLOWER,
+    TOO_FEW,
+    TOTAL,
+    RunProfile,
+)
+from .._compare.samples import StepSamples, step_samples, wrapper_names
+from .._compare.verdict import sentence
 
-DEVICE_METRIC, CPU_METRIC = "self_device_time_us", "self_cpu_time_us"
-METRICS = (DEVICE_METRIC, CPU_METRIC)
-FIELDS = ("time_us", "calls", "share", "delta_us", "speedup", "n", "outliers", "ratio", "ratio_low", "ratio_high", "verdict")
-TOTAL = "TOTAL"
-FASTER, SLOWER, NO_CHANGE, TOO_FEW = "faster", "slower", "no change", "too few samples"
-NEW, GONE, BASELINE = "new", "gone", "baseline"
-DEFAULT_NOISE_PCT = 2.0
 PLOTTED_OPS = 12  # ops whose samples travel in attrs for the charts (plus the TOTAL)
-
-
-@dataclass(frozen=True)
-class RunProfile:
-    """What a comparison needs from one run: its last cycle's op table and totals, and the
-    per-step samples of every cycle.
-
-    `samples`: one row per (profiler step, host op): columns `cycle` (the cycle's logged step),
-    `step` (the ProfilerStep number), `name`, `self_device_time_us`, `self_cpu_time_us`, `calls`.
-    `step_totals`: one row per profiler step: `cycle`, `step`, `self_device_time_us`,
-    `self_cpu_time_us`, `aten_calls`. `source` says where they came from: SAMPLES_FROM_STEPS (the
-    cycles' steps.json), SAMPLES_FROM_METRICS (step totals from `profiler/step/...` metrics; per-op
-    samples are cycle sums / active steps), SAMPLES_FROM_CYCLES (runs logged before per-step
-    samples: one sample per cycle, its sums / active steps). None: derived from `ops`/`totals`.
-    """
-
-    label: str
-    run_id: str
-    step: int
-    ops: pd.DataFrame  # the rows of ops.json (columns name, kind, calls, self_*_time_us, ...)
-    totals: dict[str, float]  # self_device_time_us, self_cpu_time_us, aten_calls, ...
-    device: str = ""
-    device_time: str = ""  # the run's mlflow_neuron.device_time tag
-    extra: dict = field(default_factory=dict)
-    samples: pd.DataFrame | None = None
-    step_totals: pd.DataFrame | None = None
-    source: str | None = None
-
-
-SAMPLES_FROM_STEPS, SAMPLES_FROM_METRICS, SAMPLES_FROM_CYCLES = "steps", "metrics", "cycles"
-SAMPLE_COLUMNS = ("cycle", "step", "name", "self_device_time_us", "self_cpu_time_us", "calls")
-STEP_TOTAL_COLUMNS = ("cycle", "step", "self_device_time_us", "self_cpu_time_us", "aten_calls")
-
-
-@dataclass(frozen=True)
-class Regression:
-    """An op (or the TOTAL) whose whole interval lies above the gate's threshold."""
-
-    run: str
-    op: str
-    baseline_us: float  # medians per step
-    run_us: float
-    ratio: float = float("nan")
-    ratio_low: float = float("nan")
-    ratio_high: float = float("nan")
-
-    @property
-    def percent(self) -> float:
-        ratio = self.ratio if not np.isnan(self.ratio) else self.run_us / self.baseline_us
-        return (ratio - 1) * 100
 
 
 def compare(
@@ -109,27 +67,15 @@ def compare(
         frame = compare([naive, fused], baseline="naive")
         frame.loc["TOTAL", ("fused", "verdict")], frame.attrs["sentences"]["fused"]
     """
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}; got {metric!r}")
-    if not profiles:
-        raise ValueError("nothing to compare: no runs")
-    if skip_steps < 0 or noise_pct < 0:
-        raise ValueError(f"skip_steps and noise_pct must be >= 0; got {skip_steps} and {noise_pct}")
+    _check(profiles, metric, skip_steps, noise_pct)
     base = _find(profiles, baseline) if baseline else profiles[0]
     without_device = [p.label for p in profiles if p.device_time != "present"]
     used = CPU_METRIC if metric == DEVICE_METRIC and without_device else metric
     samples = {p.label: step_samples(p, used, skip_steps) for p in profiles}
-
     medians = pd.DataFrame({label: s.ops.median() for label, s in samples.items()})
     # Costliest first in any run, so an op that only one variant has (a compiled graph) shows too.
     order = list(medians.max(axis=1).sort_values(ascending=False, kind="stable").index)
-    columns = {}
-    for label, run in samples.items():
-        for name, values in _run_columns(run, samples[base.label], order, label == base.label, noise_pct).items():
-            columns[(label, name)] = values
-    frame = pd.DataFrame(columns, index=[*order, TOTAL])
-    frame.columns = pd.MultiIndex.from_tuples(frame.columns, names=["run", "field"])
-    frame.index.name = "op"
+    frame = _table(samples, base.label, order, noise_pct)
     frame.attrs.update(
         metric=used,
         requested_metric=metric,
@@ -137,21 +83,13 @@ def compare(
             f"compared on self CPU time: no device time in {', '.join(without_device)}" if used != metric else None
         ),
         baseline=base.label,
-        runs={p.label: p.run_id for p in profiles},
-        steps={p.label: p.step for p in profiles},
-        devices={p.label: p.device for p in profiles},
-        aten_calls={label: _count(np.median(s.aten_calls)) if s.aten_calls is not None else None
-                    for label, s in samples.items()},  # fmt: skip
-        n={label: s.n for label, s in samples.items()},
-        sources={label: s.source or "ops" for label, s in samples.items()},
+        **_per_run(profiles, samples),
         skip_steps=skip_steps,
         noise_pct=noise_pct,
         confidence=_stats.CONFIDENCE,
         method="Hodges-Lehmann ratio of per-step samples with Moses' distribution-free 95% interval",
         wrappers=sorted(_wrappers(profiles) & set(order)),
     )
-    from .._compare.verdict import sentence  # the wording reads the finished frame
-
     others = [label for label in samples if label != base.label]
     frame.attrs["verdicts"] = {label: frame.loc[TOTAL, (label, "verdict")] for label in others}
     frame.attrs["sentences"] = {label: sentence(frame, label) for label in others}
@@ -165,24 +103,39 @@ def compare(
     return frame
 
 
-def regressions(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> list[Regression]:
-    """Ops (and the TOTAL) whose whole 95% interval of run / baseline lies above +`percent`.
-
-    A point estimate over the line is not enough: per-step noise and stalls move it, and the
-    interval says by how much. Ops under `min_us` (median) in both runs, and wrapper ranges, are
-    left out; the TOTAL is always checked. Rows with too few samples for an interval never fail (see `unchecked`).
-    """
-    found = []
-    for run, op, row in _gated_rows(frame, min_us):
-        if row["ratio_low"] > 1 + percent / 100:
-            found.append(Regression(run, op, *_row_numbers(frame, run, op)))
-    return found
+def _check(profiles: list[RunProfile], metric: str, skip_steps: int, noise_pct: float) -> None:
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}; got {metric!r}")
+    if not profiles:
+        raise ValueError("nothing to compare: no runs")
+    if skip_steps < 0 or noise_pct < 0:
+        raise ValueError(f"skip_steps and noise_pct must be >= 0; got {skip_steps} and {noise_pct}")
 
 
-def unchecked(frame: pd.DataFrame, min_us: float = 0.0) -> list[Regression]:
-    """The rows the gate could not check: too few samples for a 95% interval."""
-    return [Regression(run, op, *_row_numbers(frame, run, op))
-            for run, op, row in _gated_rows(frame, min_us) if row["verdict"] == TOO_FEW]  # fmt: skip
+def _table(samples: dict[str, StepSamples], base: str, order: list[str], noise_pct: float) -> pd.DataFrame:
+    """The frame without attrs: a row per op in `order` and the TOTAL, a column group per run."""
+    columns = {}
+    for label, run in samples.items():
+        for name, values in _run_columns(run, samples[base], order, label == base, noise_pct).items():
+            columns[(label, name)] = values
+    frame = pd.DataFrame(columns, index=[*order, TOTAL])
+    frame.columns = pd.MultiIndex.from_tuples(frame.columns, names=["run", "field"])
+    frame.index.name = "op"
+    return frame
+
+
+def _per_run(profiles: list[RunProfile], samples: dict[str, StepSamples]) -> dict[str, dict]:
+    """The attrs that say, per run label, which run it is and what its samples are."""
+    aten_calls = {label: _count(np.median(s.aten_calls)) if s.aten_calls is not None else None
+                  for label, s in samples.items()}  # fmt: skip
+    return {
+        "runs": {p.label: p.run_id for p in profiles},
+        "steps": {p.label: p.step for p in profiles},
+        "devices": {p.label: p.device for p in profiles},
+        "aten_calls": aten_calls,
+        "n": {label: s.n for label, s in samples.items()},
+        "sources": {label: s.source or "ops" for label, s in samples.items()},
+    }
 
 
 def summary(frame: pd.DataFrame, top: int | None = None) -> pd.DataFrame:
@@ -271,29 +224,6 @@ def _judge(base_values, values, is_base: bool, noise_pct: float) -> tuple[_stats
     return estimate, SLOWER if estimate.ratio > 1 else FASTER
 
 
-def _gated_rows(frame: pd.DataFrame, min_us: float):
-    """Rows the gate checks: real ops and the TOTAL. Wrapper ranges (ProfilerStep*, compiled
-    regions, user annotations) are left out: their own time is bookkeeping, and the TOTAL has it."""
-    base, wrappers = frame.attrs["baseline"], set(frame.attrs.get("wrappers", []))
-    for run in frame.columns.get_level_values("run").unique():
-        if run == base:
-            continue
-        for op in frame.index:
-            if op in wrappers:
-                continue
-            row = frame[run].loc[op]
-            largest = np.fmax(row["time_us"], frame.loc[op, (base, "time_us")])  # NaN: not in that run
-            if op != TOTAL and not largest >= min_us:
-                continue
-            yield run, op, row
-
-
-def _row_numbers(frame: pd.DataFrame, run: str, op: str) -> tuple[float, ...]:
-    base = frame.attrs["baseline"]
-    return tuple(float(frame.loc[op, key]) for key in
-                 [(base, "time_us"), (run, "time_us"), (run, "ratio"), (run, "ratio_low"), (run, "ratio_high")])  # fmt: skip
-
-
 def _outliers(samples: dict[str, StepSamples], order: list[str]) -> list[dict]:
     found = []
     for label, run in samples.items():
@@ -320,8 +250,6 @@ def _plotted(run: StepSamples, ops: list[str]) -> dict[str, list[float]]:
 
 
 def _wrappers(profiles: list[RunProfile]) -> set[str]:
-    from .._compare.samples import wrapper_names
-
     return set().union(*(wrapper_names(p.ops) for p in profiles))
 
 

@@ -1,30 +1,54 @@
-"""Performance annotations on registered model versions.
+"""What a comparison writes back to MLflow (the only `_compare` module that writes).
 
-Tags (`perf.*`, string values: registry tags are searchable with `=`/`LIKE`) and a short markdown
-table in the description, between markers, so re-annotating replaces its own block and leaves
-the user's text alone. Annotating twice gives the same version. Numbers are medians per profiled
-step; `perf.top_op` names a real op, never a wrapper range. With a baseline run the version also
-gets `perf.verdict` and the verdict in words. `describe_run` puts a comparison's verdicts into a
-run's description the same way.
+`attach_comparison` logs a comparison's table and rendered files under a run's `comparison/` and
+`describe_run` puts its verdicts in words into the run's description. `annotate_model_version`
+tags a registered model version with its run's profile: tags (`perf.*`, string values: registry
+tags are searchable with `=`/`LIKE`) and a short markdown table in the description. Descriptions
+get their block between markers, so writing again replaces its own block and leaves the user's
+text alone; annotating twice gives the same version. Numbers are medians per profiled step;
+`perf.top_op` names a real op, never a wrapper range. With a baseline run the version also gets
+`perf.verdict` and the verdict in words.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from .._compare.frame import CPU_METRIC, DEVICE_METRIC, TOTAL, compare
-from .._compare.runs import load_profile
+from .._compare.frame import compare, flat
+from .._compare.model import CPU_METRIC, DEVICE_METRIC, TOTAL, RunProfile
+from .._compare.profiles import load_profile
 from .._compare.verdict import short_names
+from .._delivery.mlflow_io import RunLogger
+from .._delivery.model import Delivery, RunRef
+from .._delivery.record import write_table
 
 BEGIN, END = "<!-- mlflow-neuron:perf -->", "<!-- /mlflow-neuron:perf -->"
 MAX_DESCRIPTION_CHARS = 5000  # Postgres/MySQL registry backends
 NOTE_TAG = "mlflow.note.content"  # a run's description in the UI
 BASELINE_TAGS = ("perf.verdict", "perf.baseline_run_id", "perf.ratio_vs_baseline")
+COMPARISON_DIR, COMPARISON_TABLE = "comparison", "ops.json"
 _BLOCK = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
+
+
+def attach_comparison(tracking_uri: str, run_id: str, frame: pd.DataFrame, files: list[Path]) -> None:
+    """Logs the comparison table (shown as a table in the UI) and its rendered files under
+    `comparison/`, replacing an earlier comparison there, and puts the verdicts in words into
+    the run's description (its page shows them)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write_table(flat(frame), Path(tmp, COMPARISON_TABLE))
+        for path in files:
+            shutil.copyfile(path, Path(tmp, Path(path).name))
+        delivery = Delivery(step=0, timestamp_ms=0, artifact_dir=COMPARISON_DIR, files_dir=tmp,
+                            table=f"{COMPARISON_DIR}/{COMPARISON_TABLE}")
+        RunLogger(RunRef(tracking_uri, run_id)).deliver(delivery)
+    describe_run(tracking_uri, run_id, frame)
 
 
 def annotate_model_version(
@@ -51,16 +75,40 @@ def annotate_model_version(
     client = MlflowClient(tracking_uri)
     version = str(version)
     current = client.get_model_version(name, version)
-    profile = load_profile(client, client.get_run(run_id), step=step)
-    profiles = [profile]
-    if baseline_run_id:
-        base = load_profile(client, client.get_run(baseline_run_id))
-        if base.label == profile.label:
-            base = replace(base, label=f"{base.label}@{baseline_run_id[:7]}")
-        profiles = [base, profile]
+    profiles = _profiles(client, run_id, step, baseline_run_id)
+    profile = profiles[-1]
     frame = compare(profiles, baseline=profiles[0].label, skip_steps=skip_steps)
+    ops = top_ops(frame, profile.label)
+    tags = _version_tags(frame, profile, run_id, baseline_run_id, ops)
+    metric = frame.attrs["metric"]
+    other = f"perf.total_{CPU_METRIC if metric == DEVICE_METRIC else DEVICE_METRIC}"
+    for stale in [other, *(BASELINE_TAGS if not baseline_run_id else [])]:
+        if stale in current.tags:
+            client.delete_model_version_tag(name, version, stale)
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    block = _block(frame, profile.label, run_id, profile.step, ops[:top])
+    description = with_block(current.description or "", block)
+    if description != (current.description or ""):
+        client.update_model_version(name, version, description=description)
+    return tags
+
+
+def _profiles(client: MlflowClient, run_id: str, step: int | None, baseline_run_id: str | None) -> list[RunProfile]:
+    """[the run's profile], or [the baseline's, the run's], labelled apart when their names match."""
+    profile = load_profile(client, client.get_run(run_id), step=step)
+    if not baseline_run_id:
+        return [profile]
+    base = load_profile(client, client.get_run(baseline_run_id))
+    if base.label == profile.label:
+        base = replace(base, label=f"{base.label}@{baseline_run_id[:7]}")
+    return [base, profile]
+
+
+def _version_tags(frame: pd.DataFrame, profile: RunProfile, run_id: str, baseline_run_id: str | None,
+                  ops: list[str]) -> dict[str, str]:  # fmt: skip
+    """The `perf.*` tags: the run's profile, and with a baseline its verdict and ratio."""
     label, metric = profile.label, frame.attrs["metric"]
-    ops = top_ops(frame, label)
     aten_calls = frame.attrs["aten_calls"][label]
     tags = {
         "perf.device": profile.device or "unknown",
@@ -78,16 +126,6 @@ def annotate_model_version(
         tags["perf.verdict"] = str(row["verdict"])
         tags["perf.baseline_run_id"] = baseline_run_id
         tags["perf.ratio_vs_baseline"] = f"{row['ratio']:.4f}"
-    other = f"perf.total_{CPU_METRIC if metric == DEVICE_METRIC else DEVICE_METRIC}"
-    for stale in [other, *(BASELINE_TAGS if not baseline_run_id else [])]:
-        if stale in current.tags:
-            client.delete_model_version_tag(name, version, stale)
-    for key, value in tags.items():
-        client.set_model_version_tag(name, version, key, value)
-    block = _block(frame, label, run_id, profile.step, ops[:top])
-    description = with_block(current.description or "", block)
-    if description != (current.description or ""):
-        client.update_model_version(name, version, description=description)
     return tags
 
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .._compare.frame import FASTER, NO_CHANGE, SLOWER, TOO_FEW, TOTAL, flat
+from .._compare.frame import flat
+from .._compare.model import FASTER, NO_CHANGE, SLOWER, TOO_FEW, TOTAL
 from .._compare.verdict import short_names
 
 SHOWN_OUTLIERS = 20
@@ -137,29 +138,11 @@ def _ratio_cell(row: pd.Series) -> str:
 
 
 def png(frame: pd.DataFrame, path: Path, top: int = 8) -> Path:
-    """Left: every per-step sample (strip points) with the median, outliers marked and labelled,
-    on a log axis so one stall cannot squash the rest. Right: run / baseline with its 95%
-    interval per op, the noise band shaded."""
-    import matplotlib
+    """The chart (see `chart`): every per-step sample with medians and outliers, and run / baseline
+    with its 95% interval, for the TOTAL and the `top` costliest ops. Returns `path`."""
+    from .._compare import chart  # matplotlib loads only when a chart is drawn
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    from .._compare.chart import draw_ratios, draw_samples
-
-    runs = list(frame.columns.get_level_values("run").unique())
-    plotted = frame.attrs["samples"]
-    ops = [TOTAL] + [op for op in frame.index if op != TOTAL and any(op in plotted[r] for r in runs)][:top]
-    labels = dict(zip(ops, short_names(ops)))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 0.3 * len(ops) * (len(runs) + 1) + 2.5),
-                                      width_ratios=[3, 2], sharey=True)  # fmt: skip
-    draw_samples(left, frame, ops, runs, labels)
-    draw_ratios(right, frame, ops, runs)
-    fig.suptitle(heading(frame), fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return chart.png(frame, Path(path), heading(frame), top)
 
 
 def html_page(frame: pd.DataFrame, png_path: Path | None = None, top: int | None = 30, *,

@@ -10,15 +10,11 @@ divided by the cycle's active steps, so every number is "per step".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-if TYPE_CHECKING:
-    from .._compare.frame import RunProfile
-
-SAMPLES_FROM_METRICS = "metrics"  # as in _compare (imported there from here would be a cycle)
+from .._compare.model import SAMPLES_FROM_METRICS, RunProfile
 
 WRAPPER_PREFIXES = ("ProfilerStep", "Torch-Compiled Region", "## ")
 

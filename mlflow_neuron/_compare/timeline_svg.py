@@ -59,45 +59,13 @@ def timeline_svg(timeline: Timeline, step: int | None = None, *, width: int = 96
     """The step's ops (its span subtree) and the kernels they launched, as an `<svg>` string.
     `step=None` draws the whole cycle."""
     spans = timeline.spans
-    kids = timeline.children()
-    if step is None:
-        top = 0
-    else:
-        matches = [i for i, s in enumerate(spans) if s.kind == STEP and s.attributes.get("step") == step]
-        if not matches:
-            raise ValueError(f"step {step} is not in this timeline")
-        top = matches[0]
-    host = [i for i in _subtree(spans, kids, top) if i != 0]
-    # Device work: kernels the drawn ops launched, and device spans starting within the range
-    # (kernels whose launching op was summarized away; the stream's own summaries).
-    ids = {spans[i].attributes.get("correlation_id") for i in host} - {None}
-    lo, hi = spans[top].start_ns, spans[top].end_ns
-    device = [i for i, s in enumerate(spans) if s.parent >= 0 and spans[s.parent].kind == STREAM
-              and (top == 0 or s.attributes.get("correlation_id") in ids or lo <= s.start_ns < hi)]  # fmt: skip
+    top, host, device = _drawn(timeline, step)
     drawn = host + device
     t0 = min(spans[i].start_ns for i in drawn)
     t1 = max(spans[i].end_ns for i in drawn)
     scale = (width - _LABEL_W - _PAD) / max(t1 - t0, 1)
-
-    rows: list[tuple[str, list[tuple[int, int]]]] = []  # (label, [(span, row within band)])
-    by_thread: dict[str, list[tuple[int, int]]] = {}
-    depth = {top: 0 if top else -1}
-    for i in host:  # parents come first
-        if i != top:
-            depth[i] = depth[spans[i].parent] + 1
-    for i in host:
-        thread = _thread(spans, i)
-        by_thread.setdefault(f"thread {thread}" if thread is not None else "host", []).append((i, max(depth[i], 0)))
-    for label, items in by_thread.items():
-        rows.append((label, items))
-    by_stream: dict[str, list[int]] = {}
-    for i in device:
-        by_stream.setdefault(spans[spans[i].parent].name, []).append(i)
-    for label, items in by_stream.items():
-        rows.append((label, _pack(spans, items)))
-
     parts, y = [], _AXIS_H
-    for label, items in rows:
+    for label, items in _rows(spans, top, host, device):
         band = max(r for _, r in items) + 1
         parts.append(f'<text x="4" y="{y + 12}" class="l">{escape(_clip(label, _LABEL_W - 8))}</text>')
         for i, r in sorted(items, key=lambda item: spans[item[0]].kind != SUMMARY):  # summaries beneath
@@ -116,6 +84,42 @@ def timeline_svg(timeline: Timeline, step: int | None = None, *, width: int = 96
         ".g{stroke:#ddd}.a{stroke:#bbb}rect{stroke:#fff;stroke-width:.5}</style>"
         f"<title>{escape(title)}</title>{axis}{''.join(parts)}</svg>"
     )
+
+
+def _drawn(timeline: Timeline, step: int | None) -> tuple[int, list[int], list[int]]:
+    """(the step's span, or 0 for the whole cycle; its host spans; the device spans to draw)."""
+    spans = timeline.spans
+    if step is None:
+        top = 0
+    else:
+        matches = [i for i, s in enumerate(spans) if s.kind == STEP and s.attributes.get("step") == step]
+        if not matches:
+            raise ValueError(f"step {step} is not in this timeline")
+        top = matches[0]
+    host = [i for i in _subtree(spans, timeline.children(), top) if i != 0]
+    # Device work: kernels the drawn ops launched, and device spans starting within the range
+    # (kernels whose launching op was summarized away; the stream's own summaries).
+    ids = {spans[i].attributes.get("correlation_id") for i in host} - {None}
+    lo, hi = spans[top].start_ns, spans[top].end_ns
+    device = [i for i, s in enumerate(spans) if s.parent >= 0 and spans[s.parent].kind == STREAM
+              and (top == 0 or s.attributes.get("correlation_id") in ids or lo <= s.start_ns < hi)]  # fmt: skip
+    return top, host, device
+
+
+def _rows(spans, top: int, host: list[int], device: list[int]) -> list[tuple[str, list[tuple[int, int]]]]:
+    """(label, [(span, row within the band)]) per band: host threads (one row per depth), then streams."""
+    by_thread: dict[str, list[tuple[int, int]]] = {}
+    depth = {top: 0 if top else -1}
+    for i in host:  # parents come first
+        if i != top:
+            depth[i] = depth[spans[i].parent] + 1
+    for i in host:
+        thread = _thread(spans, i)
+        by_thread.setdefault(f"thread {thread}" if thread is not None else "host", []).append((i, max(depth[i], 0)))
+    by_stream: dict[str, list[int]] = {}
+    for i in device:
+        by_stream.setdefault(spans[spans[i].parent].name, []).append(i)
+    return [*by_thread.items(), *((label, _pack(spans, items)) for label, items in by_stream.items())]
 
 
 def _subtree(spans, kids: list[list[int]], top: int) -> list[int]:

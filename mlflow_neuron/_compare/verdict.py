@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from .._compare.frame import CPU_METRIC, FASTER, SLOWER, TOO_FEW, TOTAL
+from .._compare.model import CPU_METRIC, FASTER, SLOWER, TOO_FEW, TOTAL
 
 # Generated names carry long hashes (`## Call CompiledFxGraph f7xp...52 chars ##`): a token of 20+
 # lowercase letters and digits with at least one digit. Identifiers with underscores never match.

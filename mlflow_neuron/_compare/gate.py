@@ -1,0 +1,79 @@
+"""The CI gate on a comparison frame (pure): which rows are proven slower, and what it says.
+
+A row fails only when the whole 95% interval of run / baseline lies above +`percent`: a point
+estimate over the line is not enough, since per-step noise and stalls move it. Rows with too few
+samples for an interval can never fail; the gate names them instead of passing in silence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .._compare.model import TOO_FEW, TOTAL, Regression
+
+
+def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tuple[bool, list[str]]:
+    """(failed, the lines to print): a REGRESSION line per proven regression with its interval,
+    a NOT CHECKED line per run with rows too short of samples, and the all-clear when none failed.
+
+    Example::
+
+        failed, lines = gate_lines(frame, 5.0)   # fail when a row is proven more than 5% slower
+    """
+    base, slower = frame.attrs["baseline"], regressions(frame, percent, min_us)
+    lines = [f"REGRESSION {r.run}: {r.op} median {r.baseline_us:,.2f} -> {r.run_us:,.2f} us, ratio {r.ratio:.2f} "
+             f"(95% CI {r.ratio_low:.2f}\u2013{r.ratio_high:.2f}) > +{percent:g}% vs {base}" for r in slower]  # fmt: skip
+    not_checked: dict[str, list[Regression]] = {}
+    for r in unchecked(frame, min_us):
+        not_checked.setdefault(r.run, []).append(r)
+    for run, rows in not_checked.items():  # one line per run: single-sample runs have a row per op
+        n, total = frame.attrs["n"], next((r for r in rows if r.op == TOTAL), rows[0])
+        lines.append(f"NOT CHECKED {run}: {len(rows)} row(s), {n[run]} vs {n[base]} samples, too few for a 95% "
+                     f"interval ({total.op} point ratio {total.ratio:.2f})")  # fmt: skip
+    if not slower:
+        lines.append(f"no op or total is proven more than {percent:g}% slower than {base} (95% interval)")
+    return bool(slower), lines
+
+
+def regressions(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> list[Regression]:
+    """Ops (and the TOTAL) whose whole 95% interval of run / baseline lies above +`percent`.
+
+    A point estimate over the line is not enough: per-step noise and stalls move it, and the
+    interval says by how much. Ops under `min_us` (median) in both runs, and wrapper ranges, are
+    left out; the TOTAL is always checked. Rows with too few samples for an interval never fail (see `unchecked`).
+    """
+    found = []
+    for run, op, row in _gated_rows(frame, min_us):
+        if row["ratio_low"] > 1 + percent / 100:
+            found.append(Regression(run, op, *_row_numbers(frame, run, op)))
+    return found
+
+
+def unchecked(frame: pd.DataFrame, min_us: float = 0.0) -> list[Regression]:
+    """The rows the gate could not check: too few samples for a 95% interval."""
+    return [Regression(run, op, *_row_numbers(frame, run, op))
+            for run, op, row in _gated_rows(frame, min_us) if row["verdict"] == TOO_FEW]  # fmt: skip
+
+
+def _gated_rows(frame: pd.DataFrame, min_us: float):
+    """Rows the gate checks: real ops and the TOTAL. Wrapper ranges (ProfilerStep*, compiled
+    regions, user annotations) are left out: their own time is bookkeeping, and the TOTAL has it."""
+    base, wrappers = frame.attrs["baseline"], set(frame.attrs.get("wrappers", []))
+    for run in frame.columns.get_level_values("run").unique():
+        if run == base:
+            continue
+        for op in frame.index:
+            if op in wrappers:
+                continue
+            row = frame[run].loc[op]
+            largest = np.fmax(row["time_us"], frame.loc[op, (base, "time_us")])  # NaN: not in that run
+            if op != TOTAL and not largest >= min_us:
+                continue
+            yield run, op, row
+
+
+def _row_numbers(frame: pd.DataFrame, run: str, op: str) -> tuple[float, ...]:
+    base = frame.attrs["baseline"]
+    return tuple(float(frame.loc[op, key]) for key in
+                 [(base, "time_us"), (run, "time_us"), (run, "ratio"), (run, "ratio_low"), (run, "ratio_high")])  # fmt: skip

@@ -1,0 +1,271 @@
+"""Loading found runs back from MLflow as `RunProfile`s (read only), and comparing them.
+
+`compare_runs` is the whole path: find the runs (`runs`), load each one's per-step samples over
+all its cycles (here), compare them (`frame.compare`). Loading falls back, run by run, to what is
+still there: steps.json and step_totals.json, else the `profiler/step/...` metrics, else one
+sample per cycle. `load_timelines` downloads one representative step's timeline per compared run
+for the HTML report.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from .._compare.frame import compare
+from .._compare.model import (
+    SAMPLE_COLUMNS,
+    SAMPLES_FROM_CYCLES,
+    SAMPLES_FROM_METRICS,
+    SAMPLES_FROM_STEPS,
+    STEP_TOTAL_COLUMNS,
+    TOTAL,
+    RunProfile,
+)
+from .._compare.runs import RunNotFound, labels, resolve_runs
+from .._compare.timeline_svg import StepTimeline, representative_step, step_durations_us
+from .._delivery.keys import PREFIX, readable_key
+from .._delivery.model import (
+    DEVICE_TAG,
+    DEVICE_TIME_TAG,
+    OPS_TABLE,
+    PER_OP_METRICS,
+    STEP_METRICS,
+    STEP_TOTALS_TABLE,
+    STEPS_TABLE,
+    TIMELINE,
+)
+from .._trace.timeline import Timeline
+
+_STEP_DIR = re.compile(r"^profiler/step_(\d+)$")
+TOTAL_KEYS = ("self_device_time_us", "self_cpu_time_us", "aten_calls", "active_steps", "unattributed_device_time_us")
+
+
+def compare_runs(
+    runs: str | list[str],
+    baseline: str | None = None,
+    metric: str = "self_device_time_us",
+    step: int | None = None,
+    *,
+    experiment: str | None = None,
+    tracking_uri: str | None = None,
+    skip_steps: int = 0,
+    noise_pct: float = 2.0,
+) -> pd.DataFrame:
+    """Per-op comparison of profiled runs as a DataFrame (see `frame.compare`).
+
+    Example::
+
+        frame = compare_runs("rmsnorm-variants", baseline="naive")   # an experiment's latest variants
+        frame.attrs["metric"], frame.attrs["fallback"]              # what was compared, and why
+
+    `runs` is an experiment name, or a list of run ids / run names (within `experiment`) /
+    parent runs / `models:/NAME/VERSION`. A run's samples are its profiler steps, over all its
+    cycles; `step` keeps one cycle only, `skip_steps` leaves out each run's first steps.
+    """
+    client = MlflowClient(tracking_uri)
+    if isinstance(runs, str):
+        experiment, runs = runs, []
+    resolved = resolve_runs(client, runs, experiment)
+    return compare(load_profiles(client, resolved, step), baseline, metric, skip_steps=skip_steps, noise_pct=noise_pct)
+
+
+def load_profiles(client: MlflowClient, runs: list[Run], step: int | None = None) -> list[RunProfile]:
+    names = labels(runs)
+    profiles = [load_profile(client, run, label, step) for run, label in zip(runs, names)]
+    if any(p.extra.get("names") == _KEY_NAMES for p in profiles):
+        # a run whose ops.json expired names its ops by metric key: name every run's ops that way
+        profiles = [p if p.extra.get("names") == _KEY_NAMES else _named_by_key(p) for p in profiles]
+    return profiles
+
+
+def load_profile(client: MlflowClient, run: Run, label: str | None = None, step: int | None = None) -> RunProfile:
+    """A run's per-step samples (every cycle, or cycle `step`) and its last cycle's table and totals.
+
+    Samples come from each cycle's steps.json and step_totals.json. Where those are gone (artifact
+    stores expire files) or predate them, they come from the `profiler/step/...` metrics, else one
+    sample per cycle: its sums divided by its active steps. Without ops.json, per-op numbers come
+    from the per-op metrics, named by metric key.
+    """
+    run_id = run.info.run_id
+    name = f"run {run.info.run_name} ({run_id})"
+    histories = _Histories(client, run_id)
+    cycles = sorted(
+        {int(m.group(1)) for a in client.list_artifacts(run_id, "profiler") if (m := _STEP_DIR.match(a.path))}
+        | {point.step for point in histories.get(f"{PREFIX}/total/active_steps")}
+    )
+    if not cycles:
+        raise RunNotFound(f"{name} has no profiler cycles (no profiler/step_<N>/ and no profiler/total/ metrics)")
+    if step is not None and step not in cycles:
+        raise RunNotFound(f"{name} has no profiler cycle at step {step}; it has steps {cycles}")
+    chosen = cycles if step is None else [step]
+    loaded = [_load_cycle(client, run, cycle, histories) for cycle in chosen]
+    ops, totals, _, _, source = loaded[-1]
+    names = _KEY_NAMES if any(c[0].attrs.get("names") == _KEY_NAMES for c in loaded) else None
+    return RunProfile(
+        label=label or run.info.run_name or run_id,
+        run_id=run_id,
+        step=chosen[-1],
+        ops=ops,
+        totals=totals,
+        device=run.data.tags.get(DEVICE_TAG, ""),
+        device_time=run.data.tags.get(DEVICE_TIME_TAG, ""),
+        extra={"torch_version": run.data.params.get("versions.torch", ""), "cycles": chosen, "names": names},
+        samples=pd.concat([c[2] for c in loaded], ignore_index=True),
+        step_totals=pd.concat([c[3] for c in loaded], ignore_index=True),
+        source=min((c[4] for c in loaded), key=_SOURCES.index),  # the weakest source used
+    )
+
+
+_KEY_NAMES = "metric keys"
+_SOURCES = (SAMPLES_FROM_CYCLES, SAMPLES_FROM_METRICS, SAMPLES_FROM_STEPS)
+
+
+class _Histories:
+    """Metric histories of one run, each fetched once."""
+
+    def __init__(self, client: MlflowClient, run_id: str) -> None:
+        self.client, self.run_id, self._seen = client, run_id, {}
+
+    def get(self, key: str) -> list:
+        if key not in self._seen:
+            self._seen[key] = self.client.get_metric_history(self.run_id, key)
+        return self._seen[key]
+
+    def at(self, key: str, step: int) -> float | None:
+        points = [m.value for m in self.get(key) if m.step == step]
+        return points[-1] if points else None
+
+
+def _load_cycle(client: MlflowClient, run: Run, cycle: int, histories: _Histories):
+    """(ops, totals, samples, step totals, source) of one cycle."""
+    totals = {k: v for k in TOTAL_KEYS if (v := histories.at(f"{PREFIX}/total/{k}", cycle)) is not None}
+    files = _cycle_tables(client, run.info.run_id, cycle)
+    ops = files.get(OPS_TABLE)
+    if ops is None:
+        ops = _ops_from_metrics(run, cycle, histories)
+    if STEPS_TABLE in files and STEP_TOTALS_TABLE in files:
+        steps = files[STEPS_TABLE]
+        samples = steps[steps["kind"] == "op"].assign(cycle=cycle)[list(SAMPLE_COLUMNS)]
+        step_totals = files[STEP_TOTALS_TABLE].assign(cycle=cycle)[list(STEP_TOTAL_COLUMNS)]
+        return ops, totals, samples.reset_index(drop=True), step_totals, SAMPLES_FROM_STEPS
+    active = max(int(totals.get("active_steps") or 1), 1)
+    host = ops[ops["kind"] == "op"] if "kind" in ops else ops
+    per_step = host.groupby("name", sort=False)[["self_device_time_us", "self_cpu_time_us", "calls"]].sum() / active
+    samples = per_step.reset_index().assign(cycle=cycle, step=cycle - 1)[list(SAMPLE_COLUMNS)]
+    logged = {
+        m: {p.step: p.value for p in histories.get(f"{PREFIX}/step/{m}") if cycle - active <= p.step < cycle}
+        for m in STEP_METRICS
+    }
+    aten = totals.get("aten_calls", 0.0) / active
+    if logged["self_cpu_time_us"]:
+        steps = sorted(logged["self_cpu_time_us"])
+        step_totals = pd.DataFrame({
+            "cycle": cycle, "step": steps, "self_cpu_time_us": [logged["self_cpu_time_us"][s] for s in steps],
+            "self_device_time_us": [logged["self_device_time_us"].get(s, 0.0) for s in steps], "aten_calls": aten,
+        })[list(STEP_TOTAL_COLUMNS)]  # fmt: skip
+        return ops, totals, samples, step_totals, SAMPLES_FROM_METRICS
+    step_totals = pd.DataFrame([{
+        "cycle": cycle, "step": cycle - 1, "aten_calls": aten,
+        **{m: totals.get(m, 0.0) / active for m in STEP_METRICS},
+    }])[list(STEP_TOTAL_COLUMNS)]  # fmt: skip
+    return ops, totals, samples, step_totals, SAMPLES_FROM_CYCLES
+
+
+def _cycle_tables(client: MlflowClient, run_id: str, cycle: int) -> dict[str, pd.DataFrame]:
+    """The cycle's ops.json, steps.json and step_totals.json that still exist."""
+    folder = f"profiler/step_{cycle}"
+    present = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run_id, folder)}
+    tables = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for file in (OPS_TABLE, STEPS_TABLE, STEP_TOTALS_TABLE):
+            if file in present:
+                path = client.download_artifacts(run_id, f"{folder}/{file}", tmp)
+                tables[file] = pd.read_json(Path(path), orient="split")
+    return tables
+
+
+def _ops_from_metrics(run: Run, cycle: int, histories: _Histories) -> pd.DataFrame:
+    """A cycle's op table rebuilt from its per-op metrics (top-k ops, named by metric key)."""
+    rows: dict[str, dict[str, float]] = {}
+    for key in run.data.metrics:
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == PREFIX and parts[1] in PER_OP_METRICS:
+            value = histories.at(key, cycle)
+            if value is not None:
+                rows.setdefault(parts[2], {})[parts[1]] = value
+    frame = pd.DataFrame(
+        [{"name": k, "kind": "op", "calls": v.get("calls", 0.0), "self_device_time_us": v.get("self_device_time_us", 0.0),
+          "self_cpu_time_us": v.get("self_cpu_time_us", 0.0)} for k, v in sorted(rows.items())],
+        columns=["name", "kind", "calls", "self_device_time_us", "self_cpu_time_us"],
+    )  # fmt: skip
+    frame.attrs["names"] = _KEY_NAMES
+    return frame
+
+
+def _named_by_key(profile: RunProfile) -> RunProfile:
+    """The same profile with op names replaced by their metric keys (as ops.json lists them)."""
+    ops = profile.ops
+    key_of = dict(zip(ops["name"], ops["metric_key"])) if "metric_key" in ops else {}
+
+    def rename(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame.assign(name=[key_of.get(n) or readable_key(n) for n in frame["name"]])
+
+    return replace(profile, ops=rename(ops), samples=rename(profile.samples),
+                   extra={**profile.extra, "names": _KEY_NAMES})  # fmt: skip
+
+
+NO_TIMELINE = "no timeline logged for this cycle (profiled with log_timeline=False, or before timelines were logged)"
+
+
+def load_timelines(frame: pd.DataFrame, tracking_uri: str | None = None) -> dict:
+    """Per run of a comparison frame, its representative step's timeline for `render.html_page`.
+
+    Example::
+
+        frame = compare_runs("rmsnorm-variants", baseline="naive")
+        page = render.html_page(frame, chart, timelines=load_timelines(frame))
+
+    The representative step is the run's sample whose total (the compared metric, over every
+    cycle, `skip_steps` left out) is closest to the median; its cycle's
+    `profiler/step_<N>/timeline.json` is downloaded. Returns {label: StepTimeline}; a run without
+    a timeline gets one that says why. Only the report needs this: `compare` never downloads it.
+    """
+    client = MlflowClient(tracking_uri)
+    what = "self device time" if frame.attrs["metric"] == "self_device_time_us" else "self CPU time"
+    found = {}
+    for label, run_id in frame.attrs["runs"].items():
+        keys = [tuple(k) for k in frame.attrs["sample_steps"][label]]
+        totals = dict(zip(keys, frame.attrs["samples"][label][TOTAL]))
+        if not totals:
+            found[label] = StepTimeline(label, None, note="no step samples")
+            continue
+        cycle, step = representative_step(totals)  # (cycle, step) keys: ties go to the earlier
+        folder = f"profiler/step_{cycle}"
+        if TIMELINE not in {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run_id, folder)}:
+            found[label] = StepTimeline(label, None, step, cycle, NO_TIMELINE)
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            text = Path(client.download_artifacts(run_id, f"{folder}/{TIMELINE}", tmp)).read_text(encoding="utf-8")
+        timeline = Timeline.from_json(text)
+        note = (f"{what} {totals[(cycle, step)]:,.1f} us; the median of its {len(totals)} steps is "
+                f"{_median(totals):,.1f} us")  # fmt: skip
+        durations = step_durations_us(timeline)
+        if step not in durations:  # samples without step numbers (older runs): the cycle's own median step
+            if not durations:
+                found[label] = StepTimeline(label, None, step, cycle, "the cycle's timeline has no ProfilerStep ranges")
+                continue
+            step = representative_step(durations)
+            note = f"the step of cycle {cycle} closest to its median length ({durations[step]:,.1f} us)"
+        found[label] = StepTimeline(label, timeline, step, cycle, note)
+    return found
+
+
+def _median(totals: dict) -> float:
+    return float(pd.Series(list(totals.values())).median())
