@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import compare, compare_runs, regressions, render
-from mlflow_neuron._cli_checks import EXIT_USAGE
+from mlflow_neuron.cli.arguments import EXIT_USAGE
 from mlflow_neuron._compare.gate import unchecked
 from mlflow_neuron._compare.model import TOTAL, RunProfile
 from mlflow_neuron._compare.publish import top_ops

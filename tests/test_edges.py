@@ -21,7 +21,7 @@ from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._delivery import outbox as _outbox
-from mlflow_neuron._cli_checks import EXIT_UNREACHABLE, EXIT_USAGE
+from mlflow_neuron.cli.arguments import EXIT_UNREACHABLE, EXIT_USAGE
 from mlflow_neuron._neuron.devices import pick_device
 from mlflow_neuron._delivery.model import Delivery, RunRef
 from mlflow_neuron.cli import _exit_for
@@ -308,8 +308,25 @@ def test_bad_values_are_exit_2_in_one_line(argv, capsys):
 
 def test_run_id_without_retry_rejected_is_a_usage_error(tmp_path, capsys):
     (tmp_path / "outbox").mkdir()
-    assert cli_main(["sync", "--outbox", str(tmp_path / "outbox"), "--run-id", NO_SUCH_RUN]) == EXIT_USAGE
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["sync", "--outbox", str(tmp_path / "outbox"), "--run-id", NO_SUCH_RUN])
+    assert exited.value.code == EXIT_USAGE
     assert "--run-id goes with --retry-rejected" in one_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["compare"], "name the runs to compare (--runs RUN ...) or an experiment (--experiment NAME)"),
+    (["compare", "--experiment", "x", "--bogus"], "unrecognized arguments: --bogus"),
+    (["ingest", "./no-such-trace.json"], "./no-such-trace.json does not exist"),
+    (["sync", "--run-id", NO_SUCH_RUN], "--run-id goes with --retry-rejected"),
+])  # fmt: skip
+def test_usage_errors_name_the_commands_help_and_come_before_mlflow_and_torch_load(argv, message, tmp_path):
+    code = (f"import sys\nfrom mlflow_neuron.cli import main\ntry:\n    main({argv!r})\n"
+            "except SystemExit as exited:\n    print(exited.code, 'torch' in sys.modules, 'mlflow' in sys.modules)\n")  # fmt: skip
+    result = run_python(code, tmp_path)
+    assert result.stdout.split() == ["2", "False", "False"], result.stderr[-2000:]
+    line = one_line(result.stderr)
+    assert line == f"mlflow-neuron {argv[0]}: error: {message} (see mlflow-neuron {argv[0]} --help)"
 
 
 def test_no_default_outbox_means_nothing_to_do(tmp_path, monkeypatch, capsys):

@@ -8,8 +8,8 @@ The layers, lowest first, and what each may import (the order is written here an
     _capture    the training side: the callback, profiler hooks, frameworks' steps, ingest
     _compare    reading runs back: samples, statistics, verdicts, reports, annotations
 
-The public modules (`__init__`, `cli`, `lightning`, `transformers`) sit on top and may import any
-layer. Every import counts, also the ones deferred into functions: a deferred import still ties
+The public modules (`__init__`, the `cli` package, `lightning`, `transformers`) sit on top and
+may import any layer. Every import counts, also the ones deferred into functions: a deferred import still ties
 two modules together. Run this file to print the graph: `python tests/test_layers.py [PACKAGE]`.
 """
 
@@ -30,6 +30,7 @@ LAYERS = {  # layer: the layers it may import, besides itself
     "_compare": ("_trace", "_delivery"),
 }
 ORDER = list(LAYERS)
+PUBLIC_PACKAGES = {"cli"}  # folders of public modules, on top of the layers
 # The only modules that import torch. The helper process imports none of them, so it never maps libtorch.
 TORCH_MODULES = {
     "_trace.kineto",  # every touch of torch's private profiler API
@@ -43,7 +44,7 @@ TORCH_MODULES = {
 }
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
-LONGER_FUNCTIONS = {"cli._parser"}  # argparse declarations: one line per option, nothing to split
+LONGER_FUNCTIONS = {"arguments.parser"}  # argparse declarations: one line per option, nothing to split
 MAX_CLASS_LINES = {"_capture.callback.MLflowProfilerCallback": 250}
 
 
@@ -191,7 +192,7 @@ def test_the_layers_are_consistent():
     for layer, allowed in LAYERS.items():
         for other in allowed:
             assert ORDER.index(other) < ORDER.index(layer), f"{layer} may import {other}, which is not below it"
-    assert {m.split(".")[0] for m in modules() if "." in m} == set(LAYERS)
+    assert {m.split(".")[0] for m in modules() if "." in m} == set(LAYERS) | PUBLIC_PACKAGES
 
 
 def test_no_import_circles():

@@ -1,0 +1,193 @@
+"""The command line's words: its parser, the checks on every value, and its exit codes.
+
+A bad value is a usage error (exit 2, one line from argparse, pointing at the command's own
+`--help`), wherever it is given. Standard library only: a usage error is reported before torch
+or MLflow is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import __version__
+from .._delivery.outbox import DEFAULT_OUTBOX
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # compare: the gate found a regression; sync: deliverable records were kept
+EXIT_USAGE = 2  # bad arguments, or a run, experiment, model version or folder that does not exist
+EXIT_UNREACHABLE = 3  # the tracking server is down, refuses, or does not answer in time
+
+
+def non_negative_int(text: str) -> int:
+    return _checked(text, int, lambda v: v >= 0, "an integer >= 0")
+
+
+def positive_int(text: str) -> int:
+    return _checked(text, int, lambda v: v >= 1, "an integer >= 1")
+
+
+def non_negative_float(text: str) -> float:
+    return _checked(text, float, lambda v: v >= 0 and v == v and v != float("inf"), "a number >= 0")
+
+
+def positive_float(text: str) -> float:
+    return _checked(text, float, lambda v: v > 0 and v == v and v != float("inf"), "a number > 0")
+
+
+def _checked(text: str, kind: type, ok, what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+TRACKING_URI_HELP = ("MLflow tracking server or store, e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db "
+                     "(default: MLFLOW_TRACKING_URI, else ./mlflow.db)")  # fmt: skip
+
+
+class CommandParser(argparse.ArgumentParser):
+    """Usage errors in one line (exit 2), pointing at --help instead of printing the usage."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _outbox_folder(text: str) -> str:
+    """An outbox given explicitly must be an existing folder: a typo is not an empty outbox."""
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"{text} does not exist (the outbox is a folder the callback writes)")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder (the outbox is a folder the callback writes)")
+    return text
+
+
+def parser() -> CommandParser:
+    root = CommandParser(prog="mlflow-neuron", description="PyTorch profiler results as MLflow data.",
+                     epilog="exit codes: 0 done, 1 regression found (compare) or records kept (sync), "
+                     "2 usage error or unknown run/experiment/model version, 3 tracking server unreachable")  # fmt: skip
+    root.add_argument("--version", action="version", version=f"mlflow-neuron {__version__}")
+    root.add_argument("-v", "--verbose", action="store_true", help="show MLflow's own INFO messages")
+    commands = root.add_subparsers(dest="command", required=True)
+    sync_cmd = commands.add_parser(
+        "sync",
+        help="send cycles kept in the outbox to their runs",
+        description="Send profiler cycles kept in the outbox to their MLflow runs, then remove them.\n"
+        "Records the server refused for good (the run does not exist or was deleted, permission denied,\n"
+        "an invalid value) wait in <outbox>/rejected/ with a reason file; --retry-rejected sends them again.\n\n"
+        "example: mlflow-neuron sync --outbox ./mlflow-neuron-outbox\n"
+        "         mlflow-neuron sync --retry-rejected --run-id 0123abcd...   # refused records, into another run",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sync_cmd.add_argument("--outbox", type=_outbox_folder,
+                          help=f"outbox folder (default: ./{DEFAULT_OUTBOX}, if there is one)")  # fmt: skip
+    sync_cmd.add_argument("--tracking-uri", help="send to this tracking server or store instead of the one each "
+                          "record names, e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db")  # fmt: skip
+    sync_cmd.add_argument("--retry-rejected", action="store_true",
+                          help="send the records in <outbox>/rejected/ again (nothing else)")  # fmt: skip
+    sync_cmd.add_argument("--run-id", help="with --retry-rejected: send them into this run instead")
+
+    cmp = commands.add_parser(
+        "compare",
+        help="per-op comparison of profiled runs; a CI gate with --fail-if-slower",
+        description="Compare profiled runs op by op against a baseline.\n\n"
+        "example: mlflow-neuron compare --experiment rmsnorm-variants --baseline naive --fail-if-slower 10",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cmp.add_argument("--experiment", help="experiment name: its latest variants, and where run names are looked up")
+    cmp.add_argument("--runs", nargs="+", help="run ids, run names, parent runs, or models:/NAME/VERSION")
+    cmp.add_argument("--baseline", help="run name or id to compare against (default: the first run)")
+    cmp.add_argument("--metric", default="self_device_time_us", choices=["self_device_time_us", "self_cpu_time_us"],
+                     help="what to compare: device time (default; every run is compared on self CPU time "
+                     "instead when one has no device time, and the output says so) or self CPU time")
+    cmp.add_argument("--step", type=non_negative_int,
+                     help="only the profiler cycle logged at this step (default: the steps of every cycle)")
+    cmp.add_argument("--skip-steps", type=non_negative_int, default=0, metavar="K",
+                     help="leave out each run's first K profiled steps (default: %(default)s)")
+    cmp.add_argument("--noise-pct", type=non_negative_float, default=2.0, metavar="PCT",
+                     help="changes smaller than this are 'no change' (default: %(default)s)")
+    cmp.add_argument("--top", type=positive_int, default=15, help="ops shown in table/markdown (default: %(default)s)")
+    cmp.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"])
+    cmp.add_argument("--fail-if-slower", type=non_negative_float, metavar="PCT",
+                     help="exit 1 if the whole 95%% interval of an op or the total is above +PCT%%")
+    cmp.add_argument("--min-time-us", type=non_negative_float, default=0.0, metavar="US",
+                     help="the gate ignores ops below this median in both runs (the total is always checked)")
+    cmp.add_argument("--log-to", metavar="RUN_ID", help="attach the table, a PNG chart and an HTML report to this run")
+    cmp.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
+
+    ing = commands.add_parser(
+        "ingest",
+        help="log a Neuron profile folder, a tensorboard trace folder or a chrome trace into a run",
+        description="Log profiles taken elsewhere, with the same metrics and layout as the callback.\n\n"
+        "example: mlflow-neuron ingest ./neuron_profile --experiment trn2-runs --run-name llama-step",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ing.add_argument("path", help="Neuron profile output folder, tensorboard trace folder, or one trace file")
+    target = ing.add_mutually_exclusive_group()
+    target.add_argument("--run-id", help="log into this existing run")
+    target.add_argument("--experiment", help="create a run in this experiment (created if missing)")
+    ing.add_argument("--run-name", help="name of the created run (default: the folder's name)")
+    ing.add_argument("--top-k", type=non_negative_int, default=50,
+                     help="ops that get per-op metrics (default: %(default)s); ops.json keeps every op")  # fmt: skip
+    ing.add_argument("--max-file-mb", type=non_negative_float,
+                     help="larger files are listed, not uploaded (default: no cap)")  # fmt: skip
+    ing.add_argument("--no-timeline", dest="timeline", action="store_false",
+                     help="do not log each cycle as an MLflow trace (its timeline)")  # fmt: skip
+    ing.add_argument("--timeline-max-spans", type=positive_int, default=2000,
+                     help="spans per cycle trace at most (default: %(default)s)")  # fmt: skip
+    ing.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
+
+    opn = commands.add_parser(
+        "open",
+        help="download a cycle's Neuron session folder and open it in Neuron Explorer",
+        description="Download a profiled cycle's Neuron files (profiler/step_<N>/neuron/, layout kept) and run\n"
+        "`neuron-explorer view -d <session>`; without neuron-explorer installed, print that command.\n\n"
+        "example: mlflow-neuron open 0123abcd... --step 4",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    opn.add_argument("run", help="the profiled run's id")
+    opn.add_argument("--step", type=non_negative_int,
+                     help="profiler cycle (default: the last with Neuron files)")
+    opn.add_argument("--dest", help="download folder (default: ./mlflow-neuron-open/<run id>/step_<N>)")
+    opn.add_argument("--no-launch", action="store_true", help="download and print the command, do not run it")
+    opn.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
+
+    ann = commands.add_parser(
+        "annotate",
+        help="put a run's profile on a registered model version (perf.* tags, description table)",
+        description="Annotate a registered model version with the profile of a run.\n\n"
+        "example: mlflow-neuron annotate --model rmsnorm --version 3 --run 0123abcd...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ann.add_argument("--model", required=True)
+    ann.add_argument("--version", required=True)
+    ann.add_argument("--run", required=True, help="the profiled run's id")
+    ann.add_argument("--step", type=non_negative_int, help="profiler cycle (default: the run's last)")
+    ann.add_argument("--baseline", metavar="RUN_ID", help="also state the verdict against this run (perf.verdict)")
+    ann.add_argument("--skip-steps", type=non_negative_int, default=0, metavar="K",
+                     help="leave out the first K profiled steps of each run (default: %(default)s)")
+    ann.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
+
+    for command in commands.choices.values():  # -v also after the command name
+        command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                             help="show MLflow's own INFO messages")  # fmt: skip
+    root.commands = commands.choices  # each command's own parser, for its own usage errors
+    return root
+
+
+def usage_error(args: argparse.Namespace, root: CommandParser, extra: list[str]) -> None:
+    """Exits 2 with one line, pointing at the command's own --help, for what argparse cannot see
+    by itself: arguments the command does not take, and arguments that go only together."""
+    command = root.commands[args.command]
+    if extra:
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "compare" and not (args.runs or args.experiment):
+        command.error("name the runs to compare (--runs RUN ...) or an experiment (--experiment NAME)")
+    if args.command == "sync" and args.run_id and not args.retry_rejected:
+        command.error("--run-id goes with --retry-rejected")
+    if args.command == "ingest" and not Path(args.path).exists():
+        command.error(f"{args.path} does not exist")

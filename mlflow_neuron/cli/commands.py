@@ -1,0 +1,141 @@
+"""The command line's commands, each a function (args) -> exit code. Each imports what it needs
+when it runs: MLflow and torch only load for a command that got as far as doing its work."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .._delivery import outbox as _outbox
+from .arguments import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+
+
+def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_rejected: bool = False,
+         run_id: str | None = None, err=None):  # fmt: skip
+    """Replays outbox records into their runs, removing each one delivered; returns a `SyncResult`
+    (`exit_code(result)` is the command's exit code).
+
+    Idempotent: a record sent twice (a second sync, or one after a partial replay) leaves every
+    metric point and artifact once. A record the server refuses for good (the run does not exist
+    or was deleted, permission denied, an invalid value) moves to `<outbox>/rejected/` with a
+    `reason` file; those are only sent again with `retry_rejected`, into `run_id` if given. A run
+    that the callback would have created and ended is ended (FINISHED) once all its records are in.
+    """
+    from .._delivery.sync import sync_outbox
+
+    return sync_outbox(outbox, tracking_uri, out, retry_rejected=retry_rejected, run_id=run_id, err=err)
+
+
+def exit_code(result) -> int:
+    """`sync`'s exit code: 2 the outbox was refused, 3 a server did not answer, 1 records were kept."""
+    if result.refused:
+        return EXIT_USAGE
+    if result.unreachable:
+        return EXIT_UNREACHABLE
+    return EXIT_FAILED if result.kept else EXIT_OK
+
+
+def sync_command(args: argparse.Namespace, out=None) -> int:
+    outbox = args.outbox or _outbox.DEFAULT_OUTBOX
+    if args.outbox is None and not Path(outbox).is_dir():
+        print(f"nothing to sync: no outbox at ./{outbox}", file=out or sys.stdout)
+        return EXIT_OK
+    result = sync(outbox, args.tracking_uri, out, retry_rejected=args.retry_rejected, run_id=args.run_id)
+    return exit_code(result)
+
+
+def compare(args: argparse.Namespace, out=None) -> int:
+    import tempfile
+
+    import mlflow
+
+    from .._compare import render as _render
+    from .._compare.profiles import compare_runs, load_timelines
+    from .._compare.publish import attach_comparison
+
+    out = out or sys.stdout
+    frame = compare_runs(args.runs or [], args.baseline, args.metric, args.step, experiment=args.experiment,
+                         tracking_uri=args.tracking_uri, skip_steps=args.skip_steps, noise_pct=args.noise_pct)
+    rendered = {
+        "table": lambda: _render.text(frame, args.top),
+        "markdown": lambda: _render.markdown(frame, args.top),
+        "csv": lambda: _render.csv(frame),
+        "json": lambda: _render.as_json(frame),
+    }[args.format]()
+    print(rendered, file=out)
+    if args.log_to:
+        uri = args.tracking_uri or mlflow.get_tracking_uri()
+        with tempfile.TemporaryDirectory() as tmp:
+            chart = _render.png(frame, Path(tmp, "comparison.png"))
+            page = Path(tmp, "report.html")
+            timelines = load_timelines(frame, uri)
+            page.write_text(_render.html_page(frame, chart, timelines=timelines), encoding="utf-8")
+            attach_comparison(uri, args.log_to, frame, [chart, page])
+        print(f"attached comparison/ops.json, comparison.png, report.html and the verdicts to run {args.log_to}",
+              file=out)  # fmt: skip
+    if args.fail_if_slower is None:
+        return 0
+    return _gate(frame, args.fail_if_slower, args.min_time_us, out)
+
+
+def _gate(frame, percent: float, min_us: float, out) -> int:
+    """Exit 1 only for a row whose whole 95% interval lies above +percent; print that interval."""
+    from .._compare.gate import gate_lines
+
+    failed, lines = gate_lines(frame, percent, min_us)
+    for line in lines:
+        print(line, file=out)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def annotate(args: argparse.Namespace, out=None) -> int:
+    from .._compare.publish import annotate_model_version
+
+    out = out or sys.stdout
+
+    tags = annotate_model_version(args.model, args.version, args.run, step=args.step, tracking_uri=args.tracking_uri,
+                                  baseline_run_id=args.baseline, skip_steps=args.skip_steps)  # fmt: skip
+    for key, value in tags.items():
+        print(f"{key} = {value}", file=out)
+    return 0
+
+
+def ingest(args: argparse.Namespace, out=None) -> int:
+    import uuid
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from .._capture.ingest import ingest as ingest_path
+    from .._delivery.model import RunRef
+
+    uri = args.tracking_uri or mlflow.get_tracking_uri()
+
+    def new_run() -> RunRef:  # made once the first trace has been read: a bad path creates nothing
+        client = MlflowClient(uri)
+        experiment = client.get_experiment_by_name(args.experiment or "Default")
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(args.experiment or "Default")
+        return RunRef(uri, None, experiment_id, args.run_name or Path(args.path).name, uuid.uuid4().hex)
+
+    run = RunRef(uri, args.run_id) if args.run_id else new_run
+    cap = None if args.max_file_mb is None else int(args.max_file_mb * 1024**2)
+    run_id, cycles = ingest_path(Path(args.path), run, top_k=args.top_k, max_file_bytes=cap, out=out,
+                                 log_timeline=args.timeline, timeline_max_spans=args.timeline_max_spans)  # fmt: skip
+    if not args.run_id:
+        MlflowClient(uri).set_terminated(run_id)
+    print(f"ingested {cycles} cycle(s) from {args.path} into run {run_id}", file=out or sys.stdout)
+    return 0
+
+
+def open_session(args: argparse.Namespace, out=None) -> int:
+    """Downloads a cycle's Neuron session folder and opens it in Neuron Explorer (or prints how)."""
+    from .._compare.runs import download_neuron_files
+    from .._neuron.explorer import open_in_explorer, opened_profile
+
+    step, neuron_dir = download_neuron_files(args.run, args.step, args.dest, args.tracking_uri)
+    return open_in_explorer(opened_profile(args.run, step, neuron_dir), launch=not args.no_launch, out=out)
+
+
+# Each command: a function (args) -> exit code. Errors they raise are mapped to exit codes in main().
+COMMANDS = {"sync": sync_command, "compare": compare, "annotate": annotate, "ingest": ingest, "open": open_session}
