@@ -138,22 +138,6 @@ def _per_run(profiles: list[RunProfile], samples: dict[str, StepSamples]) -> dic
     }
 
 
-def summary(frame: pd.DataFrame, top: int | None = None) -> pd.DataFrame:
-    """Median times side by side (one column per run) with TOTAL, ATen calls and speedup rows.
-    """
-    times = frame.xs("time_us", axis=1, level="field")
-    ops = times.drop(index=TOTAL)
-    if top is not None:
-        ops = ops.iloc[:top]
-    base = frame.attrs["baseline"]
-    rows = {
-        f"{TOTAL} {frame.attrs['metric']}": times.loc[TOTAL],
-        "ATen calls": pd.Series(frame.attrs["aten_calls"]),
-        f"speedup vs {base}": frame.xs("speedup", axis=1, level="field").loc[TOTAL],
-    }
-    return pd.concat([ops, pd.DataFrame(rows).T[times.columns]])
-
-
 def flat(frame: pd.DataFrame) -> pd.DataFrame:
     """One level of columns (`<run>/<field>`) and the op as a column: for tables, CSV and JSON.
 
