@@ -101,19 +101,17 @@ class Handoff:
 
     def submit(self, job: CycleJob) -> None:
         self.raise_worker_errors()
-        if not job.portable:
-            self.inner.submit(job)
-            self.start()  # lazily, once the cycle is on its way: the first cycle starts the helper
-            return
         with self._lock:
-            if self._ready and self._proc is not None and not self._fallen_back:
+            if job.portable and self._ready and self._proc is not None and not self._fallen_back:
                 self._send_job(job)
-            else:  # it failed since accepts_jobs() said yes
-                self.inner.submit(job)
+                return
+        # In-process: a job holding this process's objects, or the helper is not up (yet, or any more).
+        self.inner.submit(job)
+        self.start()  # lazily, once the cycle is on its way: the first cycle starts the helper
 
     def accepts_jobs(self) -> bool:
         """Whether the next cycle should be a job for the helper: it is up and well. Until then (the
-        first cycle's record starts it), the callback reads cycles the in-process way."""
+        first cycle starts it), the callback reads cycles the in-process way."""
         with self._lock:
             if self._fallen_back or self._closing or self._proc is None:
                 return False
