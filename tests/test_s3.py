@@ -110,7 +110,7 @@ def test_a_client_killed_mid_upload_leaves_no_object(proxied, s3, tmp_path):
     big = tmp_path / "big.ntff"
     big.write_bytes(os.urandom(64 * MIB))
     run_id = MlflowClient(proxied.uri).create_run("0").info.run_id
-    code = f"from mlflow_neuron import _uploads; _uploads.upload({proxied.uri!r}, {run_id!r}, {str(big)!r}, 'neuron')"
+    code = f"from mlflow_neuron._delivery import uploads; uploads.upload({proxied.uri!r}, {run_id!r}, {str(big)!r}, 'neuron')"
     child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         assert wait_for_spool(proxied, "big.ntff"), "the upload never reached the server"
