@@ -5,7 +5,7 @@ Example::
 
     profile = aggregate(raw, device="neuron", device_profiled=True)
 
-The events are linked and timed per event by `_event_tree` (torch 2.13's rules); here they are
+The events are linked and timed per event by `event_tree` (torch 2.13's rules); here they are
 grouped by (name, kind), totalled and split by step. Sums run in torch's order, so on Python
 3.10/3.11 the numbers match `extract_cycle(prof.events())` to the last bit (from 3.12 torch's
 builtin `sum()` is compensated: last-bit differences; the tests allow 1e-6 relative). Pure: no

@@ -75,9 +75,6 @@ _LAUNCH_CATEGORIES = frozenset(
 
 _NUMBERS = frozenset({int, float})  # bool is neither: `_checked` refuses it
 _NO_ARGS: Mapping = {}
-
-_NUMBERS = frozenset({int, float})  # bool is neither: `_checked` refuses it
-_NO_ARGS: Mapping = {}
 _COLUMNS = ("name", "ts", "dur", "thread", "device_class", "role", "target", "annotation", "external", "correlation",
             "source")  # fmt: skip  # one piece's rows, as arrays
 _STEP_EVENT = re.compile(r"^ProfilerStep#(\d+)$")

@@ -1,5 +1,5 @@
 """A cycle's events linked as torch's parse links its `FunctionEvent`s, one row per event: the
-tree that `_aggregate` sums into the op table and `_timeline` draws. Pure: no MLflow, no files.
+tree that `aggregate` sums into the op table and `span_tree` draws. Pure: no MLflow, no files.
 
 Example::
 

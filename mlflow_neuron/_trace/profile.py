@@ -45,7 +45,7 @@ class CycleProfile:
     aten_calls: int
     active_steps: int
     event_count: int
-    steps: tuple[StepOp, ...] = ()  # the same events split by profiler step (see _steps)
+    steps: tuple[StepOp, ...] = ()  # the same events split by profiler step (see `steps`)
     step_totals: tuple[StepTotal, ...] = ()
     annotations: frozenset[str] = frozenset()  # host rows that are ranges (record_function), not ops
 

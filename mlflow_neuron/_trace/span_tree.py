@@ -11,7 +11,7 @@ The tree, top down:
 
 - the cycle, `profiler/step_<N>`;
 - its `ProfilerStep#N` ranges;
-- inside each step the host ops, nested as torch nests them (`_event_tree`'s rules: per-thread
+- inside each step the host ops, nested as torch nests them (`event_tree`'s rules: per-thread
   interval nesting in `(start, -end)` order, an only child named like its parent merged into it). A
   top-level op of another thread (autograd, dataloader) goes under the step its start falls in,
   else under the cycle; async events are leaves there too;
@@ -53,10 +53,10 @@ def build_timeline(
     """The span tree of one cycle (see the module docstring).
 
     Args:
-        raw: the cycle's events (`raw_events_from_kineto` or `raw_events_from_chrome_trace`).
+        raw: the cycle's events (`raw_events_from_kineto` or `read_chrome_file(...).raw`).
         cycle_step: the step the cycle is logged at; names the root `profiler/step_<N>`.
         max_spans: the cap (at least 1).
-        inputs: from `timeline_inputs_from_kineto` / `timeline_inputs_from_chrome_trace`: the
+        inputs: from `read_kineto_cycle` / `read_chrome_file` (`.inputs`): the
             epoch origin (without one, times stay trace-relative), the device streams (without
             them a chrome trace's device rows split by (pid, tid), Kineto's all go to one "device"
             stream), and input shapes (recorded with `record_shapes=True`).
