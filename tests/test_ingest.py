@@ -98,14 +98,18 @@ def test_malformed_inputs_get_clear_errors(tracking_uri, tmp_path, capsys):
     not_a_trace.write_text("[1, 2, 3]")
     assert cli_main(["ingest", str(not_a_trace)]) == 2
     assert "no traceEvents list" in capsys.readouterr().err
-    assert cli_main(["ingest", str(tmp_path / "missing")]) == 2
+    with pytest.raises(SystemExit) as exited:  # a usage error, found before anything is imported
+        cli_main(["ingest", str(tmp_path / "missing")])
+    assert exited.value.code == 2
     assert "does not exist" in capsys.readouterr().err
 
 
 def test_a_path_that_holds_no_trace_creates_no_experiment_and_no_run(tracking_uri, tmp_path, capsys):
     not_a_trace = tmp_path / "notes.json"
     not_a_trace.write_text('{"hello": "world"}')
-    for path in (tmp_path / "missing", not_a_trace, tmp_path):  # no such path; not a trace; a folder without one
+    with pytest.raises(SystemExit):  # no such path: a usage error
+        cli_main(["ingest", str(tmp_path / "missing"), "--experiment", "trn2"])
+    for path in (not_a_trace, tmp_path):  # not a trace; a folder without one
         assert cli_main(["ingest", str(path), "--experiment", "trn2"]) == 2
     assert MlflowClient().get_experiment_by_name("trn2") is None
     assert [r.info.run_name for r in MlflowClient().search_runs(["0"])] == []
