@@ -4,10 +4,12 @@
 
 Each measurement runs in fresh processes, median of `--repeats`:
 
-- `from mlflow_neuron import MLflowProfilerCallback`: wall time, and which heavy packages and
-  which of the package's layers it loaded (matplotlib and the comparison code must not be);
-- the helper process: `callback.start_helper()` from the call to the helper's "ready", its RSS
-  once ready, and whether libtorch is mapped into it.
+- `from mlflow_neuron import MLflowProfilerCallback`: wall time in a fresh interpreter, and with
+  torch and mlflow imported first (as in a training script); which heavy packages and which of
+  the package's layers it loaded (matplotlib and the comparison code must not be);
+- the helper process: `callback.start_helper()` from the call to the helper's "ready" (it has
+  loaded what it reads and delivers with, and takes cycles from then on), its RSS once ready, and
+  whether libtorch is mapped into it.
 
 With `--against`, the same runs also take the package from another checkout (for example the
 version before a change), interleaved with this one, and the ratios are printed side by side.
@@ -28,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 IMPORT_PROBE = """
 import json, sys, time
+if "--after-torch-and-mlflow" in sys.argv:  # what a training script, which has both, pays
+    import mlflow, torch
 started = time.perf_counter()
 from mlflow_neuron import MLflowProfilerCallback
 elapsed = time.perf_counter() - started
@@ -71,11 +75,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     roots = {"this": ROOT, **({"other": args.against.resolve()} if args.against else {})}
     imports: dict[str, list[dict]] = {name: [] for name in roots}
+    warm: dict[str, list[dict]] = {name: [] for name in roots}
     helpers: dict[str, list[dict]] = {name: [] for name in roots}
     work = Path(tempfile.mkdtemp(prefix="mlflow-neuron-startup-"))
     for i in range(args.repeats):  # interleaved: a noisy moment hits both checkouts alike
         for name, root in roots.items():
             imports[name].append(probe(IMPORT_PROBE, root))
+            warm[name].append(probe(IMPORT_PROBE, root, "--after-torch-and-mlflow"))
             helpers[name].append(probe(HELPER_PROBE, root, str(work / f"{name}-{i}.db"), str(work / f"outbox-{name}")))
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs; median of {args.repeats} fresh processes")
     for name, root in roots.items():
@@ -84,13 +90,14 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{name}: {root}")
         print(f"  import MLflowProfilerCallback  {statistics.median(r['seconds'] for r in imports[name]):6.2f} s   "
               f"loads {', '.join(first['heavy'])}; package parts: {', '.join(first['ours'])}")  # fmt: skip
+        print(f"  ... with torch and mlflow imported first {statistics.median(r['seconds'] for r in warm[name]):6.2f} s")
         print(f"  helper start to ready          {statistics.median(h['seconds'] for h in helpers[name]):6.2f} s   "
               f"RSS when ready {statistics.median(h['rss_kb'] for h in helpers[name]) / 1024:.0f} MiB, "
               f"libtorch mapped: {any(h['libtorch'] for h in helpers[name])}"
               + ("" if helper_ok else "; NOT READY in some runs"))  # fmt: skip
     if "other" in roots:
-        for what, runs, key in (("import", imports, "seconds"), ("helper ready", helpers, "seconds"),
-                                ("helper RSS", helpers, "rss_kb")):  # fmt: skip
+        for what, runs, key in (("import", imports, "seconds"), ("import after torch", warm, "seconds"),
+                                ("helper ready", helpers, "seconds"), ("helper RSS", helpers, "rss_kb")):  # fmt: skip
             ratios = [a[key] / b[key] for a, b in zip(runs["this"], runs["other"])]
             print(f"{what:>14}: this / other = {statistics.median(ratios):.2f} (each repeat {min(ratios):.2f}-{max(ratios):.2f})")
 
