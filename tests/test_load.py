@@ -1,5 +1,6 @@
 """Multi-rank jobs into one run on a real `mlflow server`: sqlite, and PostgreSQL as in production."""
 
+import io
 import json
 import os
 import subprocess
@@ -11,6 +12,8 @@ from conftest import ROOT, TESTS
 from fault_scenarios import FAST_FAILING_CLIENT
 from mlflow.tracking import MlflowClient
 from servers import MlflowServer, drop_postgres_database, free_port, postgres_uri, scratch_postgres_database
+
+from mlflow_neuron.cli import exit_code, sync
 
 RANKS, CYCLES = 4, 20
 NEURON_FILES_PER_SESSION = 6  # trace.json, ntrace.pb, trace_info.pb, one .neff, two .ntff
@@ -36,9 +39,13 @@ def launch_ranks(server_uri, out, ranks, cycles, *args):
 
 
 def assert_every_rank_and_cycle_once(client, run_id, results, ranks, cycles):
+    """Every cycle is delivered or kept in its rank's outbox, counted as such; once what was kept
+    is synced (a busy machine keeps some: a helper's queue holds 8), each is in the run once."""
     steps = [4 * (i + 1) for i in range(cycles)]
     assert [r["steps"] for r in results] == [4 * cycles] * ranks
-    assert all(r["cycles_read"] == cycles and r["kept"] == [] for r in results)
+    assert all(r["cycles_read"] == cycles and r["delivered"] + len(r["kept"]) == cycles for r in results)
+    for outbox in sorted({str(Path(kept).parent) for r in results for kept in r["kept"]}):
+        assert exit_code(sync(outbox, out=io.StringIO())) == 0
     assert [m.step for m in client.get_metric_history(run_id, "profiler/total/active_steps")] == steps
     for rank in range(ranks):
         history = client.get_metric_history(run_id, f"profiler/rank_{rank}/total/aten_calls")
