@@ -12,7 +12,8 @@ Each pair is its own experiment, compared as a user would:
 - A/B, fake device: the second run's kernels are 30% longer, same noise.
 - A/A, CPU: naive RMSNorm twice, host time only, on one host thread as the example runs it.
 
-Prints the rates; asserts nothing (tests/test_calibration.py does).
+Prints the rates; asserts nothing. tests/test_calibration.py asserts the fake device's rates (its
+noise is seeded); the CPU rate follows the host's load and is only printed here.
 """
 
 from __future__ import annotations

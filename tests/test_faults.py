@@ -44,7 +44,8 @@ def test_server_dead_before_the_run(tmp_path, helper):
 def test_server_killed_mid_upload_and_restarted(tmp_path, helper):
     outcome = killed_mid_upload_and_restarted(tmp_path, cycles=6, helper=helper)
     assert_nothing_lost(outcome, 6, helper)
-    assert outcome.delivered_live >= 1  # the first cycle went through before the kill
+    # how many went through before the kill depends on the machine's speed (a busy runner may send
+    # none): the promise is that each cycle was delivered or kept, and counted so
     assert outcome.delivered_live + outcome.kept_in_outbox >= 6
 
 
