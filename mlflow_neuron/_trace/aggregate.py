@@ -19,7 +19,7 @@ import numpy as np
 from .event_tree import EventTree, event_tree
 from .events import RawEvents
 from .names import STEP_NAME
-from .profile import ATEN_PREFIX, KINDS, CycleProfile, OpStats, device_time_state, ranked
+from .profile import ATEN_PREFIX, KINDS, CycleProfile, OpStats, cycle_profile
 from .steps import split_by_step, step_numbers
 
 
@@ -34,7 +34,8 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_ste
     if tree is not None and tree.raw is not raw:
         raise ValueError("tree is not the tree of these events: pass event_tree(raw)")
     if len(raw) == 0:
-        return CycleProfile(device, device_time_state(device_profiled, 0.0), (), 0.0, 0.0, 0.0, 0, 0, 0)
+        return cycle_profile(device, device_profiled, (), total_device_us=0.0, total_cpu_us=0.0, attributed_us=0.0,
+                             aten_calls=0, steps_seen=0, event_count=0)
     if tree is None:
         tree = event_tree(raw)
     order, names, name = tree.order, tree.names, tree.name
@@ -56,22 +57,19 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_ste
     is_step = np.isin(name[counted], [i for i, s in enumerate(names) if s == STEP_NAME])
     steps = int(is_step.sum())
 
-    device_time = device_time_state(device_profiled, total_device)
-    ops = ranked((OpStats(names[g // 3], KINDS[g % 3], int(calls[i]), *(float(s[i]) for s in sums))
-                  for i, g in enumerate(groups.tolist())), device_time)  # fmt: skip
+    ops = [OpStats(names[g // 3], KINDS[g % 3], int(calls[i]), *(float(s[i]) for s in sums))
+           for i, g in enumerate(groups.tolist())]
     aten = np.array([s.startswith(ATEN_PREFIX) for s in names], bool)[name]
     top_level = _top_level_aten(aten & survivor & ~device_rows, aten, parent)
 
     per_step, step_totals = _per_step(raw, tree, counted, counted[is_step], ck, cd, top_level, default_step)
-    return CycleProfile(
-        device=device,
-        device_time=device_time,
-        ops=ops,
-        total_self_device_time_us=total_device,
-        total_self_cpu_time_us=total_cpu,
-        attributed_device_time_us=attributed,
+    return cycle_profile(
+        device, device_profiled, ops,
+        total_device_us=total_device,
+        total_cpu_us=total_cpu,
+        attributed_us=attributed,
         aten_calls=int(top_level.sum()),
-        active_steps=steps if steps or not len(groups) else 1,
+        steps_seen=steps,
         event_count=int(survivor.sum()),
         steps=per_step,
         step_totals=step_totals,

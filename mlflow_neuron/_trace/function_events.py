@@ -15,7 +15,7 @@ import numpy as np
 from torch.autograd import DeviceType
 
 from .names import STEP_NAME, STEP_PREFIX
-from .profile import ATEN_PREFIX, KERNEL, KINDS, OP, DEVICE_ANNOTATION, CycleProfile, OpStats, device_time_state, ranked
+from .profile import ATEN_PREFIX, KERNEL, KINDS, OP, DEVICE_ANNOTATION, CycleProfile, OpStats, cycle_profile
 from .steps import split_by_step, step_numbers
 
 # Device rows of key_averages(); compared as enum members because a PrivateUse1 rename changes
@@ -62,20 +62,16 @@ def extract_cycle(
         if kind == OP:
             attributed += self_device
 
-    device_time = device_time_state(device_profiled, total_device)
-    ops = ranked((OpStats(name, kind, int(r[0]), r[1], r[2], r[3], r[4]) for (name, kind), r in rows.items()),
-                 device_time)
+    ops = [OpStats(name, kind, int(r[0]), r[1], r[2], r[3], r[4]) for (name, kind), r in rows.items()]
     top_level = top_level_aten_events(events)
     per_step, step_totals = _split_by_step(counted, step_events, top_level, default_step)
-    return CycleProfile(
-        device=device,
-        device_time=device_time,
-        ops=ops,
-        total_self_device_time_us=total_device,
-        total_self_cpu_time_us=total_cpu,
-        attributed_device_time_us=attributed,
+    return cycle_profile(
+        device, device_profiled, ops,
+        total_device_us=total_device,
+        total_cpu_us=total_cpu,
+        attributed_us=attributed,
         aten_calls=len(top_level),
-        active_steps=steps if steps or not rows else 1,
+        steps_seen=steps,
         event_count=len(events),
         steps=per_step,
         step_totals=step_totals,

@@ -67,7 +67,31 @@ class CycleProfile:
         return pd.DataFrame([[getattr(row, c) for c in columns] for row in self.steps], columns=columns)
 
 
-def ranked(ops: Iterable[OpStats], device_time: str) -> tuple[OpStats, ...]:
+def cycle_profile(device: str, device_profiled: bool, ops: Iterable[OpStats], *, total_device_us: float,
+                  total_cpu_us: float, attributed_us: float, aten_calls: int, steps_seen: int, event_count: int,
+                  steps: tuple[StepOp, ...] = (), step_totals: tuple[StepTotal, ...] = (),
+                  annotations: frozenset[str] = frozenset()) -> CycleProfile:
+    """A `CycleProfile` from either reader's sums (`aggregate`, `function_events`): the device-time
+    state, the ops ranked, and a cycle with ops but no step marker counted as one step."""
+    device_time = _device_time_state(device_profiled, total_device_us)
+    ops = _ranked(ops, device_time)
+    return CycleProfile(
+        device=device,
+        device_time=device_time,
+        ops=ops,
+        total_self_device_time_us=total_device_us,
+        total_self_cpu_time_us=total_cpu_us,
+        attributed_device_time_us=attributed_us,
+        aten_calls=aten_calls,
+        active_steps=steps_seen if steps_seen or not ops else 1,
+        event_count=event_count,
+        steps=steps,
+        step_totals=step_totals,
+        annotations=annotations,
+    )
+
+
+def _ranked(ops: Iterable[OpStats], device_time: str) -> tuple[OpStats, ...]:
     """Costliest first: by self device time when the cycle has some, else by self CPU time."""
     by_device = device_time == PRESENT
     return tuple(sorted(ops, key=lambda op: (
@@ -75,7 +99,7 @@ def ranked(ops: Iterable[OpStats], device_time: str) -> tuple[OpStats, ...]:
     )))  # fmt: skip
 
 
-def device_time_state(device_profiled: bool, total_device_us: float) -> str:
+def _device_time_state(device_profiled: bool, total_device_us: float) -> str:
     if not device_profiled:
         return NOT_PROFILED
     return PRESENT if total_device_us > 0 else MISSING
