@@ -30,6 +30,20 @@ def isolated_mlflow_state(monkeypatch):
     mlflow.tracking.fluent._active_experiment_id = None
 
 
+LEFT_BY_A_STORE = ("mlflow.db", "mlruns", "mlflow-neuron-outbox")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_in_the_working_directory():
+    """Tests write under their tmp_path only. A test that opens a store without a URI (MLflow's
+    default is ./mlflow.db) or logs artifacts under the default root (./mlruns) fails the session."""
+    here = Path.cwd()
+    before = {name for name in LEFT_BY_A_STORE if (here / name).exists()}
+    yield
+    left = {name for name in LEFT_BY_A_STORE if (here / name).exists()} - before
+    assert not left, f"the tests left {sorted(left)} in {here}"
+
+
 @pytest.fixture
 def tracking_uri(tmp_path, monkeypatch) -> str:
     """A fresh sqlite store (MLflow's default kind) with artifacts under tmp_path."""

@@ -301,7 +301,8 @@ def test_bad_values_are_usage_errors(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_the_cli_gate_prints_the_interval_and_exits_1_on_a_proven_regression(monkeypatch, capsys):
+def test_the_cli_gate_prints_the_interval_and_exits_1_on_a_proven_regression(tracking_uri, monkeypatch, capsys):
+    # tracking_uri: the client the command makes opens a store in tmp_path, not ./mlflow.db
     import mlflow_neuron._compare.profiles as loading
 
     profiles = [jittery("base"), jittery("slow", 1.5)]

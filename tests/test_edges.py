@@ -266,7 +266,8 @@ def test_ingest_and_sync_progress_lines_count_every_file_with_its_size(tracking_
 # -- 5. a run created by sync ends as the callback would have ended it --------------------------------------
 
 
-def test_a_run_created_by_sync_ends_finished(refusing_server, tmp_path, capsys):
+def test_a_run_created_by_sync_ends_finished(refusing_server, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the store's default artifact root, ./mlruns, lands in tmp_path
     outbox = tmp_path / "outbox"
     callback = MLflowProfilerCallback(tracking_uri=refusing_server, experiment_id="0", run_name="offline",
                                       outbox=outbox, retry_wait_s=0.01)  # fmt: skip
