@@ -73,6 +73,15 @@ def test_old_single_sample_runs_still_compare_per_op_with_medians_delta_speedup_
     assert (frame.loc["aten::mul", ("fused", "verdict")], frame.loc["aten::rms_norm", ("fused", "verdict")]) == ("gone", "new")
 
 
+def test_an_op_only_a_third_run_has_is_neither_gone_nor_new_in_the_others():
+    frame = compare([profile_of("naive", {"aten::mul": 2355.0}), profile_of("fused", {"aten::rms_norm": 1400.0}),
+                     profile_of("compiled", {"Torch-Compiled Region": 900.0})], baseline="naive")  # fmt: skip
+    verdicts = {op: tuple(frame.loc[op, (run, "verdict")] for run in ("fused", "compiled")) for op in frame.index}
+    assert verdicts["aten::mul"] == ("gone", "gone")
+    assert verdicts["aten::rms_norm"] == ("new", "-")
+    assert verdicts["Torch-Compiled Region"] == ("-", "new")
+
+
 def test_an_old_run_counts_per_step_by_its_active_steps():
     old = profile_of("old", {"x": 300.0})
     old = RunProfile(old.label, old.run_id, old.step, old.ops, {**old.totals, "active_steps": 3, "aten_calls": 6},

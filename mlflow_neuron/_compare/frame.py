@@ -31,6 +31,7 @@ import pandas as pd
 
 from .._compare import stats as _stats
 from .._compare.model import (
+    ABSENT,
     BASELINE,
     CPU_METRIC,
     DEFAULT_NOISE_PCT,
@@ -196,7 +197,7 @@ def _judge(base_values, values, is_base: bool, noise_pct: float) -> tuple[_stats
     if is_base:
         return _stats.RatioEstimate(1.0, 1.0, 1.0, exact=True), BASELINE
     if values is None:
-        return None, GONE
+        return None, GONE if base_values is not None else ABSENT
     if base_values is None:
         return None, NEW
     # named outliers (stalls) are left out of the estimate; the medians keep every sample

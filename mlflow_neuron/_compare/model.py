@@ -19,6 +19,7 @@ FIELDS = ("time_us", "calls", "share", "delta_us", "speedup", "n", "outliers", "
 TOTAL = "TOTAL"
 FASTER, SLOWER, NO_CHANGE, TOO_FEW = "faster", "slower", "no change", "too few samples"
 NEW, GONE, BASELINE = "new", "gone", "baseline"
+ABSENT = "-"  # the op is in neither this run nor the baseline (a third run has it)
 DEFAULT_NOISE_PCT = 2.0
 
 SAMPLES_FROM_STEPS, SAMPLES_FROM_METRICS, SAMPLES_FROM_CYCLES = "steps", "metrics", "cycles"
