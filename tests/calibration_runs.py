@@ -69,10 +69,15 @@ def gate(uri: str, experiment: str) -> tuple[int, str]:
     return code, out.getvalue()
 
 
+def document(report: str) -> dict:
+    """The JSON document of `gate`'s output (the gate's lines follow it)."""
+    return json.loads(report[: report.rindex("}") + 1])
+
+
 def total_verdict(report: str) -> str:
-    document = json.loads(report[: report.rindex("}") + 1])
-    total = next(row for row in document["rows"] if row["op"] == "TOTAL")
-    run = next(label for label in document["runs"] if label != "base")
+    parsed = document(report)
+    total = next(row for row in parsed["rows"] if row["op"] == "TOTAL")
+    run = next(label for label in parsed["runs"] if label != "base")
     return total[f"{run}/verdict"]
 
 

@@ -36,7 +36,8 @@ LEFT_BY_A_STORE = ("mlflow.db", "mlruns", "mlflow-neuron-outbox")
 @pytest.fixture(scope="session", autouse=True)
 def nothing_left_in_the_working_directory():
     """Tests write under their tmp_path only. A test that opens a store without a URI (MLflow's
-    default is ./mlflow.db) or logs artifacts under the default root (./mlruns) fails the session."""
+    default is ./mlflow.db), logs artifacts under the default root (./mlruns) or keeps cycles in the
+    callback's default outbox (./mlflow-neuron-outbox) fails the session."""
     here = Path.cwd()
     before = {name for name in LEFT_BY_A_STORE if (here / name).exists()}
     yield
