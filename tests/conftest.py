@@ -73,6 +73,14 @@ def fake_profiler(tmp_path_factory):
 
 
 @pytest.fixture
+def sync_store(tmp_path, monkeypatch) -> str:
+    """An empty sqlite store for `mlflow-neuron sync` to create runs in. A store opened by URI keeps
+    artifacts and traces under ./mlruns of the working directory, so the test runs in tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture
 def dead_server() -> str:
     """An http URI on a loopback port where nothing listens."""
     with socket.socket() as sock:

@@ -266,17 +266,15 @@ def test_ingest_and_sync_progress_lines_count_every_file_with_its_size(tracking_
 # -- 5. a run created by sync ends as the callback would have ended it --------------------------------------
 
 
-def test_a_run_created_by_sync_ends_finished(refusing_server, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the store's default artifact root, ./mlruns, lands in tmp_path
+def test_a_run_created_by_sync_ends_finished(sync_store, refusing_server, tmp_path, capsys):
     outbox = tmp_path / "outbox"
     callback = MLflowProfilerCallback(tracking_uri=refusing_server, experiment_id="0", run_name="offline",
                                       outbox=outbox, retry_wait_s=0.01)  # fmt: skip
     with pytest.warns(MLflowNeuronWarning):
         profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
         callback.close()
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
-    [run] = MlflowClient(store).search_runs(["0"])
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
+    [run] = MlflowClient(sync_store).search_runs(["0"])
     assert run.info.status == "FINISHED"
     assert "ended (FINISHED)" in capsys.readouterr().out
 

@@ -24,47 +24,45 @@ def assert_each_cycle_once(client, run_id, steps):
         assert {f"profiler/step_{step}/{name}" for name in ("ops.json", "manifest.json", "trace.json.gz")} <= set(files)
 
 
-def test_an_unreachable_server_loses_nothing_and_sync_delivers_each_cycle_once(dead_server, tmp_path):
+def test_an_unreachable_server_loses_nothing_and_sync_delivers_each_cycle_once(sync_store, dead_server, tmp_path):
     outbox = tmp_path / "outbox"
     callback = profile_offline(dead_server, outbox)
     assert callback.run_id is None  # the run could not even be created
     assert len(pending(outbox)) == 3
 
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
     assert pending(outbox) == []
-    client = MlflowClient(store)
+    client = MlflowClient(sync_store)
     [run] = client.search_runs(["0"])  # created once, from the records' run key
     assert run.info.run_name == "offline"
     assert_each_cycle_once(client, run.info.run_id, [4, 8, 12])
     assert run.data.params["profiler.schedule.active"] == "2"
 
 
-def test_sync_is_idempotent_twice_and_after_a_partial_replay(dead_server, tmp_path):
+def test_sync_is_idempotent_twice_and_after_a_partial_replay(sync_store, dead_server, tmp_path):
     outbox = tmp_path / "outbox"
     profile_offline(dead_server, outbox)
     backup = tmp_path / "backup"
     shutil.copytree(outbox, backup)
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # A partial replay: only the first record goes through, then everything is replayed again.
     first = pending(outbox)[0]
     rest = tmp_path / "rest"
     shutil.move(str(outbox), str(rest))
     outbox.mkdir()
     shutil.move(str(rest / first.name), str(outbox / first.name))
-    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
     shutil.rmtree(outbox)
     shutil.copytree(backup, outbox)
-    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
     shutil.rmtree(outbox)
     shutil.copytree(backup, outbox)
-    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
-    client = MlflowClient(store)
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
+    client = MlflowClient(sync_store)
     [run] = client.search_runs(["0"])
     assert_each_cycle_once(client, run.info.run_id, [4, 8, 12])
 
 
-def test_an_unwritable_outbox_falls_back_and_says_where(dead_server, tmp_path, monkeypatch):
+def test_an_unwritable_outbox_falls_back_and_says_where(sync_store, dead_server, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     blocker = tmp_path / "a_file"
@@ -75,9 +73,8 @@ def test_an_unwritable_outbox_falls_back_and_says_where(dead_server, tmp_path, m
     fallback = tmp_path / "tmp" / next(p.name for p in (tmp_path / "tmp").iterdir())
     assert "is not writable" in messages and str(fallback) in messages
     assert [p.parent for p in callback.outbox_records] == [fallback, fallback]
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert cli_main(["sync", "--outbox", str(fallback), "--tracking-uri", store]) == 0
-    client = MlflowClient(store)
+    assert cli_main(["sync", "--outbox", str(fallback), "--tracking-uri", sync_store]) == 0
+    client = MlflowClient(sync_store)
     assert_each_cycle_once(client, client.search_runs(["0"])[0].info.run_id, [4, 8])
 
 
@@ -95,15 +92,14 @@ def test_memory_for_pending_cycles_is_bounded(dead_server, tmp_path):
     assert len(pending(outbox)) == 5  # every cycle kept: spilled, or handed over at close
 
 
-def test_sync_keeps_a_corrupt_record_and_delivers_the_rest(dead_server, tmp_path):
+def test_sync_keeps_a_corrupt_record_and_delivers_the_rest(sync_store, dead_server, tmp_path):
     outbox = tmp_path / "outbox"
     profile_offline(dead_server, outbox, cycles=2)
     broken = outbox / "00000000000000000000-1-000000"
     broken.mkdir()
     (broken / "record.json").write_text('{"format": 1, "run": {')  # truncated
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     result = subprocess.run(
-        [sys.executable, "-m", "mlflow_neuron.cli", "sync", "--outbox", str(outbox), "--tracking-uri", store],
+        [sys.executable, "-m", "mlflow_neuron.cli", "sync", "--outbox", str(outbox), "--tracking-uri", sync_store],
         capture_output=True, text=True,
     )
     assert result.returncode == 1

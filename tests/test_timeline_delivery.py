@@ -79,7 +79,7 @@ def test_timeline_max_spans_is_checked_at_construction(bad, tracking_uri):
         MLflowProfilerCallback(run_id="0" * 32, timeline_max_spans=bad)
 
 
-def test_offline_cycles_keep_their_timeline_and_sync_logs_one_trace_each(dead_server, tmp_path):
+def test_offline_cycles_keep_their_timeline_and_sync_logs_one_trace_each(sync_store, dead_server, tmp_path):
     outbox = tmp_path / "outbox"
     profile_offline(dead_server, outbox, cycles=3)
     records = pending(outbox)
@@ -91,18 +91,17 @@ def test_offline_cycles_keep_their_timeline_and_sync_logs_one_trace_each(dead_se
 
     backup = tmp_path / "backup"
     shutil.copytree(outbox, backup)
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # A partial replay (the first record only), then everything, twice.
     rest = tmp_path / "rest"
     shutil.move(str(outbox), str(rest))
     outbox.mkdir()
     shutil.move(str(rest / records[0].name), str(outbox / records[0].name))
-    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
     for _ in range(2):
         shutil.rmtree(outbox)
         shutil.copytree(backup, outbox)
-        assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
-    client = MlflowClient(store)
+        assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
+    client = MlflowClient(sync_store)
     [run] = client.search_runs(["0"])
     traces = by_step(traces_of(client, run.info.run_id))
     assert sorted(traces) == [4, 8, 12]
@@ -110,7 +109,7 @@ def test_offline_cycles_keep_their_timeline_and_sync_logs_one_trace_each(dead_se
     assert {t.info.tags["mlflow_neuron.run_name"] for t in traces.values()} == {"offline"}
 
 
-def test_an_outbox_record_from_before_timelines_still_syncs(dead_server, tmp_path):
+def test_an_outbox_record_from_before_timelines_still_syncs(sync_store, dead_server, tmp_path):
     outbox = tmp_path / "outbox"
     profile_offline(dead_server, outbox, cycles=1)
     [record] = pending(outbox)
@@ -119,23 +118,21 @@ def test_an_outbox_record_from_before_timelines_still_syncs(dead_server, tmp_pat
     (record / "record.json").write_text(json.dumps(data))
     (record / "files" / "timeline.json").unlink()
     assert load(record)[0].timeline is None
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
-    client = MlflowClient(store)
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
+    client = MlflowClient(sync_store)
     [run] = client.search_runs(["0"])
     assert traces_of(client, run.info.run_id) == []
     assert client.get_metric_history(run.info.run_id, "profiler/total/active_steps")
 
 
-def test_a_damaged_timeline_file_skips_the_trace_and_the_cycle_still_syncs(dead_server, tmp_path):
+def test_a_damaged_timeline_file_skips_the_trace_and_the_cycle_still_syncs(sync_store, dead_server, tmp_path):
     outbox = tmp_path / "outbox"
     profile_offline(dead_server, outbox, cycles=1)
     [record] = pending(outbox)
     (record / "files" / "timeline.json").write_text('{"name": "truncat')
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
     assert pending(outbox) == []
-    client = MlflowClient(store)
+    client = MlflowClient(sync_store)
     [run] = client.search_runs(["0"])
     assert traces_of(client, run.info.run_id) == []
     assert client.get_metric_history(run.info.run_id, "profiler/total/active_steps")
