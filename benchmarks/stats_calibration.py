@@ -12,6 +12,12 @@ unless stated. Printed per noise model:
 
 Then the same through `compare()` and `regressions()` for runs whose steps run several ops, where
 the gate fires when any op or the TOTAL is proven slower.
+
+Last, runs of several cycles where each cycle carries a random shift of its own, U(1 − s, 1 + s)
+with s = 0, 0.1, 0.3 (the host got busier or quieter between profiled windows), on top of the
+same per-step noise: coverage of the step-level interval alone (as before cycles were checked)
+beside the interval `compare()` now uses (steps, or cycles where they differ; `too few cycles`
+below 3 per run), with the share of pairs judged on cycles and left `too few cycles`.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from mlflow_neuron._compare.frame import compare  # noqa: E402
 from mlflow_neuron._compare.gate import regressions  # noqa: E402
 from mlflow_neuron._compare.model import RunProfile  # noqa: E402
-from synthetic_steps import Noise, rates  # noqa: E402
+from synthetic_steps import Noise, cycle_rates, cycle_steps, rates  # noqa: E402
 
 
 def row_rates(pairs: int, seed: int) -> None:
@@ -78,6 +84,38 @@ def gate_rates(pairs: int, seed: int) -> None:
         print(f"{ops:<46}{fired[1.0] / pairs:>12.1%}{fired[1.3] / pairs:>14.1%}")
 
 
+def step_level_coverage(seed: int, pairs: int, n_cycles: int, steps: int, shift: float, scale: float) -> float:
+    """Coverage of the step-level interval alone on runs whose cycles carry shifts."""
+    from mlflow_neuron._compare.stats import without_outliers, ratio_interval
+
+    rng = np.random.default_rng(seed)
+    covered = given = 0
+    for _ in range(pairs):
+        x, _ = cycle_steps(rng, n_cycles, steps, Noise(), 1.0, shift)
+        y, _ = cycle_steps(rng, n_cycles, steps, Noise(), scale, shift)
+        estimate = ratio_interval(without_outliers(x), without_outliers(y))
+        if estimate.has_interval:
+            given += 1
+            covered += estimate.low <= scale <= estimate.high
+    return covered / given if given else float("nan")
+
+
+def cycle_table(pairs: int, seed: int) -> None:
+    print(f"\ncycles that shift: K=1, uniform ±30%, 2% stalls, 5 steps a cycle, {pairs} pairs each, gate at +10%")
+    print(f"{'cycles per run, shift per cycle':<34}{'steps only':>11}{'coverage':>10}{'on cycles':>11}"
+          f"{'too few':>9}{'A/A alarms':>12}{'A/B detected':>14}")  # fmt: skip
+    for n_cycles in (2, 3, 4, 6):
+        for shift in (0.0, 0.1, 0.3):
+            old = (step_level_coverage(seed, pairs, n_cycles, 5, shift, 1.0)
+                   + step_level_coverage(seed + 1, pairs, n_cycles, 5, shift, 1.3)) / 2  # fmt: skip
+            same = cycle_rates(seed, pairs, Noise(), n_cycles, 5, shift)
+            slower = cycle_rates(seed + 1, pairs, Noise(), n_cycles, 5, shift, scale=1.3)
+            coverage = (same.coverage + slower.coverage) / 2
+            name = f"{n_cycles} cycles, ±{shift:.0%}"
+            print(f"{name:<34}{old:>11.1%}{coverage:>10.1%}{(same.cycles + slower.cycles) / 2:>11.1%}"
+                  f"{(same.too_few + slower.too_few) / 2:>9.1%}{same.gate:>12.1%}{slower.gate:>14.1%}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=1000, help="simulated pairs per noise model")
@@ -86,6 +124,7 @@ def main() -> None:
     start = time.perf_counter()
     row_rates(args.pairs, args.seed)
     gate_rates(max(args.pairs // 5, 20), args.seed)
+    cycle_table(args.pairs, args.seed)
     print(f"\n({time.perf_counter() - start:.1f} s)")
 
 

@@ -2,10 +2,12 @@
 
 One parent run and one child run per variant (`naive`, `fused`, `compiled`) in experiment
 `rmsnorm-variants`. The parent is named for the device and the time it started, such as
-`rmsnorm-cpu-20250131-142501`, so that reruns are rows of their own in the MLflow UI. Each variant
-is profiled for 10 steps (two cycles of 5 active steps), so the comparison read back from MLflow
-has 10 samples per variant: medians, 95% intervals, outliers and a verdict per variant, which also
-lands in the parent run's description.
+`rmsnorm-cpu-20250131-142501`, so that reruns are rows of their own in the MLflow UI. The variants
+are profiled in rotation (`mlflow_neuron.interleaved`: naive, fused, compiled, naive, ...), four
+cycles of 5 active steps each, so a change in the machine's load falls on all of them alike. The
+comparison read back from MLflow has 20 samples in 4 cycles per variant: medians, 95% intervals
+(over cycles where the cycles differ), outliers, the host's load while each ran, and a verdict
+per variant, which also lands in the parent run's description.
 
     python examples/rmsnorm_variants.py                       # Neuron, else CUDA, else CPU
     python examples/rmsnorm_variants.py --device cpu --shape 8,4096 --dtype float32
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -29,26 +32,16 @@ from collections.abc import Callable
 import mlflow
 import pandas as pd
 import torch
-from torch.profiler import profile, schedule
 
-from mlflow_neuron import (
-    MLflowProfilerCallback,
-    attach_comparison,
-    compare_runs,
-    compile_backend,
-    load_timelines,
-    pick_device,
-    profiling_setup,
-    render,
-    synchronize,
-)
+from mlflow_neuron import attach_comparison, compare_runs, compile_backend, interleaved, load_timelines, pick_device, render
 
 EXPERIMENT = "rmsnorm-variants"
 EPS = 1e-6
-# Two cycles of 5 active steps: 10 samples per variant. warmup=2 keeps torch.compile's first
-# calls and cache fills out of the samples.
-WAIT, WARMUP, ACTIVE, REPEAT = 1, 2, 5, 2
-STEPS = (WAIT + WARMUP + ACTIVE) * REPEAT
+# Four cycles of 5 active steps per variant, in rotation: 20 samples in 4 cycles, enough for the
+# comparison to check the cycles against each other. warmup=2 keeps torch.compile's first calls
+# and cache fills out of the samples.
+WAIT, WARMUP, ACTIVE, CYCLES = 1, 2, 5, 4
+STEPS = (WAIT + WARMUP + ACTIVE) * CYCLES
 
 
 def rms_norm_naive(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -69,29 +62,27 @@ def variants(device: str) -> dict[str, Callable]:
     }
 
 
-def profile_variant(name: str, fn: Callable, args: argparse.Namespace, device: str) -> str:
+def profile_variants(args: argparse.Namespace, device: str) -> dict[str, str]:
+    """Profiles the variants in rotation into one child run each; returns {variant: run id}."""
     shape = tuple(int(n) for n in args.shape.split(","))
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     x = torch.randn(*shape, dtype=dtype).to(device)
     weight = torch.ones(shape[-1], dtype=dtype).to(device)
-    setup = profiling_setup(device, os.path.join(args.profile_dir, name))
-    with mlflow.start_run(run_name=name, nested=True) as run:
-        mlflow.log_params({"variant": name, "shape": args.shape, "dtype": args.dtype})
-        # background=False: each cycle goes to MLflow between the profiled windows, so none of this
-        # script's own work runs while a step is recorded (its host time would carry it). A training
-        # job keeps the default background sender: device time is not affected by it.
-        with MLflowProfilerCallback(*setup.handlers, run_id=run.info.run_id, background=False) as callback:
-            with kineto_markers_dropped(), profile(
-                **setup.profiler_kwargs(),
-                schedule=schedule(wait=WAIT, warmup=WARMUP, active=ACTIVE, repeat=REPEAT),
-                on_trace_ready=callback,
-            ) as prof, garbage_collector_paused():
-                for _ in range(STEPS):
-                    fn(x, weight)
-                    synchronize(device)
-                    prof.step()
-    return run.info.run_id
+    steps = {name: functools.partial(fn, x, weight) for name, fn in variants(device).items()}
+    # background=False: each cycle goes to MLflow between the profiled windows, so none of this
+    # script's own work runs while a step is recorded (its host time would carry it). A training
+    # job keeps the default background sender: device time is not affected by it.
+    with kineto_markers_dropped():
+        runs = interleaved(steps, cycles=CYCLES, wait=WAIT, warmup=WARMUP, active=ACTIVE, device=device,
+                           profile_dir=args.profile_dir, background=False)  # fmt: skip
+    client = mlflow.MlflowClient()
+    for name, run_id in runs.run_ids.items():
+        for key, value in {"variant": name, "shape": args.shape, "dtype": args.dtype}.items():
+            client.log_param(run_id, key, value)
+    for name, why in runs.failed.items():
+        print(f"variant {name} failed and is left out: {why}")
+    return {name: run_id for name, run_id in runs.run_ids.items() if name not in runs.failed}
 
 
 # Kineto, the C++ library behind torch.profiler, writes "USDT:<time> <pid>:<tid>
@@ -129,7 +120,8 @@ def kineto_markers_dropped():
 @contextlib.contextmanager
 def garbage_collector_paused():
     """Python's garbage collector runs wherever allocations cross its threshold; inside a recorded
-    step it adds milliseconds of host time. These 16 steps are short: collect before, pause."""
+    step it adds milliseconds of host time. Collect before, pause. (`interleaved` does this for
+    each cycle; tests/calibration_runs.py uses it around its own profiles.)"""
     gc.collect()
     gc.disable()
     try:
@@ -192,11 +184,12 @@ def main(argv: list[str] | None = None) -> int:
     # children keep the variant names, which the comparison labels its columns with.
     with mlflow.start_run(run_name=f"rmsnorm-{device}-{time.strftime('%Y%m%d-%H%M%S')}") as parent:
         mlflow.log_params({"device": device, "shape": args.shape, "dtype": args.dtype, "steps": STEPS,
-                           "threads": args.threads or torch.get_num_threads()})  # fmt: skip
-        run_ids = {name: profile_variant(name, fn, args, device) for name, fn in variants(device).items()}
+                           "cycles": CYCLES, "threads": args.threads or torch.get_num_threads()})  # fmt: skip
+        run_ids = profile_variants(args, device)
 
     frame = attach_comparison_to(parent.info.run_id, run_ids)
-    print(f"\nRMSNorm variants on {device}, shape {args.shape} {args.dtype}, {ACTIVE * REPEAT} profiled steps each")
+    print(f"\nRMSNorm variants on {device}, shape {args.shape} {args.dtype}, {ACTIVE * CYCLES} profiled steps "
+          f"each in {CYCLES} interleaved cycles")
     print(render.text(frame, top=8))
     print(f"\nParent run {parent.info.run_name} ({parent.info.run_id}) in experiment '{EXPERIMENT}' holds the "
           "comparison (table, PNG, HTML).")

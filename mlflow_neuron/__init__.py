@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _HOME = {
     "MLflowProfilerCallback": "_capture.callback",
     "DEFAULT_MAX_FILE_BYTES": "_capture.callback",
+    "interleaved": "_capture.interleave",
+    "InterleavedRuns": "_capture.interleave",
     "compare_runs": "_compare.profiles",
     "attach_comparison": "_compare.publish",
     "load_timelines": "_compare.profiles",

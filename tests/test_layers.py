@@ -36,6 +36,7 @@ TORCH_MODULES = {
     "_trace.kineto",  # every touch of torch's private profiler API
     "_trace.function_events",  # the prof.events() fallback, on torch's own event objects
     "_neuron.devices",  # activities, synchronize, the torch_neuronx setup
+    "_capture.interleave",  # profiles variants in rotation (torch.profiler's public API)
     "_capture.callback",
     "_capture.hooks",
     "_capture.reader",

@@ -19,10 +19,11 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
-from .._compare.model import FASTER, SLOWER, TOO_FEW, TOTAL
+from .._compare.model import FASTER, INCONCLUSIVE, SLOWER, TOO_FEW, TOO_FEW_CYCLES, TOTAL, UNJUDGED
 from .._compare.verdict import short_names
 
-VERDICT_COLORS = {FASTER: "#1a7f37", SLOWER: "#b3261e", TOO_FEW: "#c77c00"}
+VERDICT_COLORS = {FASTER: "#1a7f37", SLOWER: "#b3261e", TOO_FEW: "#c77c00", TOO_FEW_CYCLES: "#c77c00",
+                  INCONCLUSIVE: "#c77c00"}  # fmt: skip
 _ROW_GAP = 1  # empty rows between ops
 _HALF_ROW = 0.5  # an op's band reaches half a row beyond its first and last rows
 _JITTER = 0.5  # points spread over this much of their row: +-0.25, well inside the band
@@ -151,7 +152,7 @@ def draw_ratios(ax, frame: pd.DataFrame, layout: Layout) -> None:
             if row["ratio_low"] == row["ratio_low"]:  # not NaN: an interval exists
                 low, high = max(row["ratio_low"], 1e-6), row["ratio_high"]
                 ax.plot([low, high if math.isfinite(high) else ratio * 10], [y, y], color=color, linewidth=2)
-            hollow = row["verdict"] == TOO_FEW
+            hollow = row["verdict"] in (*UNJUDGED, INCONCLUSIVE)  # no verdict the interval could carry
             ax.scatter([ratio], [y], s=30, color="white" if hollow else color, edgecolors=color, zorder=3,
                        gid=f"{run}: {op}")  # fmt: skip
             ax.annotate(f"{run} {ratio:.2f} {row['verdict']}", (ratio, y), fontsize=7, color=color,

@@ -6,15 +6,19 @@ profiler step, over all of a run's active steps (see `samples`):
 - `time_us`: the median per step; `calls`: median calls per step; `share`: of the run's median
   total; `delta_us`: median minus the baseline's median; `speedup`: baseline median / median;
 - `n`: samples (steps) of the run; `outliers`: how many of this op's samples are outliers;
-- `ratio`, `ratio_low`, `ratio_high`: run / baseline, Hodges–Lehmann, with its 95% interval
-  (NaN where no interval exists; see `stats` for the method), from the samples that are not
-  outliers;
+- `ratio`, `ratio_low`, `ratio_high`: run / baseline with its 95% interval (NaN where no
+  interval exists), from the samples that are not outliers: Hodges–Lehmann with Moses' interval
+  over steps (`stats`), or Welch's interval over cycles when the cycles differ beyond the noise
+  between steps (`cycles`); `unit` says which (`steps` or `cycles`);
 - `verdict`: `faster`, `slower`, `no change` (the interval contains 1.0, or the change is under
-  `noise_pct`), `too few samples` (no 95% interval), `new` / `gone` (the op is in one run only),
-  `baseline`.
+  `noise_pct`), `too few samples` (no 95% interval), `too few cycles` (the cycles differ and a
+  run has fewer than `cycles.MIN_CYCLES`), `inconclusive` (host time of runs that saw different
+  host load, see `weather`), `new` / `gone` (the op is in one run only), `baseline`.
 
 `frame.attrs` (JSON-serializable) adds: the metric and any fallback, the baseline, runs, n,
-samples sources, ATen calls per step, `outliers` (each one named: run, op, cycle, step, value,
+samples sources, ATen calls per step, `host` (each run's host while profiled) and
+`inconclusive` (the reason, per run whose verdicts it made inconclusive), `cycle_noise` (the
+TOTAL's between-cycle test per run), `outliers` (each one named: run, op, cycle, step, value,
 times the median), `sentences` (the verdict in words, per run), `verdicts` (the TOTAL's), and
 `samples` (of the TOTAL and the top ops, for plots) with their (cycle, step) in `sample_steps`
 (the TOTAL's) and `op_sample_steps` (the ops'; they differ only where per-op samples are cycle
@@ -29,7 +33,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .._compare import cycles as _cycles
 from .._compare import stats as _stats
+from .._compare import weather as _weather
 from .._compare.model import (
     ABSENT,
     BASELINE,
@@ -39,11 +45,13 @@ from .._compare.model import (
     FASTER,
     FIELDS,
     GONE,
+    INCONCLUSIVE,
     METRICS,
     NEW,
     NO_CHANGE,
     SLOWER,
     TOO_FEW,
+    TOO_FEW_CYCLES,
     TOTAL,
     RunProfile,
 )
@@ -60,6 +68,7 @@ def compare(
     *,
     skip_steps: int = 0,
     noise_pct: float = DEFAULT_NOISE_PCT,
+    host_load_threshold: float = _weather.HOST_LOAD_THRESHOLD_CORES,
 ) -> pd.DataFrame:
     """The comparison frame; `baseline` is a label or run id (default: the first run).
 
@@ -69,6 +78,8 @@ def compare(
         frame.loc["TOTAL", ("fused", "verdict")], frame.attrs["sentences"]["fused"]
     """
     _check(profiles, metric, skip_steps, noise_pct)
+    if not host_load_threshold >= 0:
+        raise ValueError(f"host_load_threshold must be >= 0 cores; got {host_load_threshold}")
     base = _find(profiles, baseline) if baseline else profiles[0]
     without_device = [p.label for p in profiles if p.device_time != "present"]
     used = CPU_METRIC if metric == DEVICE_METRIC and without_device else metric
@@ -76,7 +87,9 @@ def compare(
     medians = pd.DataFrame({label: s.ops.median() for label, s in samples.items()})
     # Costliest first in any run, so an op that only one variant has (a compiled graph) shows too.
     order = list(medians.max(axis=1).sort_values(ascending=False, kind="stable").index)
-    frame = _table(samples, base.label, order, noise_pct)
+    frame, noise = _table(samples, base.label, order, noise_pct)
+    hosts = {p.label: dict(p.host) for p in profiles}
+    inconclusive = _weather_verdicts(frame, hosts, base.label, host_load_threshold) if used == CPU_METRIC else {}
     frame.attrs.update(
         metric=used,
         requested_metric=metric,
@@ -88,8 +101,14 @@ def compare(
         skip_steps=skip_steps,
         noise_pct=noise_pct,
         confidence=_stats.CONFIDENCE,
-        method="Hodges-Lehmann ratio of per-step samples with Moses' distribution-free 95% interval",
+        method="Hodges-Lehmann ratio of per-step samples with Moses' distribution-free 95% interval; "
+        "Welch's interval on per-cycle medians where the cycles differ (nested F test, p < "
+        f"{_cycles.CYCLE_ALPHA:g}; at least {_cycles.MIN_CYCLES} cycles per run)",
         wrappers=sorted(_wrappers(profiles) & set(order)),
+        host=hosts,
+        host_load_threshold_cores=host_load_threshold,
+        inconclusive=inconclusive,
+        cycle_noise=noise,
     )
     others = [label for label in samples if label != base.label]
     frame.attrs["verdicts"] = {label: frame.loc[TOTAL, (label, "verdict")] for label in others}
@@ -113,16 +132,40 @@ def _check(profiles: list[RunProfile], metric: str, skip_steps: int, noise_pct: 
         raise ValueError(f"skip_steps and noise_pct must be >= 0; got {skip_steps} and {noise_pct}")
 
 
-def _table(samples: dict[str, StepSamples], base: str, order: list[str], noise_pct: float) -> pd.DataFrame:
-    """The frame without attrs: a row per op in `order` and the TOTAL, a column group per run."""
-    columns = {}
+def _table(samples: dict[str, StepSamples], base: str, order: list[str],
+           noise_pct: float) -> tuple[pd.DataFrame, dict[str, dict]]:  # fmt: skip
+    """The frame without attrs (a row per op in `order` and the TOTAL, a column group per run),
+    and the TOTAL's between-cycle test per run."""
+    columns, noise = {}, {}
     for label, run in samples.items():
-        for name, values in _run_columns(run, samples[base], order, label == base, noise_pct).items():
-            columns[(label, name)] = values
+        cols, total = _run_columns(run, samples[base], order, label == base, noise_pct)
+        columns.update({(label, name): values for name, values in cols.items()})
+        if label != base:
+            noise[label] = _noise_attrs(total)
     frame = pd.DataFrame(columns, index=[*order, TOTAL])
     frame.columns = pd.MultiIndex.from_tuples(frame.columns, names=["run", "field"])
     frame.index.name = "op"
-    return frame
+    return frame, noise
+
+
+def _noise_attrs(judged: _cycles.Judged) -> dict:
+    p_value, share = judged.noise.p_value, judged.noise.share
+    return {"unit": judged.unit, "cycles": list(judged.noise.cycles), "too_few_cycles": judged.too_few_cycles,
+            "p_value": None if np.isnan(p_value) else round(p_value, 4),
+            "between_cycle_share": None if np.isnan(share) else round(share, 4)}  # fmt: skip
+
+
+def _weather_verdicts(frame: pd.DataFrame, hosts: dict[str, dict], base: str, threshold: float) -> dict[str, str]:
+    """Host time of a run that saw different host load than the baseline is not judged: every
+    statistical verdict of that run reads `inconclusive`. Returns the reason per such run."""
+    found = {}
+    for label, host in hosts.items():
+        if label == base or not _weather.load_differs(hosts[base], host, threshold):
+            continue
+        found[label] = _weather.reason(base, hosts[base], label, host)
+        judged = frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE, TOO_FEW, TOO_FEW_CYCLES])
+        frame.loc[judged, (label, "verdict")] = INCONCLUSIVE
+    return found
 
 
 def _per_run(profiles: list[RunProfile], samples: dict[str, StepSamples]) -> dict[str, dict]:
@@ -156,17 +199,24 @@ def flat(frame: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base: bool, noise_pct: float) -> dict:
-    """One run's column group: per op in `order`, then the TOTAL."""
+def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base: bool,
+                 noise_pct: float) -> tuple[dict, _cycles.Judged | None]:  # fmt: skip
+    """One run's column group (per op in `order`, then the TOTAL), and how its TOTAL was judged."""
     cols = {name: [] for name in FIELDS}
     total_median = _median(run.total)
     times, base_times, calls = _columns(run.ops), _columns(base.ops), _columns(run.calls)
-    rows = [(op, times.get(op), base_times.get(op), _median(calls[op]) if op in calls else np.nan) for op in order]
-    rows.append((TOTAL, run.total, base.total, np.nan))
-    for op, values, base_values, op_calls in rows:
+    op_cycles = (_cycle_ids(base.op_keys), _cycle_ids(run.op_keys))
+    rows = [(op, times.get(op), base_times.get(op), _median(calls[op]) if op in calls else np.nan, op_cycles)
+            for op in order]  # fmt: skip
+    rows.append((TOTAL, run.total, base.total, np.nan, (_cycle_ids(base.steps), _cycle_ids(run.steps))))
+    total_judged = None
+    for op, values, base_values, op_calls, cycle_ids in rows:
         median = _median(values) if values is not None else np.nan
         base_median = _median(base_values) if base_values is not None else np.nan
-        estimate, verdict = _judge(base_values, values, is_base, noise_pct)
+        judged, verdict = _judge(base_values, values, cycle_ids, is_base, noise_pct)
+        estimate = judged.estimate if judged else None
+        if op == TOTAL:
+            total_judged = judged
         cols["time_us"].append(median)
         cols["calls"].append(op_calls)
         cols["share"].append(median / total_median if total_median else np.nan)
@@ -177,8 +227,17 @@ def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base:
         cols["ratio"].append(estimate.ratio if estimate else np.nan)
         cols["ratio_low"].append(estimate.low if estimate and estimate.has_interval else np.nan)
         cols["ratio_high"].append(estimate.high if estimate and estimate.has_interval else np.nan)
+        cols["unit"].append(judged.unit if judged else None)
         cols["verdict"].append(verdict)
-    return cols
+    return cols, total_judged
+
+
+_BASELINE = _cycles.Judged(_stats.RatioEstimate(1.0, 1.0, 1.0, exact=True), _cycles.STEPS,
+                           _cycles.CycleNoise(float("nan"), float("nan"), (0, 0)))  # fmt: skip
+
+
+def _cycle_ids(keys: list[tuple[int, int]]) -> np.ndarray:
+    return np.fromiter((cycle for cycle, _ in keys), dtype=np.int64, count=len(keys))
 
 
 def _columns(table: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -193,20 +252,24 @@ def _median(values: np.ndarray) -> float:
     return float(ordered[half]) if len(ordered) % 2 else float(ordered[half - 1] + ordered[half]) / 2
 
 
-def _judge(base_values, values, is_base: bool, noise_pct: float) -> tuple[_stats.RatioEstimate | None, str]:
+def _judge(base_values, values, cycle_ids: tuple[np.ndarray, np.ndarray], is_base: bool,
+           noise_pct: float) -> tuple[_cycles.Judged | None, str]:  # fmt: skip
     if is_base:
-        return _stats.RatioEstimate(1.0, 1.0, 1.0, exact=True), BASELINE
+        return _BASELINE, BASELINE
     if values is None:
         return None, GONE if base_values is not None else ABSENT
     if base_values is None:
         return None, NEW
     # named outliers (stalls) are left out of the estimate; the medians keep every sample
-    estimate = _stats.ratio_interval(_stats.without_outliers(base_values), _stats.without_outliers(values))
+    judged = _cycles.judge(base_values, cycle_ids[0], values, cycle_ids[1])
+    estimate = judged.estimate
+    if judged.too_few_cycles:
+        return judged, TOO_FEW_CYCLES
     if not estimate.has_interval:
-        return estimate, TOO_FEW
+        return judged, TOO_FEW
     if estimate.low <= 1 <= estimate.high or abs(estimate.ratio - 1) * 100 < noise_pct:
-        return estimate, NO_CHANGE
-    return estimate, SLOWER if estimate.ratio > 1 else FASTER
+        return judged, NO_CHANGE
+    return judged, SLOWER if estimate.ratio > 1 else FASTER
 
 
 def _outliers(samples: dict[str, StepSamples], order: list[str]) -> list[dict]:

@@ -2,7 +2,10 @@
 
 A row fails only when the whole 95% interval of run / baseline lies above +`percent`: a point
 estimate over the line is not enough, since per-step noise and stalls move it. Rows with too few
-samples for an interval can never fail; the gate names them instead of passing in silence.
+samples or cycles for an interval can never fail; the gate names them instead of passing in
+silence. Nor can the rows of a run whose verdicts are `inconclusive` (host time, and the host's
+load differed from the baseline's): the gate prints why, and `inconclusive_runs` lets the
+command line exit 4 for a CI job that wants to retry on a quieter host.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .._compare.model import TOO_FEW, TOTAL, Regression
+from .._compare.cycles import MIN_CYCLES
+from .._compare.model import INCONCLUSIVE, TOTAL, UNJUDGED, Regression
 
 
 def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tuple[bool, list[str]]:
@@ -30,7 +34,9 @@ def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tupl
     for run, rows in not_checked.items():  # one line per run: single-sample runs have a row per op
         n, total = frame.attrs["n"], next((r for r in rows if r.op == TOTAL), rows[0])
         lines.append(f"NOT CHECKED {run}: {len(rows)} row(s), {n[run]} vs {n[base]} samples, too few for a 95% "
-                     f"interval ({total.op} point ratio {total.ratio:.2f})")  # fmt: skip
+                     f"interval ({total.op} point ratio {total.ratio:.2f}{_cycles_note(frame, run)})")  # fmt: skip
+    for run, why in inconclusive_runs(frame).items():
+        lines.append(f"INCONCLUSIVE {run}: {why}; host time not gated (--fail-if-inconclusive: exit 4)")
     if not slower:
         lines.append(f"no op or total is proven more than {percent:g}% slower than {base} (95% interval)")
     return bool(slower), lines
@@ -45,15 +51,27 @@ def regressions(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> lis
     """
     found = []
     for run, op, row in _gated_rows(frame, min_us):
-        if row["ratio_low"] > 1 + percent / 100:
+        if row["verdict"] != INCONCLUSIVE and row["ratio_low"] > 1 + percent / 100:
             found.append(Regression(run, op, *_row_numbers(frame, run, op)))
     return found
 
 
 def unchecked(frame: pd.DataFrame, min_us: float = 0.0) -> list[Regression]:
-    """The rows the gate could not check: too few samples for a 95% interval."""
+    """The rows the gate could not check: too few samples (or cycles) for a 95% interval."""
     return [Regression(run, op, *_row_numbers(frame, run, op))
-            for run, op, row in _gated_rows(frame, min_us) if row["verdict"] == TOO_FEW]  # fmt: skip
+            for run, op, row in _gated_rows(frame, min_us) if row["verdict"] in UNJUDGED]  # fmt: skip
+
+
+def inconclusive_runs(frame: pd.DataFrame) -> dict[str, str]:
+    """{run: why} for the runs whose host time was not judged: they saw a different host load."""
+    return dict(frame.attrs.get("inconclusive") or {})
+
+
+def _cycles_note(frame: pd.DataFrame, run: str) -> str:
+    noise = frame.attrs.get("cycle_noise", {}).get(run, {})
+    if not noise.get("too_few_cycles"):
+        return ""
+    return f"; its cycles differ, {noise['cycles'][1]} vs {noise['cycles'][0]} cycles, needs {MIN_CYCLES} per run"
 
 
 def _gated_rows(frame: pd.DataFrame, min_us: float):

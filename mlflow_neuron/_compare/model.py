@@ -15,9 +15,13 @@ import pandas as pd
 
 DEVICE_METRIC, CPU_METRIC = "self_device_time_us", "self_cpu_time_us"
 METRICS = (DEVICE_METRIC, CPU_METRIC)
-FIELDS = ("time_us", "calls", "share", "delta_us", "speedup", "n", "outliers", "ratio", "ratio_low", "ratio_high", "verdict")
+FIELDS = ("time_us", "calls", "share", "delta_us", "speedup", "n", "outliers", "ratio", "ratio_low", "ratio_high",
+          "unit", "verdict")
 TOTAL = "TOTAL"
 FASTER, SLOWER, NO_CHANGE, TOO_FEW = "faster", "slower", "no change", "too few samples"
+TOO_FEW_CYCLES = "too few cycles"  # the cycles differ beyond step noise, and a run has too few of them
+INCONCLUSIVE = "inconclusive"  # host time of runs that saw different host load: not judged
+UNJUDGED = (TOO_FEW, TOO_FEW_CYCLES)  # no 95% interval: the gate names these rows instead of passing them
 NEW, GONE, BASELINE = "new", "gone", "baseline"
 ABSENT = "-"  # the op is in neither this run nor the baseline (a third run has it)
 DEFAULT_NOISE_PCT = 2.0
@@ -39,6 +43,8 @@ class RunProfile:
     cycles' steps.json), SAMPLES_FROM_METRICS (step totals from `profiler/step/...` metrics; per-op
     samples are cycle sums / active steps), SAMPLES_FROM_CYCLES (runs logged before per-step
     samples: one sample per cycle, its sums / active steps). None: derived from `ops`/`totals`.
+    `host`: the `system/profile/...` metrics averaged over the run's cycles (`other_cpu_cores`,
+    `load_average_1m`, `cpu_count`, `torch_threads`, ...); empty for runs logged without them.
     """
 
     label: str
@@ -52,6 +58,7 @@ class RunProfile:
     samples: pd.DataFrame | None = None
     step_totals: pd.DataFrame | None = None
     source: str | None = None
+    host: dict[str, float] = field(default_factory=dict)  # the host while it was profiled (see `weather`)
 
 
 @dataclass(frozen=True)

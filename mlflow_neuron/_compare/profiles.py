@@ -19,6 +19,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from .._compare.frame import compare
+from .._compare.weather import HOST_LOAD_THRESHOLD_CORES, HOST_METRICS, run_host
 from .._compare.model import (
     SAMPLE_COLUMNS,
     SAMPLES_FROM_CYCLES,
@@ -44,6 +45,7 @@ from .._delivery.model import (
 from .._trace.timeline import Timeline
 
 _STEP_DIR = re.compile(r"^profiler/step_(\d+)$")
+HOST_PREFIX = "system/profile"
 TOTAL_KEYS = ("self_device_time_us", "self_cpu_time_us", "aten_calls", "active_steps", "unattributed_device_time_us")
 
 
@@ -57,6 +59,7 @@ def compare_runs(
     tracking_uri: str | None = None,
     skip_steps: int = 0,
     noise_pct: float = 2.0,
+    host_load_threshold: float = HOST_LOAD_THRESHOLD_CORES,
 ) -> pd.DataFrame:
     """Per-op comparison of profiled runs as a DataFrame (see `frame.compare`).
 
@@ -67,13 +70,16 @@ def compare_runs(
 
     `runs` is an experiment name, or a list of run ids / run names (within `experiment`) /
     parent runs / `models:/NAME/VERSION`. A run's samples are its profiler steps, over all its
-    cycles; `step` keeps one cycle only, `skip_steps` leaves out each run's first steps.
+    cycles; `step` keeps one cycle only, `skip_steps` leaves out each run's first steps. Host
+    time of runs whose hosts' load differed by more than `host_load_threshold` cores is
+    `inconclusive` (see `weather`).
     """
     client = MlflowClient(tracking_uri)
     if isinstance(runs, str):
         experiment, runs = runs, []
     resolved = resolve_runs(client, runs, experiment)
-    return compare(load_profiles(client, resolved, step), baseline, metric, skip_steps=skip_steps, noise_pct=noise_pct)
+    return compare(load_profiles(client, resolved, step), baseline, metric, skip_steps=skip_steps, noise_pct=noise_pct,
+                   host_load_threshold=host_load_threshold)
 
 
 def load_profiles(client: MlflowClient, runs: list[Run], step: int | None = None) -> list[RunProfile]:
@@ -120,7 +126,17 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
         samples=pd.concat([c[2] for c in loaded], ignore_index=True),
         step_totals=pd.concat([c[3] for c in loaded], ignore_index=True),
         source=min((c[4] for c in loaded), key=_SOURCES.index),  # the weakest source used
+        host=_host(run, chosen, histories),
     )
+
+
+def _host(run: Run, cycles: list[int], histories: _Histories) -> dict[str, float]:
+    """The run's `system/profile/...` figures over the chosen cycles (none: the run predates them)."""
+    logged = [name for name in HOST_METRICS if f"{HOST_PREFIX}/{name}" in run.data.metrics]
+    if not logged:
+        return {}
+    rows = [{name: histories.at(f"{HOST_PREFIX}/{name}", cycle) for name in logged} for cycle in cycles]
+    return run_host(pd.DataFrame(rows, dtype=float))
 
 
 _KEY_NAMES = "metric keys"

@@ -19,8 +19,9 @@ from pathlib import Path
 import pandas as pd
 
 from .._compare.frame import flat
-from .._compare.model import FASTER, NO_CHANGE, SLOWER, TOO_FEW, TOTAL
+from .._compare.model import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, TOO_FEW, TOO_FEW_CYCLES, TOTAL
 from .._compare.verdict import short_names
+from .._compare.weather import host_note
 
 SHOWN_OUTLIERS = 20
 METHOD_NOTE = (
@@ -30,6 +31,11 @@ METHOD_NOTE = (
     "Verdict: faster or slower when the whole interval is on one side of 1.0 and the change is at "
     "least the noise threshold; no change otherwise; too few samples when no 95% interval exists "
     "(fewer than 4 steps per run, or single samples from runs logged before per-step samples). "
+    "Cycles are checked first: when a run's cycles differ beyond the noise between its steps (a "
+    "nested F test on log times, p < 0.2), each cycle is one sample and the interval is Welch's on "
+    "the cycles' medians; with fewer than 3 cycles per run the verdict is too few cycles. Host time "
+    "of runs whose hosts had different load (cores busy with other processes differing by more "
+    "than 0.5) is inconclusive; device time is judged on its own, with the host's load shown. "
     "The gate (--fail-if-slower PCT) fails only when the whole interval lies above +PCT. "
     "Outliers: steps more than 5 robust standard deviations (1.4826 · MAD, at least 1% of the "
     "median) from their run's median. They are named here and drawn in the chart; the medians keep "
@@ -122,6 +128,9 @@ def _notes(frame: pd.DataFrame) -> list[str]:
     outliers = outlier_lines(frame)
     if outliers:
         notes += ["", "outliers (in the medians and the charts; left out of the ratios):", *(f"  {line}" for line in outliers)]
+    host = host_note(frame.attrs.get("host") or {})
+    if host:
+        notes += ["", host]
     if frame.attrs.get("sentences"):
         notes += ["", *frame.attrs["sentences"].values()]
     return notes
@@ -130,7 +139,7 @@ def _notes(frame: pd.DataFrame) -> list[str]:
 def _ratio_cell(row: pd.Series) -> str:
     if pd.isna(row["ratio"]):
         return "-"
-    if row["verdict"] == TOO_FEW:
+    if row["verdict"] in (TOO_FEW, TOO_FEW_CYCLES):
         return f"{row['ratio']:.2f} [no CI]"
     if row["ratio_low"] == row["ratio_high"]:
         return f"{row['ratio']:.2f} [exact]"
@@ -218,4 +227,5 @@ def _timelines_html(timelines: Mapping) -> str:
 
 
 def _css(cell: str) -> str:
-    return {FASTER: "faster", SLOWER: "slower", NO_CHANGE: "nochange", TOO_FEW: "toofew"}.get(cell, "")
+    return {FASTER: "faster", SLOWER: "slower", NO_CHANGE: "nochange", TOO_FEW: "toofew", TOO_FEW_CYCLES: "toofew",
+            INCONCLUSIVE: "toofew"}.get(cell, "")  # fmt: skip

@@ -15,7 +15,8 @@ import re
 import numpy as np
 import pandas as pd
 
-from .._compare.model import CPU_METRIC, FASTER, SLOWER, TOO_FEW, TOTAL
+from .._compare.cycles import CYCLES, MIN_CYCLES
+from .._compare.model import CPU_METRIC, FASTER, INCONCLUSIVE, SLOWER, TOO_FEW, TOO_FEW_CYCLES, TOTAL
 
 # Generated names carry long hashes (`## Call CompiledFxGraph f7xp...52 chars ##`): a token of 20+
 # lowercase letters and digits with at least one digit. Identifiers with underscores never match.
@@ -29,20 +30,37 @@ def sentence(frame: pd.DataFrame, run: str) -> str:
     what = "self CPU time" if frame.attrs["metric"] == CPU_METRIC else "self device time"
     verdict = total["verdict"]
     change = f"{what} {_percents(total['ratio'])[0]}%"
+    noise = frame.attrs.get("cycle_noise", {}).get(run, {})
+    if verdict == INCONCLUSIVE:
+        return f"{run} vs {base}: {INCONCLUSIVE}: {frame.attrs['inconclusive'][run]}; {change}, not judged."
     if verdict == TOO_FEW:
         change += f" (n {frame.attrs['n'][run]} vs {frame.attrs['n'][base]}: no 95% interval)"
+    elif verdict == TOO_FEW_CYCLES:
+        change += (f" (its cycles differ beyond the noise between steps; an interval needs {MIN_CYCLES} cycles "
+                   f"per run, {base} has {noise['cycles'][0]} and {run} {noise['cycles'][1]})")  # fmt: skip
     elif not pd.isna(total["ratio_low"]):
         low, high = _percents(total["ratio_low"], total["ratio_high"])
-        change += f" (95% CI {low}…{high}%)" if low != high else " (exact: no spread in either run)"
+        change += f" (95% CI {low}…{high}%{_unit(total['unit'], noise)})" if low != high else \
+            " (exact: no spread in either run)"
     parts = [f"{run} vs {base}: {verdict}, {change}"]
     calls = _calls(frame.attrs["aten_calls"].get(run), frame.attrs["aten_calls"].get(base))
     if calls:
         parts.append(f", {calls}")
-    if verdict in (FASTER, SLOWER, TOO_FEW):
+    if verdict in (FASTER, SLOWER, TOO_FEW, TOO_FEW_CYCLES):
         culprit = _largest_part_of_change(frame, run)
         if culprit:
             parts.append(f"; {culprit}")
     return "".join(parts) + "."
+
+
+def _unit(unit: str, noise: dict) -> str:
+    """What the interval stands on, where it matters: cycles, or steps of too few cycles to check."""
+    counts = noise.get("cycles") or [0, 0]
+    if unit == CYCLES:
+        return f", over {counts[0]} vs {counts[1]} cycles"
+    if 0 < min(counts) < MIN_CYCLES:
+        return f"; {counts[0]} vs {counts[1]} cycles, too few to check between cycles"
+    return ""
 
 
 def short_name(name: str, hash_chars: int = 4, width: int = 48) -> str:

@@ -17,6 +17,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # compare: the gate found a regression; sync: deliverable records were kept
 EXIT_USAGE = 2  # bad arguments, or a run, experiment, model version or folder that does not exist
 EXIT_UNREACHABLE = 3  # the tracking server is down, refuses, or does not answer in time
+EXIT_INCONCLUSIVE = 4  # compare --fail-if-inconclusive: host time of runs that saw different host load
 
 
 def non_negative_int(text: str) -> int:
@@ -69,7 +70,8 @@ def _outbox_folder(text: str) -> str:
 def parser() -> CommandParser:
     root = CommandParser(prog="mlflow-neuron", description="PyTorch profiler results as MLflow data.",
                      epilog="exit codes: 0 done, 1 regression found (compare) or records kept (sync), "
-                     "2 usage error or unknown run/experiment/model version, 3 tracking server unreachable")  # fmt: skip
+                     "2 usage error or unknown run/experiment/model version, 3 tracking server unreachable, "
+                     "4 inconclusive (compare --fail-if-inconclusive)")  # fmt: skip
     root.add_argument("--version", action="version", version=f"mlflow-neuron {__version__}")
     root.add_argument("-v", "--verbose", action="store_true", help="show MLflow's own INFO messages")
     commands = root.add_subparsers(dest="command", required=True)
@@ -114,6 +116,12 @@ def parser() -> CommandParser:
     cmp.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"])
     cmp.add_argument("--fail-if-slower", type=non_negative_float, metavar="PCT",
                      help="exit 1 if the whole 95%% interval of an op or the total is above +PCT%%")
+    cmp.add_argument("--fail-if-inconclusive", action="store_true",
+                     help="exit 4 when host time was not judged because the runs saw different host load "
+                     "(a CI job can retry on a quieter host); a proven regression still exits 1")
+    cmp.add_argument("--host-load-threshold", type=non_negative_float, default=0.5, metavar="CORES",
+                     help="host time is inconclusive when the runs' cores busy with other processes differ by "
+                     "more than this (default: %(default)s)")
     cmp.add_argument("--min-time-us", type=non_negative_float, default=0.0, metavar="US",
                      help="the gate ignores ops below this median in both runs (the total is always checked)")
     cmp.add_argument("--log-to", metavar="RUN_ID", help="attach the table, a PNG chart and an HTML report to this run")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from .._delivery import outbox as _outbox
-from .arguments import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from .arguments import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 
 def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_rejected: bool = False,
@@ -56,7 +56,8 @@ def compare(args: argparse.Namespace, out=None) -> int:
 
     out = out or sys.stdout
     frame = compare_runs(args.runs or [], args.baseline, args.metric, args.step, experiment=args.experiment,
-                         tracking_uri=args.tracking_uri, skip_steps=args.skip_steps, noise_pct=args.noise_pct)
+                         tracking_uri=args.tracking_uri, skip_steps=args.skip_steps, noise_pct=args.noise_pct,
+                         host_load_threshold=args.host_load_threshold)
     rendered = {
         "table": lambda: _render.text(frame, args.top),
         "markdown": lambda: _render.markdown(frame, args.top),
@@ -74,9 +75,10 @@ def compare(args: argparse.Namespace, out=None) -> int:
             attach_comparison(uri, args.log_to, frame, [chart, page])
         print(f"attached comparison/ops.json, comparison.png, report.html and the verdicts to run {args.log_to}",
               file=out)  # fmt: skip
-    if args.fail_if_slower is None:
-        return 0
-    return _gate(frame, args.fail_if_slower, args.min_time_us, out)
+    code = EXIT_OK if args.fail_if_slower is None else _gate(frame, args.fail_if_slower, args.min_time_us, out)
+    if code == EXIT_OK and args.fail_if_inconclusive:
+        return _inconclusive(frame, args.fail_if_slower is None, out)
+    return code
 
 
 def _gate(frame, percent: float, min_us: float, out) -> int:
@@ -87,6 +89,17 @@ def _gate(frame, percent: float, min_us: float, out) -> int:
     for line in lines:
         print(line, file=out)
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _inconclusive(frame, print_lines: bool, out) -> int:
+    """Exit 4 when some run's host time was not judged (the gate has printed why, if it ran)."""
+    from .._compare.gate import inconclusive_runs
+
+    found = inconclusive_runs(frame)
+    if print_lines:
+        for run, why in found.items():
+            print(f"INCONCLUSIVE {run}: {why}", file=out)
+    return EXIT_INCONCLUSIVE if found else EXIT_OK
 
 
 def annotate(args: argparse.Namespace, out=None) -> int:

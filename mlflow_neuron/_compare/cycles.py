@@ -1,0 +1,141 @@
+"""The cycle as the unit of replication (pure: numpy arrays in, numbers out).
+
+Every step of one profiled window shares the machine's state during that window, so the steps
+of a run are not independent draws: a run whose cycles sit at different levels (the host got
+busier, the clock changed) has fewer independent samples than steps. A comparison therefore asks
+first whether the cycles differ beyond the noise between steps, and only then which interval is
+honest:
+
+1. **Between-cycle variance.** A nested one-way analysis of variance on log times (cycles nested
+   in runs, the named outliers left out), pooled over both runs: F = mean square between the
+   cycles of a run / mean square between the steps of a cycle. `share` is the between-cycle
+   component's share of the variance (the intraclass correlation, method of moments). The
+   cycles differ when the F test's p-value is below `CYCLE_ALPHA` (0.2: a test with few cycles
+   has little power, and a missed shift makes the step-level interval too narrow; the
+   simulation in `benchmarks/stats_calibration.py` chose it).
+2. **The interval.** Cycles that do not differ: the step-level Hodges–Lehmann ratio with Moses'
+   interval (`stats.ratio_interval`). Cycles that differ: a cluster-level interval, Welch's
+   t-interval with Satterthwaite's degrees of freedom on each cycle's median log time (the
+   "summary measures" analysis of cluster-randomized trials; Donner & Klar 2000). Each cycle is
+   then one sample.
+3. **Too few cycles.** The cluster-level interval needs `MIN_CYCLES` (3) cycles in each run; with
+   fewer, there is no honest interval and the verdict says how many cycles are needed.
+
+Rows whose samples are not all positive (an op absent from some steps) and runs with one sample
+per cycle are judged on steps alone: the first have no log scale, the second are cycle-level
+already.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.special import fdtrc, stdtrit
+
+from .._compare.stats import CONFIDENCE, RatioEstimate, outlier_mask, ratio_interval
+
+CYCLE_ALPHA = 0.2
+MIN_CYCLES = 3
+STEPS, CYCLES = "steps", "cycles"  # the unit an interval was computed on
+
+
+@dataclass(frozen=True)
+class CycleNoise:
+    """Whether the cycles of two runs differ beyond the noise between their steps."""
+
+    p_value: float  # NaN: not testable (one cycle per run, one step per cycle, zeros)
+    share: float  # the between-cycle share of the variance, 0..1 (NaN when not testable)
+    cycles: tuple[int, int]  # cycles of the baseline and of the run
+
+    @property
+    def differ(self) -> bool:
+        return self.p_value < CYCLE_ALPHA  # False for NaN
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A row's estimate, the unit it was computed on, and the cycles test behind that choice."""
+
+    estimate: RatioEstimate
+    unit: str  # STEPS or CYCLES
+    noise: CycleNoise
+    too_few_cycles: bool = False  # the cycles differ but a run has fewer than MIN_CYCLES
+
+
+def judge(base: np.ndarray, base_cycles: np.ndarray, run: np.ndarray, run_cycles: np.ndarray,
+          confidence: float = CONFIDENCE) -> Judged:  # fmt: skip
+    """run / baseline with the interval its cycles allow; named outliers are left out first.
+
+    Example::
+
+        judged = judge(base_values, base_cycle_ids, run_values, run_cycle_ids)
+        judged.unit, judged.estimate.low, judged.estimate.high, judged.too_few_cycles
+    """
+    x, cx = _kept(base, base_cycles)
+    y, cy = _kept(run, run_cycles)
+    noise = cycle_noise(x, cx, y, cy)
+    if not noise.differ:
+        return Judged(ratio_interval(x, y, confidence), STEPS, noise)
+    if min(noise.cycles) < MIN_CYCLES:
+        point = ratio_interval(x, y, confidence).ratio
+        return Judged(RatioEstimate(point, None, None), CYCLES, noise, too_few_cycles=True)
+    return Judged(cluster_interval(x, cx, y, cy, confidence), CYCLES, noise)
+
+
+def cycle_noise(x: np.ndarray, cx: np.ndarray, y: np.ndarray, cy: np.ndarray) -> CycleNoise:
+    """The nested F test of between-cycle variance on log times (see the module docstring)."""
+    cycles = (len(np.unique(cx)), len(np.unique(cy)))
+    if min(len(x), len(y)) == 0 or (x <= 0).any() or (y <= 0).any():
+        return CycleNoise(math.nan, math.nan, cycles)
+    between = within = 0.0
+    groups = sizes = 0
+    for values, labels in ((x, cx), (y, cy)):
+        logs = np.log(values)
+        grand = logs.mean()
+        for label in np.unique(labels):
+            group = logs[labels == label]
+            between += len(group) * (group.mean() - grand) ** 2
+            within += float(((group - group.mean()) ** 2).sum())
+            groups += 1
+        sizes += len(values)
+    df_between, df_within = groups - 2, sizes - groups
+    if df_between < 1 or df_within < 1:
+        return CycleNoise(math.nan, math.nan, cycles)
+    ms_between, ms_within = between / df_between, within / df_within
+    if ms_within == 0:
+        p_value = 1.0 if ms_between == 0 else 0.0
+        return CycleNoise(p_value, 1.0 if ms_between else 0.0, cycles)
+    p_value = float(fdtrc(df_between, df_within, ms_between / ms_within))
+    # n0: the mean cycle size, corrected for unequal sizes (the usual method-of-moments estimate)
+    sizes_by_cycle = np.array([np.sum(lab == c) for lab in (cx, cy) for c in np.unique(lab)], float)
+    n0 = (sizes_by_cycle.sum() - (sizes_by_cycle**2).sum() / sizes_by_cycle.sum()) / df_between
+    component = max((ms_between - ms_within) / n0, 0.0)
+    return CycleNoise(p_value, component / (component + ms_within), cycles)
+
+
+def cluster_interval(x: np.ndarray, cx: np.ndarray, y: np.ndarray, cy: np.ndarray,
+                     confidence: float = CONFIDENCE) -> RatioEstimate:  # fmt: skip
+    """Welch's t-interval on the cycles' median log times, as a ratio run / baseline."""
+    base, run = _cycle_medians(x, cx), _cycle_medians(y, cy)
+    difference = run.mean() - base.mean()
+    base_var, run_var = base.var(ddof=1) / len(base), run.var(ddof=1) / len(run)
+    spread = base_var + run_var
+    if spread == 0:
+        point = math.exp(difference)
+        return RatioEstimate(point, point, point, exact=True)
+    df = spread**2 / (base_var**2 / (len(base) - 1) + run_var**2 / (len(run) - 1))
+    half = float(stdtrit(df, 0.5 + confidence / 2)) * math.sqrt(spread)
+    return RatioEstimate(math.exp(difference), math.exp(difference - half), math.exp(difference + half))
+
+
+def _cycle_medians(values: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    return np.array([np.median(np.log(values[labels == label])) for label in np.unique(labels)])
+
+
+def _kept(values: np.ndarray, cycles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The samples that are not named outliers, with their cycles (stalls are separate events)."""
+    values, cycles = np.asarray(values, float), np.asarray(cycles)
+    keep = ~outlier_mask(values)
+    return values[keep], cycles[keep]

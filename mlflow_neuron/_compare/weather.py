@@ -1,0 +1,80 @@
+"""The host's weather beside a comparison (pure): did two runs see the same load on their host?
+
+Host time is what a busy host changes: a process that shares the cores with two CPU hogs runs its
+ops slower, whatever the code does. Each profiled window records the cores busy with other
+processes (`system/profile/other_cpu_cores`: the host's busy CPU time minus this process's and
+its helper's, over the window's wall time), and a run's figure is the mean over its cycles,
+weighted by each window's length.
+
+When two runs' figures differ by more than `HOST_LOAD_THRESHOLD_CORES` (0.5 cores: on a host
+with as many cores as busy threads, half a core taken elsewhere already delays every step a
+little), a host-time comparison between them cannot tell the code from the weather, and its
+verdicts read `inconclusive`. Device time is judged on its own evidence: the host's load is shown
+beside it, never applied to it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+HOST_LOAD_THRESHOLD_CORES = 0.5
+OTHER_CPU = "other_cpu_cores"
+HOST_METRICS = ("other_cpu_cores", "load_average_1m", "cpu_count", "cpu_frequency_mhz", "torch_threads",
+                "window_s", "neuron_utilization_percentage")  # system/profile/<name>  # fmt: skip
+
+
+def run_host(per_cycle: pd.DataFrame) -> dict[str, float]:
+    """A run's host figures from one row per cycle (columns: HOST_METRICS, any may be missing):
+    means over the cycles, weighted by window length where it is known, and `cycles` measured."""
+    if per_cycle.empty or OTHER_CPU not in per_cycle:
+        return {}
+    known = per_cycle[per_cycle[OTHER_CPU].notna()]
+    if known.empty:
+        return {}
+    weights = known["window_s"].fillna(0.0) if "window_s" in known else pd.Series(1.0, index=known.index)
+    if not weights.sum() > 0:
+        weights = pd.Series(1.0, index=known.index)
+    host = {"cycles": float(len(known))}
+    for name in HOST_METRICS:
+        if name == "window_s" or name not in known:
+            continue
+        values = known[name]
+        mask = values.notna()
+        if mask.any():
+            host[name] = float((values[mask] * weights[mask]).sum() / weights[mask].sum())
+    return host
+
+
+def load_differs(base: dict[str, float], run: dict[str, float], threshold: float = HOST_LOAD_THRESHOLD_CORES) -> bool:
+    """Whether both runs' load is known and differs by more than `threshold` cores."""
+    b, r = base.get(OTHER_CPU), run.get(OTHER_CPU)
+    return b is not None and r is not None and abs(r - b) > threshold  # NaN compares False
+
+
+def reason(base_label: str, base: dict[str, float], label: str, run: dict[str, float]) -> str:
+    """`the runs saw different host load (naive 0.1 cores busy elsewhere, fused 1.9)`."""
+    return (f"the runs saw different host load ({base_label} {_cores(base[OTHER_CPU])} cores busy elsewhere, "
+            f"{label} {_cores(run[OTHER_CPU])})")  # fmt: skip
+
+
+def host_note(hosts: dict[str, dict[str, float]]) -> str | None:
+    """One line with each run's host while it was profiled, or None when no run recorded it."""
+    parts = []
+    for label, host in hosts.items():
+        if not host:
+            parts.append(f"{label} not recorded")
+            continue
+        words = f"{label} {_cores(host[OTHER_CPU])} cores busy elsewhere"
+        if "load_average_1m" in host:
+            words += f" (load {host['load_average_1m']:.1f}"
+            words += f" on {host['cpu_count']:g} CPUs)" if "cpu_count" in host else ")"
+        parts.append(words)
+    if not any(hosts.values()):
+        return None
+    return "host while profiled: " + ", ".join(parts)
+
+
+def _cores(value: float) -> str:
+    return f"{value:.1f}"

@@ -1,0 +1,157 @@
+"""The cycle as the unit of replication, and the host's load beside host time (pure: no MLflow).
+
+Simulated runs with fixed seeds (`tests/synthetic_steps.py`): each cycle of a run may carry a
+shift of its own (the machine got busier between windows) besides the per-step jitter.
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mlflow_neuron._compare import cycles
+from mlflow_neuron._compare.frame import compare
+from mlflow_neuron._compare.gate import gate_lines, inconclusive_runs, regressions
+from mlflow_neuron._compare.model import (
+    CPU_METRIC,
+    DEVICE_METRIC,
+    FASTER,
+    INCONCLUSIVE,
+    NEW,
+    NO_CHANGE,
+    SLOWER,
+    TOO_FEW_CYCLES,
+    TOTAL,
+    RunProfile,
+)
+from mlflow_neuron._compare.weather import run_host
+from synthetic_steps import Noise, cycle_rates, cycle_steps
+
+
+def run_profile(label, rng, n_cycles, scale=1.0, shift=0.0, steps=5, host=None, ops=("aten::mul",), **noise):
+    """A run of `n_cycles` cycles of `steps` steps; its ops' samples in both metrics."""
+    values, labels = cycle_steps(rng, n_cycles, steps, Noise(**noise), scale, shift)
+    rows = [{"cycle": 10 * (1 + int(c)), "step": i, "name": op, "calls": 1, "self_device_time_us": float(v),
+             "self_cpu_time_us": float(v)} for op in ops for i, (v, c) in enumerate(zip(values, labels))]  # fmt: skip
+    samples = pd.DataFrame(rows)
+    table = samples.groupby("name", as_index=False)[[DEVICE_METRIC, CPU_METRIC, "calls"]].sum().assign(kind="op")
+    return RunProfile(label, f"id-{label}", 1, table, {}, "cpu", "present", samples=samples, source="steps",
+                      host=host or {})  # fmt: skip
+
+
+def test_cycles_that_differ_are_found_and_steps_that_only_jitter_are_not():
+    rng = np.random.default_rng(1)
+    quiet = [cycles.cycle_noise(*cycle_steps(rng, 4, 5, Noise(stall_p=0)), *cycle_steps(rng, 4, 5, Noise(stall_p=0)))
+             for _ in range(200)]  # fmt: skip
+    shifted = [cycles.cycle_noise(*cycle_steps(rng, 4, 5, Noise(stall_p=0), 1.0, 0.3),
+                                  *cycle_steps(rng, 4, 5, Noise(stall_p=0), 1.0, 0.3)) for _ in range(200)]  # fmt: skip
+    # a test at p < 0.2 fires on about a fifth of the runs whose cycles do not differ
+    assert 0.1 < np.mean([q.differ for q in quiet]) < 0.3
+    assert np.mean([s.differ for s in shifted]) > 0.9
+    assert np.median([s.share for s in shifted]) > 0.3 > np.median([q.share for q in quiet])
+
+
+def test_the_cluster_interval_is_welchs_on_the_cycles_median_log_times():
+    x, cx = np.array([10.0, 10, 20, 20, 40, 40]), np.array([1, 1, 2, 2, 3, 3])
+    y, cy = 2 * x, cx
+    estimate = cycles.cluster_interval(x, cx, y, cy)
+    assert estimate.ratio == pytest.approx(2.0)
+    # medians log 10, log 20, log 40 on both sides: var = (log 2)^2 each; Welch df = 4
+    half = 2.7764451051977987 * np.sqrt(2 * np.log(2) ** 2 / 3)
+    assert (estimate.low, estimate.high) == pytest.approx((2 * np.exp(-half), 2 * np.exp(half)))
+
+
+def test_a_cycle_shift_gets_the_cluster_interval_and_its_coverage_holds():
+    # 200 simulated pairs per case (the benchmark runs 1000); coverage of the 95% interval.
+    for shift in (0.1, 0.3):
+        rates = cycle_rates(seed=4, pairs=200, noise=Noise(), n_cycles=4, steps=5, shift=shift)
+        assert rates.coverage >= 0.90, (shift, rates)
+    shifted = cycle_rates(seed=5, pairs=200, noise=Noise(), n_cycles=4, steps=5, shift=0.3)
+    assert shifted.cycles > 0.8  # most pairs were judged on their cycles
+
+
+def test_too_few_cycles_is_the_verdict_and_it_names_how_many_are_needed():
+    rng = np.random.default_rng(11)
+    base = run_profile("base", rng, 2, shift=0.5, stall_p=0)
+    run = run_profile("run", rng, 2, scale=1.3, shift=0.5, stall_p=0)
+    frame = compare([base, run], metric=DEVICE_METRIC)
+    noise = frame.attrs["cycle_noise"]["run"]
+    assert noise["unit"] == "cycles" and noise["too_few_cycles"] and noise["p_value"] < cycles.CYCLE_ALPHA
+    assert frame.loc[TOTAL, ("run", "verdict")] == TOO_FEW_CYCLES
+    assert f"an interval needs {cycles.MIN_CYCLES} cycles per run, base has 2 and run 2" in frame.attrs["sentences"]["run"]
+    failed, lines = gate_lines(frame, 10)
+    assert not failed and not regressions(frame, 10)
+    assert any(line.startswith("NOT CHECKED run:") and "needs 3 per run" in line for line in lines), lines
+
+
+def test_runs_with_enough_cycles_that_differ_are_judged_on_their_cycles():
+    rng = np.random.default_rng(12)
+    base = run_profile("base", rng, 6, shift=0.3, stall_p=0)
+    run = run_profile("run", rng, 6, scale=2.0, shift=0.3, stall_p=0)
+    frame = compare([base, run], metric=DEVICE_METRIC)
+    assert frame.attrs["cycle_noise"]["run"]["unit"] == "cycles"
+    assert frame.loc[TOTAL, ("run", "unit")] == "cycles"
+    assert frame.loc[TOTAL, ("run", "verdict")] == SLOWER
+    assert "over 6 vs 6 cycles" in frame.attrs["sentences"]["run"]
+
+
+def test_one_cycle_per_run_is_judged_on_steps():
+    rng = np.random.default_rng(13)
+    frame = compare([run_profile("base", rng, 1, steps=10), run_profile("run", rng, 1, steps=10, scale=1.5)])
+    noise = frame.attrs["cycle_noise"]["run"]
+    assert noise["unit"] == "steps" and noise["p_value"] is None and noise["cycles"] == [1, 1]
+    assert frame.loc[TOTAL, ("run", "verdict")] == SLOWER
+
+
+QUIET, BUSY = {"other_cpu_cores": 0.1, "load_average_1m": 0.3, "cpu_count": 2.0}, {"other_cpu_cores": 1.9}
+
+
+def test_host_time_of_runs_that_saw_different_host_load_is_inconclusive_and_never_gated():
+    rng = np.random.default_rng(14)
+    base = run_profile("base", rng, 4, host=QUIET, ops=("aten::mul", "aten::add"))
+    cand = run_profile("cand", rng, 4, scale=1.6, host=BUSY, ops=("aten::mul", "aten::add"))
+    frame = compare([base, cand], metric=CPU_METRIC)
+    assert set(frame[("cand", "verdict")]) == {INCONCLUSIVE}
+    reason = "the runs saw different host load (base 0.1 cores busy elsewhere, cand 1.9)"
+    assert frame.attrs["sentences"]["cand"].startswith(f"cand vs base: inconclusive: {reason}")
+    assert inconclusive_runs(frame) == {"cand": reason}
+    failed, lines = gate_lines(frame, 10)
+    assert not failed and not regressions(frame, 10)
+    assert f"INCONCLUSIVE cand: {reason}; host time not gated (--fail-if-inconclusive: exit 4)" in lines
+    # the same runs within the threshold are judged
+    judged = compare([base, cand], metric=CPU_METRIC, host_load_threshold=2.0)
+    assert judged.loc[TOTAL, ("cand", "verdict")] == SLOWER and not inconclusive_runs(judged)
+
+
+def test_device_time_is_judged_on_its_own_and_the_host_load_is_shown_beside_it():
+    rng = np.random.default_rng(15)
+    base = run_profile("base", rng, 4, host=QUIET)
+    cand = run_profile("cand", rng, 4, scale=0.5, host=BUSY)
+    frame = compare([base, cand], metric=DEVICE_METRIC)
+    assert frame.loc[TOTAL, ("cand", "verdict")] == FASTER and not inconclusive_runs(frame)
+    from mlflow_neuron._compare.render import text
+
+    assert "host while profiled: base 0.1 cores busy elsewhere (load 0.3 on 2 CPUs), cand 1.9 cores busy elsewhere" in text(frame)
+
+
+def test_runs_without_host_figures_are_judged_as_before():
+    rng = np.random.default_rng(16)
+    frame = compare([run_profile("base", rng, 4), run_profile("cand", rng, 4, host=BUSY)], metric=CPU_METRIC)
+    assert frame.loc[TOTAL, ("cand", "verdict")] in (NO_CHANGE, FASTER, SLOWER)
+    assert not inconclusive_runs(frame)
+
+
+def test_new_and_gone_ops_keep_their_verdicts_when_the_rest_is_inconclusive():
+    rng = np.random.default_rng(17)
+    base = run_profile("base", rng, 4, host=QUIET, ops=("aten::mul",))
+    cand = run_profile("cand", rng, 4, host=BUSY, ops=("aten::mul", "aten::_fused_rms_norm"))
+    frame = compare([base, cand], metric=CPU_METRIC)
+    assert frame.loc["aten::_fused_rms_norm", ("cand", "verdict")] == NEW
+    assert frame.loc[TOTAL, ("cand", "verdict")] == INCONCLUSIVE
+
+
+def test_a_runs_host_figures_are_window_weighted_means_over_its_cycles():
+    per_cycle = pd.DataFrame({"other_cpu_cores": [0.0, 2.0, np.nan], "window_s": [3.0, 1.0, 5.0],
+                              "load_average_1m": [1.0, 1.0, 1.0], "torch_threads": [1.0, 1.0, 1.0]})  # fmt: skip
+    host = run_host(per_cycle)
+    assert host == {"cycles": 2.0, "other_cpu_cores": 0.5, "load_average_1m": 1.0, "torch_threads": 1.0}
+    assert run_host(pd.DataFrame({"load_average_1m": [1.0]})) == {}
