@@ -3,9 +3,13 @@
 `mlflow-neuron compare --experiment E --baseline base --fail-if-slower 10`.
 
 Used by tests/test_calibration.py and benchmarks/calibration.py. Every run is profiled with
-`schedule(wait=1, warmup=1, active=5, repeat=2)`: 10 per-step samples. The workload is the naive
-RMSNorm of the example: per step 3 x aten::mul, aten::mean, aten::add, aten::rsqrt, each given one
-fake kernel by the fake PrivateUse1 profiler (tests/fake_device), with seeded noise.
+`schedule(wait=1, warmup=1, active=5, repeat=4)`: 20 per-step samples in 4 cycles, enough for the
+comparison to check the cycles against each other. The workload is the naive RMSNorm of the
+example: per step 3 x aten::mul, aten::mean, aten::add, aten::rsqrt, each given one fake kernel
+by the fake PrivateUse1 profiler (tests/fake_device), with seeded noise.
+
+Kind `cpu-aa-load` (benchmarks only: it loads the machine) profiles the candidate of a CPU A/A
+pair while `HOGS` processes spin on the CPU beside it.
 """
 
 from __future__ import annotations
@@ -16,18 +20,21 @@ import os
 import pathlib
 import subprocess
 import sys
-from contextlib import redirect_stdout
+import time
+from contextlib import contextmanager, redirect_stdout
 
 KERNELS = {"aten::mul": 100, "aten::mean": 40, "aten::add": 20, "aten::rsqrt": 30}
 NOISE = {"FAKE_NEURON_JITTER": "0.3", "FAKE_NEURON_STALL_RATE": "0.02", "FAKE_NEURON_STALL_FACTOR": "10"}
-SCHEDULE = dict(wait=1, warmup=1, active=5, repeat=2)
+SCHEDULE = dict(wait=1, warmup=1, active=5, repeat=4)
+STEPS = (SCHEDULE["wait"] + SCHEDULE["warmup"] + SCHEDULE["active"]) * SCHEDULE["repeat"]
+HOGS = 2
 
 
 def kernels(scale: float) -> str:
     return ",".join(f"{op}={round(us * scale)}" for op, us in KERNELS.items())
 
 
-def make_runs(uri: str, pairs: int, cpu_pairs: int, so: str | None) -> None:
+def make_runs(uri: str, pairs: int, cpu_pairs: int, so: str | None, load_pairs: int = 0) -> None:
     """Worker: logs the runs of every pair (one process, so the fake device is activated once)."""
     import mlflow
     import torch
@@ -40,6 +47,7 @@ def make_runs(uri: str, pairs: int, cpu_pairs: int, so: str | None) -> None:
     torch.set_num_threads(1)  # as the example does: no OpenMP workers waiting for a core
     mlflow.set_tracking_uri(uri)
     plan = [("cpu-aa", i, ("base", 1.0), ("same", 1.0)) for i in range(cpu_pairs)]
+    plan += [("cpu-aa-load", i, ("base", 1.0), ("same", 1.0)) for i in range(load_pairs)]
     if so is not None:
         import fake_device
 
@@ -50,13 +58,28 @@ def make_runs(uri: str, pairs: int, cpu_pairs: int, so: str | None) -> None:
         mlflow.set_experiment(f"{kind}-{index}")
         for name, scale in runs:
             os.environ["FAKE_NEURON_KERNELS"] = kernels(scale)
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if kind != "cpu-aa" else [])
-            with mlflow.start_run(run_name=name) as run:
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if not kind.startswith("cpu") else [])
+            loaded = kind == "cpu-aa-load" and name == "same"
+            with mlflow.start_run(run_name=name) as run, cpu_hogs(HOGS if loaded else 0):
                 # background=False: each cycle is sent between profiled windows, so no work of ours
                 # runs while a step is recorded (host time would carry it, through the GIL)
                 with MLflowProfilerCallback(run_id=run.info.run_id, strict=True, background=False) as callback:
                     with garbage_collector_paused():
-                        profile_rmsnorm(callback, steps=16, activities=activities, **SCHEDULE)
+                        profile_rmsnorm(callback, steps=STEPS, activities=activities, **SCHEDULE)
+
+
+@contextmanager
+def cpu_hogs(count: int):
+    """`count` processes that spin on the CPU while the block runs; ended by pid, whatever happens."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        if hogs:
+            time.sleep(0.5)  # let them reach the scheduler before the first profiled step
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
 
 
 def gate(uri: str, experiment: str) -> tuple[int, str]:
@@ -81,13 +104,14 @@ def total_verdict(report: str) -> str:
     return total[f"{run}/verdict"]
 
 
-def log_pairs(work: pathlib.Path, so: str | None, pairs: int, cpu_pairs: int, seed: int = 2026) -> str:
+def log_pairs(work: pathlib.Path, so: str | None, pairs: int, cpu_pairs: int, seed: int = 2026,
+              load_pairs: int = 0) -> str:  # fmt: skip
     """Logs every pair's runs into a sqlite store under `work` (in one subprocess, where the fake
     device is activated once); returns the store's URI."""
     uri = f"sqlite:///{work / 'mlflow.db'}"
     here = pathlib.Path(__file__).resolve().parent
     code = (f"import calibration_runs; calibration_runs.make_runs({uri!r}, {pairs}, {cpu_pairs}, "
-            f"{so if so is None else repr(so)})")  # fmt: skip
+            f"{so if so is None else repr(so)}, {load_pairs})")  # fmt: skip
     env = {**os.environ, **NOISE, "FAKE_NEURON_SEED": str(seed),
            "PYTHONPATH": os.pathsep.join([str(here.parent), str(here), str(here.parent / "examples")])}  # fmt: skip
     subprocess.run([sys.executable, "-c", code], check=True, cwd=work, env=env, capture_output=True, text=True)
@@ -96,9 +120,15 @@ def log_pairs(work: pathlib.Path, so: str | None, pairs: int, cpu_pairs: int, se
 
 def rates(uri: str, kind: str, pairs: int) -> tuple[int, int]:
     """(pairs whose gate fired, pairs whose TOTAL verdict was `no change`) for one kind of pair."""
-    fired = no_change = 0
+    fired, verdicts = gate_and_verdicts(uri, kind, pairs)
+    return fired, verdicts.count("no change")
+
+
+def gate_and_verdicts(uri: str, kind: str, pairs: int) -> tuple[int, list[str]]:
+    """(pairs whose gate fired, each pair's TOTAL verdict) for one kind of pair."""
+    fired, verdicts = 0, []
     for index in range(pairs):
         code, report = gate(uri, f"{kind}-{index}")
         fired += code == 1
-        no_change += total_verdict(report) == "no change"
-    return fired, no_change
+        verdicts.append(total_verdict(report))
+    return fired, verdicts

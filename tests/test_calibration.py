@@ -1,7 +1,7 @@
 """The gate and the verdicts on real profiled runs, as the issue's acceptance scenarios run them.
 
 Pairs of runs go through MLflowProfilerCallback with schedule(wait=1, warmup=1, active=5,
-repeat=2) into a sqlite store, and `mlflow-neuron compare --experiment E --baseline base
+repeat=4) into a sqlite store, and `mlflow-neuron compare --experiment E --baseline base
 --fail-if-slower 10` judges each pair (tests/calibration_runs.py). The fake device's noise is
 seeded, so its rates are the same on every run of this test; `benchmarks/calibration.py` prints
 them. The CPU pairs are timed on the host, so how often they read `no change` depends on the
@@ -39,7 +39,8 @@ def test_a_a_on_cpu_is_judged_on_each_profiled_step_once_and_the_gate_fires_only
         code, report = calibration_runs.gate(store, f"cpu-aa-{index}")
         document = calibration_runs.document(report)
         assert document["metric"] == "self_cpu_time_us", document["fallback"]
-        steps = [[cycle, step] for cycle, first in ((7, 2), (14, 9)) for step in range(first, first + 5)]
+        length = calibration_runs.STEPS // calibration_runs.SCHEDULE["repeat"]  # 7: wait, warmup, 5 active
+        steps = [[length * k, step] for k in range(1, 5) for step in range(length * (k - 1) + 2, length * k)]
         assert document["sample_steps"] == {"base": steps, "same": steps}
         prefix = "REGRESSION same: "  # op names may hold ": " (Torch-Compiled Region: 0/0)
         proven = {line[len(prefix):].rsplit(" median ", 1)[0] for line in report.splitlines()

@@ -155,3 +155,34 @@ def test_a_runs_host_figures_are_window_weighted_means_over_its_cycles():
     host = run_host(per_cycle)
     assert host == {"cycles": 2.0, "other_cpu_cores": 0.5, "load_average_1m": 1.0, "torch_threads": 1.0}
     assert run_host(pd.DataFrame({"load_average_1m": [1.0]})) == {}
+
+
+def test_the_cli_exits_4_on_inconclusive_only_when_asked_and_1_still_wins(tracking_uri, monkeypatch, capsys):
+    # tracking_uri: the client the command makes opens a store in tmp_path, not ./mlflow.db
+    import mlflow_neuron._compare.profiles as loading
+    from mlflow_neuron.cli import main as cli_main
+
+    rng = np.random.default_rng(18)
+    profiles = [run_profile("base", rng, 4, host=QUIET), run_profile("cand", rng, 4, scale=1.6, host=BUSY)]
+    monkeypatch.setattr(loading, "resolve_runs", lambda client, names, experiment: names)
+    monkeypatch.setattr(loading, "load_profiles", lambda client, names, step=None: profiles)
+    argv = ["compare", "--runs", "base", "cand", "--metric", "self_cpu_time_us", "--fail-if-slower", "10"]
+    assert cli_main(argv) == 0  # never gated: the gate does not fire on the weather
+    out = capsys.readouterr().out
+    assert "cand vs base: inconclusive: the runs saw different host load (base 0.1 cores busy elsewhere, cand 1.9)" in out
+    assert "INCONCLUSIVE cand: the runs saw different host load" in out and "REGRESSION" not in out
+    assert cli_main([*argv, "--fail-if-inconclusive"]) == 4
+    assert cli_main(["compare", "--runs", "base", "cand", "--metric", "self_cpu_time_us", "--fail-if-inconclusive"]) == 4
+    assert "INCONCLUSIVE cand:" in capsys.readouterr().out
+    # within a wider threshold the same runs are judged, and the proven regression exits 1
+    assert cli_main([*argv, "--fail-if-inconclusive", "--host-load-threshold", "3"]) == 1
+    profiles.append(run_profile("slow", rng, 4, scale=3.0, host=QUIET))
+    assert cli_main(["compare", "--runs", "base", "cand", "slow", *argv[4:], "--fail-if-inconclusive"]) == 1
+
+
+def test_a_bad_host_load_threshold_is_a_usage_error(capsys):
+    from mlflow_neuron.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["compare", "--experiment", "x", "--host-load-threshold", "-1"])
+    assert exit_info.value.code == 2 and "--host-load-threshold" in capsys.readouterr().err
