@@ -257,7 +257,7 @@ def test_the_per_step_series_shows_every_profiled_step_of_every_variant(ui, brow
     assert set(drawn) - {"_plot", "_modebar"} == set(VARIANTS)
     for name in VARIANTS:
         history = sorted((m.step, m.value) for m in ui.client.get_metric_history(ui.runs[name].info.run_id, title))
-        assert len(history) == 10  # two cycles of five steps
+        assert len(history) == 20  # four cycles of five steps
         points = sorted({tuple(p) for p in drawn[name]["points"]})
         assert [step for step, _ in points] == [step for step, _ in history]
         assert [value for _, value in points] == pytest.approx([value for _, value in history], rel=1e-6)
@@ -301,7 +301,7 @@ def test_a_runs_traces_tab_shows_each_cycle_as_a_timeline(ui, browser, screensho
     ProfilerStep and aten:: spans on the execution timeline."""
     run = ui.runs["naive"]
     traces = ui.client.search_traces(locations=[ui.experiment_id], run_id=run.info.run_id, include_spans=False)
-    assert len(traces) == 2  # two cycles
+    assert len(traces) == 4  # four cycles
     run_page = f"{ui.uri}/#/experiments/{ui.experiment_id}/runs/{run.info.run_id}"
     browser.get(f"{run_page}/traces?workflowType=machine_learning")
     listed = "//*[starts-with(normalize-space(text()), 'tr-')]"

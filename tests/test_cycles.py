@@ -80,7 +80,8 @@ def test_too_few_cycles_is_the_verdict_and_it_names_how_many_are_needed():
     assert f"an interval needs {cycles.MIN_CYCLES} cycles per run, base has 2 and run 2" in frame.attrs["sentences"]["run"]
     failed, lines = gate_lines(frame, 10)
     assert not failed and not regressions(frame, 10)
-    assert any(line.startswith("NOT CHECKED run:") and "needs 3 per run" in line for line in lines), lines
+    assert "NOT CHECKED run: 2 row(s), 2 vs 2 cycles that differ beyond the noise between steps, too few (needs 3 per " \
+           f"run) for a 95% interval (TOTAL point ratio {frame.loc[TOTAL, ('run', 'ratio')]:.2f})" in lines, lines
 
 
 def test_runs_with_enough_cycles_that_differ_are_judged_on_their_cycles():

@@ -67,9 +67,11 @@ def test_rmsnorm_variants_leaves_three_child_runs_and_prints_the_table(rmsnorm_t
         aten_calls[name] = run.data.metrics["profiler/total/aten_calls"]
     # What fusion does to dispatched ATen calls (measured on CPU; see the issue), 5 steps a cycle.
     assert aten_calls == {"naive": 30, "fused": 5, "compiled": 0}
-    for name in VARIANTS:  # 10 samples: two cycles of 5 steps
+    for name in VARIANTS:  # 20 samples: four cycles of 5 steps, profiled in rotation
         steps = client.get_metric_history(runs[name].info.run_id, "profiler/step/self_cpu_time_us")
-        assert sorted(p.step for p in steps) == [3, 4, 5, 6, 7, 11, 12, 13, 14, 15]
+        assert sorted(p.step for p in steps) == [8 * cycle + step for cycle in range(4) for step in range(3, 8)]
+        starts = {runs[other].info.start_time for other in VARIANTS}
+        assert max(starts) - min(starts) < 60_000  # created together, not one after another
     description = parent.data.tags["mlflow.note.content"]
     assert "fused vs naive: " in description and "compiled vs naive: " in description
     assert "profiler/calls/aten.mul" in runs["naive"].data.metrics

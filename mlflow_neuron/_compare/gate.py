@@ -33,8 +33,8 @@ def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tupl
         not_checked.setdefault(r.run, []).append(r)
     for run, rows in not_checked.items():  # one line per run: single-sample runs have a row per op
         n, total = frame.attrs["n"], next((r for r in rows if r.op == TOTAL), rows[0])
-        lines.append(f"NOT CHECKED {run}: {len(rows)} row(s), {n[run]} vs {n[base]} samples, too few for a 95% "
-                     f"interval ({total.op} point ratio {total.ratio:.2f}{_cycles_note(frame, run)})")  # fmt: skip
+        lines.append(f"NOT CHECKED {run}: {len(rows)} row(s), {_too_few(frame, run, n[run], n[base])} for a 95% "
+                     f"interval ({total.op} point ratio {total.ratio:.2f})")  # fmt: skip
     for run, why in inconclusive_runs(frame).items():
         lines.append(f"INCONCLUSIVE {run}: {why}; host time not gated (--fail-if-inconclusive: exit 4)")
     if not slower:
@@ -67,11 +67,13 @@ def inconclusive_runs(frame: pd.DataFrame) -> dict[str, str]:
     return dict(frame.attrs.get("inconclusive") or {})
 
 
-def _cycles_note(frame: pd.DataFrame, run: str) -> str:
+def _too_few(frame: pd.DataFrame, run: str, n_run: int, n_base: int) -> str:
     noise = frame.attrs.get("cycle_noise", {}).get(run, {})
-    if not noise.get("too_few_cycles"):
-        return ""
-    return f"; its cycles differ, {noise['cycles'][1]} vs {noise['cycles'][0]} cycles, needs {MIN_CYCLES} per run"
+    if noise.get("too_few_cycles"):
+        base_cycles, run_cycles = noise["cycles"]
+        return (f"{run_cycles} vs {base_cycles} cycles that differ beyond the noise between steps, too few "
+                f"(needs {MIN_CYCLES} per run)")  # fmt: skip
+    return f"{n_run} vs {n_base} samples, too few"
 
 
 def _gated_rows(frame: pd.DataFrame, min_us: float):
