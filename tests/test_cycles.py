@@ -187,3 +187,12 @@ def test_a_bad_host_load_threshold_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli_main(["compare", "--experiment", "x", "--host-load-threshold", "-1"])
     assert exit_info.value.code == 2 and "--host-load-threshold" in capsys.readouterr().err
+
+
+def test_a_wobble_between_cycles_too_small_to_carry_a_change_does_not_make_them_differ():
+    # device time that barely jitters: cycles 0.1% apart are significantly different, and harmless
+    x, cx = np.array([100.0, 100.001, 100.1, 100.101]), np.array([1, 1, 2, 2])
+    noise = cycles.cycle_noise(x, cx, x * 1.3, cx)
+    assert noise.p_value < cycles.CYCLE_ALPHA and noise.spread < cycles.NEGLIGIBLE_SHIFT and not noise.differ
+    judged = cycles.judge(x, cx, x * 1.3, cx)
+    assert judged.unit == cycles.STEPS and judged.estimate.low > 1.25

@@ -12,7 +12,10 @@ honest:
    component's share of the variance (the intraclass correlation, method of moments). The
    cycles differ when the F test's p-value is below `CYCLE_ALPHA` (0.2: a test with few cycles
    has little power, and a missed shift makes the step-level interval too narrow; the
-   simulation in `benchmarks/stats_calibration.py` chose it).
+   simulation in `benchmarks/stats_calibration.py` chose it) and the between-cycle component's
+   standard deviation is at least `NEGLIGIBLE_SHIFT` (0.5%): device time that barely jitters
+   makes any cycle-to-cycle wobble significant, but a wobble that small cannot carry a change
+   past the 2% noise threshold a verdict must clear.
 2. **The interval.** Cycles that do not differ: the step-level Hodges–Lehmann ratio with Moses'
    interval (`stats.ratio_interval`). Cycles that differ: a cluster-level interval, Welch's
    t-interval with Satterthwaite's degrees of freedom on each cycle's median log time (the
@@ -37,6 +40,7 @@ from scipy.special import fdtrc, stdtrit
 from .._compare.stats import CONFIDENCE, RatioEstimate, outlier_mask, ratio_interval
 
 CYCLE_ALPHA = 0.2
+NEGLIGIBLE_SHIFT = 0.005  # standard deviation of the cycles' shifts, on the log scale
 MIN_CYCLES = 3
 STEPS, CYCLES = "steps", "cycles"  # the unit an interval was computed on
 
@@ -48,10 +52,11 @@ class CycleNoise:
     p_value: float  # NaN: not testable (one cycle per run, one step per cycle, zeros)
     share: float  # the between-cycle share of the variance, 0..1 (NaN when not testable)
     cycles: tuple[int, int]  # cycles of the baseline and of the run
+    spread: float = math.nan  # the between-cycle component's standard deviation (log scale)
 
     @property
     def differ(self) -> bool:
-        return self.p_value < CYCLE_ALPHA  # False for NaN
+        return self.p_value < CYCLE_ALPHA and self.spread >= NEGLIGIBLE_SHIFT  # False for NaN
 
 
 @dataclass(frozen=True)
@@ -104,15 +109,14 @@ def cycle_noise(x: np.ndarray, cx: np.ndarray, y: np.ndarray, cy: np.ndarray) ->
     if df_between < 1 or df_within < 1:
         return CycleNoise(math.nan, math.nan, cycles)
     ms_between, ms_within = between / df_between, within / df_within
-    if ms_within == 0:
-        p_value = 1.0 if ms_between == 0 else 0.0
-        return CycleNoise(p_value, 1.0 if ms_between else 0.0, cycles)
-    p_value = float(fdtrc(df_between, df_within, ms_between / ms_within))
     # n0: the mean cycle size, corrected for unequal sizes (the usual method-of-moments estimate)
     sizes_by_cycle = np.array([np.sum(lab == c) for lab in (cx, cy) for c in np.unique(lab)], float)
     n0 = (sizes_by_cycle.sum() - (sizes_by_cycle**2).sum() / sizes_by_cycle.sum()) / df_between
     component = max((ms_between - ms_within) / n0, 0.0)
-    return CycleNoise(p_value, component / (component + ms_within), cycles)
+    if ms_within == 0:
+        return CycleNoise(1.0 if ms_between == 0 else 0.0, 1.0 if ms_between else 0.0, cycles, math.sqrt(component))
+    p_value = float(fdtrc(df_between, df_within, ms_between / ms_within))
+    return CycleNoise(p_value, component / (component + ms_within), cycles, math.sqrt(component))
 
 
 def cluster_interval(x: np.ndarray, cx: np.ndarray, y: np.ndarray, cy: np.ndarray,
