@@ -76,7 +76,8 @@ class HostSampler:
         self._neuron_totals = neuron_totals
         self._helpers: dict[int, psutil.Process] = {}
         self._cpu_count = os.cpu_count()
-        self._frequency: tuple[float, float | None] | None = None  # (monotonic time read, MHz)
+        self._frequency: tuple[float, float | None] | None = None  # (monotonic time read, MHz) of a slow read
+        self._frequency_read = False
         self._start = self._sample()
 
     def begin(self) -> None:
@@ -87,7 +88,7 @@ class HostSampler:
         start, end = self._start, self._sample()
         window = end.wall_s - start.wall_s
         values: dict[str, float | None] = {
-            "window_s": round(window, 6),
+            "window_s": window,
             "cpu_count": self._cpu_count,
             "load_average_1m": self._guarded(lambda: os.getloadavg()[0]),
             "cpu_frequency_mhz": self._guarded(self._frequency_mhz),
@@ -97,11 +98,13 @@ class HostSampler:
             ours = end.own_s - start.own_s + _helpers_delta(start, end, self._helpers)
             other = (end.busy_s - start.busy_s - ours) / window
             # The counters tick at 100 Hz: over a short window the difference can leave [0, CPUs].
-            values["other_cpu_cores"] = round(min(max(other, 0.0), float(self._cpu_count or other)), 3)
+            values["other_cpu_cores"] = min(max(other, 0.0), float(self._cpu_count or other))
         if start.neuron is not None and end.neuron is not None and end.neuron[0] > start.neuron[0]:
             reports, total = end.neuron[0] - start.neuron[0], end.neuron[1] - start.neuron[1]
-            values[NEURON_UTILIZATION] = round(total / reports, 3)
-        return {name: float(value) for name, value in values.items() if value is not None}
+            values[NEURON_UTILIZATION] = total / reports
+        # Three decimals, as every metric of a cycle (no float noise in the store): milliseconds of
+        # window, where the CPU counters tick every 10 ms anyway.
+        return {name: round(float(value), 3) for name, value in values.items() if value is not None}
 
     def _sample(self) -> _Sample:
         return _Sample(
@@ -133,8 +136,8 @@ class HostSampler:
         if self._frequency is not None and now - self._frequency[0] < FREQUENCY_REFRESH_S:
             return self._frequency[1]
         mhz = cpu_frequency_mhz()
-        took = time.monotonic() - now
-        self._frequency = (now, mhz) if took > SLOW_FREQUENCY_READ_S else None
+        slow = time.monotonic() - now > SLOW_FREQUENCY_READ_S and self._frequency_read  # the first read runs cold
+        self._frequency, self._frequency_read = (now, mhz) if slow else None, True
         return mhz
 
     def _guarded(self, read: Callable[[], Any]) -> Any:
