@@ -1,7 +1,8 @@
 """`MLflowProfilerCallback`: every torch.profiler cycle becomes MLflow metrics and artifacts.
 
 The callback ties the training side together: `hooks` (what it changes on the profiler), `reader`
-(a cycle as a `CycleJob`), the sender or the helper process (`_delivery`), and the shutdown budget.
+(a cycle as a `CycleJob`), `host` (the machine during each profiled window), the sender or the
+helper process (`_delivery`), and the shutdown budget.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .._delivery.outbox import DEFAULT_OUTBOX
 from .._delivery.handoff import Handoff
 from .._delivery.mlflow_io import RunLogger, current_run_ref
@@ -27,6 +30,7 @@ from .._trace.profile import CycleProfile
 from .._trace.timeline import DEFAULT_MAX_SPANS
 from . import hooks, shutdown
 from .distributed import broadcast_from_primary, current_rank
+from .host import HostSampler
 from .reader import CycleReader
 
 DEFAULT_MAX_FILE_BYTES = None  # no cap: NTFFs of gigabytes are streamed (see _delivery/uploads.py)
@@ -147,6 +151,8 @@ class MLflowProfilerCallback:
         self._system_metrics = start_if_enabled(
             system_metrics, lambda: self.run_id, self.tracking_uri, self.reporter
         ) if self.rank.is_primary else None  # fmt: skip
+        self._host = HostSampler(self.reporter, torch_threads=torch.get_num_threads, helper_pids=self._helper_pids,
+                                 neuron_totals=self._neuron_totals)  # the first window starts now  # fmt: skip
         atexit.register(_close_at_exit, weakref.ref(self))
 
     @property
@@ -173,19 +179,33 @@ class MLflowProfilerCallback:
 
     def __call__(self, prof: Any) -> None:
         try:
+            host = self._host.end()  # the window ends with its last step: reading the cycle is not in it
             stopping = hooks.called_from_stop(prof)
             hooks.flush_after_stop(prof, self, self._flush_at_stop)
+            hooks.mark_window_starts(prof, self, self._host.begin)
             exported = hooks.run_handlers(prof, self.handlers, self.reporter)
             self.cycles_read += 1
             hand_off = isinstance(self._sender, Handoff) and self._sender.accepts_jobs()
             job = self._reader.read(prof, exported, hand_off)
+            job.host = host
             self._budget.renew()  # training went on: a later stop gets a whole budget again
             self._sender.submit(job)
         except Exception as error:  # noqa: BLE001 - nothing may escape into prof.step()
             self.reporter.problem("cycle", f"could not log profiler step {getattr(prof, 'step_num', '?')}", error)
             return
+        finally:
+            self._host.begin()  # the next window, unless the profiler marks a later start (hooks)
         if stopping:
             self._flush_at_stop()  # the hook may have come too late for this stop()
+
+    def mark_window_start(self) -> None:
+        """Starts the next profiled window now, for the host's numbers (``system/profile/...``).
+
+        Call it just before entering a new ``torch.profiler.profile`` (one per cycle, say): the
+        callback meets a profile at its first cycle, so without this call that cycle's window
+        starts where the callback last read a cycle, or where it was created. Later cycles of the
+        same profile start where the profiler leaves its NONE action."""
+        self._host.begin()
 
     def start_helper(self, timeout: float = 60.0) -> bool:
         """Starts the helper process now and waits, at most `timeout` s, until it takes cycles.
@@ -228,6 +248,13 @@ class MLflowProfilerCallback:
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+    def _helper_pids(self) -> tuple[int, ...]:
+        return self._sender.process_ids() if isinstance(self._sender, Handoff) else ()
+
+    def _neuron_totals(self) -> tuple[int, float] | None:
+        monitor = self._system_metrics
+        return monitor.tool.utilization_totals() if monitor is not None and monitor.running else None
 
     def _flush_at_stop(self) -> None:
         shutdown.flush_at_stop(self._sender, self._budget, self.reporter)

@@ -109,6 +109,12 @@ class Handoff:
         self.inner.submit(job)
         self.start()  # lazily, once the cycle is on its way: the first cycle starts the helper
 
+    def process_ids(self) -> tuple[int, ...]:
+        """The helper processes running now, the current one and one retiring. Read without the
+        lock: the training thread asks at each profiled window and must not wait on a restart."""
+        procs = (self._proc, self._retiring)
+        return tuple(p.proc.pid for p in procs if p is not None)
+
     def accepts_jobs(self) -> bool:
         """Whether the next cycle should be a job for the helper: it is up and well. Until then (the
         first cycle starts it), the callback reads cycles the in-process way."""

@@ -1,7 +1,8 @@
 """`CycleJob`: one profiler cycle as the training thread hands it over, before anything is read.
 
 It names where the cycle's numbers come from (`source`: anything with `summarize()`), the files
-to upload and where they go, and the run's settings for this cycle. Nothing in it is written yet:
+to upload and where they go, the run's settings for this cycle, and the host's numbers during
+its window (sampled on the training thread, plain data). Nothing in it is written yet:
 `prepare.Preparer` turns it into a `Delivery` off the training thread. A job whose source is a
 saved trace (`ChromeTraceFile`) is plain data and travels to the helper process as a message.
 """
@@ -37,6 +38,7 @@ class CycleJob:
     summary_prefix: str = NEURON_SUMMARY_PREFIX
     tags: dict[str, str] = field(default_factory=dict)  # besides the device tags
     table_note: str = ""  # a first line for key_averages.txt
+    host: dict[str, float] = field(default_factory=dict)  # the host during the window (model.HOST_VALUES)
     problems: list[tuple[str, str]] = field(default_factory=list)  # (kind, message), reported once sent
     delivery: Delivery | None = field(default=None, repr=False)  # set once prepared
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

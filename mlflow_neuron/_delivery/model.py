@@ -24,6 +24,13 @@ TIMELINE = "timeline.json"  # the cycle's span tree (`_trace.timeline.Timeline`)
 TRACE = "trace.json.gz"  # the framework trace, when no Neuron session folder holds one
 MANIFEST = "manifest.json"  # every file found, where it went, its checksum; NTFFs with their NEFFs
 
+# The host during each profiled window (`CycleJob.host`, by these names): logged as
+# `system/profile/<name>` at the cycle's step and as `host_<name>` columns of step_totals.json.
+HOST_METRIC_PREFIX = "system/profile/"
+HOST_COLUMN_PREFIX = "host_"
+HOST_VALUES = ("other_cpu_cores", "load_average_1m", "cpu_count", "cpu_frequency_mhz", "torch_threads", "window_s")
+NEURON_UTILIZATION = "neuron_utilization_percentage"  # only where neuron-monitor ran during the window
+
 PER_OP_METRICS = ("self_device_time_us", "self_cpu_time_us", "calls")  # profiler/<metric>/<op>
 STEP_METRICS = ("self_device_time_us", "self_cpu_time_us")  # profiler/step/<metric>, one point per step
 

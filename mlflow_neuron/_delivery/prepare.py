@@ -24,7 +24,16 @@ from .files import gzip_file
 from .job import CycleJob
 from .keys import OpKeys
 from .model import DEVICE_TAG, DEVICE_TIME_TAG, KEY_AVERAGES, MANIFEST, OPS_TABLE, TIMELINE, TRACE, Delivery
-from .record import cycle_metrics, ops_table, split_non_finite, step_series, step_tables, summary_metrics, write_table
+from .record import (
+    cycle_metrics,
+    host_metrics,
+    ops_table,
+    split_non_finite,
+    step_series,
+    step_tables,
+    summary_metrics,
+    write_table,
+)
 
 
 class Preparer:
@@ -68,12 +77,14 @@ class Preparer:
             tags.update(device_tags)
             write_table(ops, staged / OPS_TABLE)
             table = f"{job.artifact_dir}/{OPS_TABLE}" if job.register_table else None
-            for name, frame in step_tables(summary.profile).items():
+            for name, frame in step_tables(summary.profile, job.host).items():
                 write_table(frame, staged / name)
             (staged / KEY_AVERAGES).write_text(job.table_note + summary.table, encoding="utf-8")
             if summary.timeline is not None:
                 (staged / TIMELINE).write_text(summary.timeline.to_json(), encoding="utf-8")
                 timeline = TIMELINE
+        if self.primary:  # the keys carry no rank: one host's numbers per cycle
+            metrics = {**metrics, **host_metrics(job.host)}
         self._stage_trace(job)
         (staged / MANIFEST).write_text(json.dumps(job.manifest, indent=2), encoding="utf-8")
         return Delivery(

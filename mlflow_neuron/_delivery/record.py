@@ -15,7 +15,16 @@ import pandas as pd
 from .._neuron.summary import FLAT, on_percent_scale
 from .._trace.profile import KERNEL, NOT_PROFILED, OP, PRESENT, CycleProfile
 from .keys import PREFIX, OpKeys, metric_key, readable_key, total_key
-from .model import PER_OP_METRICS, STEP_METRICS, STEP_TOTALS_TABLE, STEPS_TABLE
+from .model import (
+    HOST_COLUMN_PREFIX,
+    HOST_METRIC_PREFIX,
+    HOST_VALUES,
+    NEURON_UTILIZATION,
+    PER_OP_METRICS,
+    STEP_METRICS,
+    STEP_TOTALS_TABLE,
+    STEPS_TABLE,
+)
 
 TIME_DECIMALS = 3  # microseconds to the nanosecond
 
@@ -76,13 +85,26 @@ def ops_table(profile: CycleProfile, keys: OpKeys) -> pd.DataFrame:
     return frame
 
 
-def step_tables(profile: CycleProfile) -> dict[str, pd.DataFrame]:
-    """The cycle's per-step samples: every op and kernel per step, and each step's totals."""
+def step_tables(profile: CycleProfile, host: dict[str, float] | None = None) -> dict[str, pd.DataFrame]:
+    """The cycle's per-step samples: every op and kernel per step, and each step's totals.
+
+    With the host's numbers of the cycle's window (`CycleJob.host`), every row of the totals also
+    carries them as `host_<name>` columns, NaN where one is unknown (the Neuron utilisation only
+    where it was measured), so a step's time can be read beside the machine's load."""
     totals = pd.DataFrame(
         [(t.step, t.self_device_time_us, t.self_cpu_time_us, t.aten_calls) for t in profile.step_totals],
         columns=["step", "self_device_time_us", "self_cpu_time_us", "aten_calls"],
     )
+    if host:
+        names = [*HOST_VALUES, *([NEURON_UTILIZATION] if NEURON_UTILIZATION in host else [])]
+        for name in names:
+            totals[HOST_COLUMN_PREFIX + name] = float(host.get(name, math.nan))
     return {STEPS_TABLE: profile.steps_frame(), STEP_TOTALS_TABLE: totals}
+
+
+def host_metrics(host: dict[str, float]) -> dict[str, float]:
+    """`system/profile/<name>`: the host during the cycle's window, logged at the cycle's step."""
+    return {HOST_METRIC_PREFIX + name: float(value) for name, value in host.items() if math.isfinite(value)}
 
 
 def step_series(profile: CycleProfile, rank_prefix: str = "") -> tuple[tuple[str, float, int], ...]:

@@ -82,6 +82,7 @@ class MonitorTool:
         self.interval_s = interval_s
         self._on_exit = on_exit
         self._samples: collections.deque[tuple[int, dict[str, float]]] = collections.deque(maxlen=MAX_SAMPLES)
+        self._utilization = (0, 0.0)  # reports with NeuronCore utilisation, and the sum of their means
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._process: subprocess.Popen | None = None
@@ -109,6 +110,13 @@ class MonitorTool:
             raise
         self._reader = threading.Thread(target=self._read, name="mlflow-neuron-monitor-reader", daemon=True)
         self._reader.start()
+
+    def utilization_totals(self) -> tuple[int, float]:
+        """Reports read so far that carry NeuronCore utilisation, and the sum of each one's mean over
+        its cores: two calls give the mean utilisation of the reports read between them, whoever
+        drains the samples."""
+        with self._lock:
+            return self._utilization
 
     def drain(self) -> list[tuple[int, dict[str, float]]]:
         with self._lock:
@@ -143,8 +151,12 @@ class MonitorTool:
                 except (ValueError, AttributeError, TypeError):
                     continue
                 if sample:
+                    cores = [v for k, v in sample.items() if k.startswith("neuroncore_")]
                     with self._lock:
                         self._samples.append((int(time.time() * 1000), sample))
+                        if cores:
+                            reports, total = self._utilization
+                            self._utilization = (reports + 1, total + sum(cores) / len(cores))
         except (OSError, ValueError):  # the pipe closed under us at stop()
             return
         if not self._stopping.is_set() and self._on_exit is not None:

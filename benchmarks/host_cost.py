@@ -1,0 +1,63 @@
+"""What sampling the host costs the training thread, per profiled window.
+
+    python benchmarks/host_cost.py [--windows 2000] [--helper]
+
+Times `HostSampler.begin()` and `end()` (the two samples of one window, both on the training
+thread), the CPU frequency read at every end, and, on their own, the sources they read. With `--helper` the sampler also reads a
+stand-in helper process's CPU time, as the callback does while its helper runs. Medians in
+microseconds; the cost grows with the host's CPU count (/proc/stat has a line per CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+
+from mlflow_neuron._capture import host  # noqa: E402
+from mlflow_neuron._delivery.report import Reporter  # noqa: E402
+
+
+def median_us(call, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter_ns()
+        call()
+        times.append(time.perf_counter_ns() - started)
+    return statistics.median(times) / 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--windows", type=int, default=2000)
+    parser.add_argument("--helper", action="store_true", help="also read a stand-in helper's CPU time")
+    args = parser.parse_args()
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) if args.helper else None
+    try:
+        pids = (lambda: [helper.pid]) if helper else tuple
+        sampler = host.HostSampler(Reporter(strict=True), torch_threads=torch.get_num_threads, helper_pids=pids)
+        host.FREQUENCY_REFRESH_S = 0.0  # the frequency read at every end, as on a host where it is fast
+        begin = median_us(sampler.begin, args.windows)
+        end = median_us(sampler.end, args.windows)
+        print(f"{os.cpu_count()} CPUs, psutil {psutil.__version__}, helper read: {bool(helper)}")
+        print(f"begin {begin:.1f} us, end {end:.1f} us, one window {begin + end:.1f} us (median of {args.windows})")
+        for name, source in (("psutil.cpu_times", psutil.cpu_times), ("os.times", os.times),
+                             ("os.getloadavg", os.getloadavg), ("psutil.cpu_freq", psutil.cpu_freq)):  # fmt: skip
+            print(f"  {name}: {median_us(source, args.windows):.1f} us")
+    finally:
+        if helper is not None:
+            helper.kill()
+            helper.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""The host while a profiled window runs: load, other processes' CPU, frequency, threads.
+
+A profiled step's host time depends on what else the machine was doing. `HostSampler` takes a
+sample where a window starts (`begin`) and one where its cycle is handed over (`end`), and gives
+the window's values, named as `_delivery.model.HOST_VALUES`:
+
+    other_cpu_cores       CPU seconds the rest of the host used, per wall second: the system's busy
+                          time (psutil's `cpu_percent` rule) less this process's and its helper's
+    load_average_1m       `os.getloadavg()` at the window's end
+    cpu_count             logical CPUs
+    cpu_frequency_mhz     `psutil.cpu_freq()`, where readable
+    torch_threads         `torch.get_num_threads()` (passed in: this module imports no torch)
+    window_s              the window's wall seconds
+    neuron_utilization_percentage   neuron-monitor's mean NeuronCore utilisation over the reports
+                          that arrived in the window, when the monitor runs
+
+It runs on the training thread: no scan of all processes, only /proc/stat and the helper's
+/proc/<pid>/stat. Each source is guarded: one that fails leaves its value out, with one warning
+(`Reporter`); strict mode re-raises.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from .._delivery.model import NEURON_UTILIZATION
+
+SLOW_FREQUENCY_READ_S = 1e-3  # psutil reads a file per CPU (or /proc/cpuinfo): slow on large hosts
+FREQUENCY_REFRESH_S = 60.0  # where it is slow, the last value stands in for this long
+
+
+def system_busy_seconds() -> float:
+    """Busy CPU seconds of the whole host since boot, as psutil's `cpu_percent` counts them: total
+    less idle and iowait, guest time not counted twice (Linux counts it in user time too)."""
+    times = psutil.cpu_times()
+    total = sum(times) - getattr(times, "guest", 0.0) - getattr(times, "guest_nice", 0.0)
+    return total - times.idle - getattr(times, "iowait", 0.0)
+
+
+def own_cpu_seconds() -> float:
+    """This process's CPU seconds, every thread. `os.times` counts in clock ticks, as /proc/stat."""
+    times = os.times()
+    return times.user + times.system
+
+
+def cpu_frequency_mhz() -> float | None:
+    frequency = psutil.cpu_freq()
+    return float(frequency.current) if frequency is not None and frequency.current else None
+
+
+@dataclass(frozen=True)
+class _Sample:
+    wall_s: float  # time.monotonic()
+    epoch_s: float  # time.time(), to tell a helper started inside the window
+    busy_s: float | None
+    own_s: float | None
+    helpers: dict[int, float]  # helper pid -> its CPU seconds
+    neuron: tuple[int, float] | None  # monitor reports so far, and their summed utilisation
+
+
+class HostSampler:
+    """`begin()` where a window starts, `end()` where it ends; a window started at construction."""
+
+    def __init__(self, reporter: Any, *, torch_threads: Callable[[], int],
+                 helper_pids: Callable[[], Iterable[int]] = tuple,
+                 neuron_totals: Callable[[], tuple[int, float] | None] = lambda: None) -> None:  # fmt: skip
+        self.reporter = reporter
+        self._torch_threads = torch_threads
+        self._helper_pids = helper_pids
+        self._neuron_totals = neuron_totals
+        self._helpers: dict[int, psutil.Process] = {}
+        self._cpu_count = os.cpu_count()
+        self._frequency: tuple[float, float | None] | None = None  # (monotonic time read, MHz) of a slow read
+        self._frequency_read = False
+        self._start = self._sample()
+
+    def begin(self) -> None:
+        self._start = self._sample()
+
+    def end(self) -> dict[str, float]:
+        """The window since the last `begin()` (or construction); values that could not be read are left out."""
+        start, end = self._start, self._sample()
+        window = end.wall_s - start.wall_s
+        values: dict[str, float | None] = {
+            "window_s": window,
+            "cpu_count": self._cpu_count,
+            "load_average_1m": self._guarded(lambda: os.getloadavg()[0]),
+            "cpu_frequency_mhz": self._guarded(self._frequency_mhz),
+            "torch_threads": self._guarded(self._torch_threads),
+        }
+        if window > 0 and None not in (start.busy_s, end.busy_s, start.own_s, end.own_s):
+            ours = end.own_s - start.own_s + _helpers_delta(start, end, self._helpers)
+            other = (end.busy_s - start.busy_s - ours) / window
+            # The counters tick at 100 Hz: over a short window the difference can leave [0, CPUs].
+            values["other_cpu_cores"] = min(max(other, 0.0), float(self._cpu_count or other))
+        if start.neuron is not None and end.neuron is not None and end.neuron[0] > start.neuron[0]:
+            reports, total = end.neuron[0] - start.neuron[0], end.neuron[1] - start.neuron[1]
+            values[NEURON_UTILIZATION] = total / reports
+        # Three decimals, as every metric of a cycle (no float noise in the store): milliseconds of
+        # window, where the CPU counters tick every 10 ms anyway.
+        return {name: round(float(value), 3) for name, value in values.items() if value is not None}
+
+    def _sample(self) -> _Sample:
+        return _Sample(
+            wall_s=time.monotonic(), epoch_s=time.time(), busy_s=self._guarded(system_busy_seconds),
+            own_s=self._guarded(own_cpu_seconds), helpers=self._guarded(self._helper_seconds) or {},
+            neuron=self._guarded(self._neuron_totals),
+        )  # fmt: skip
+
+    def _helper_seconds(self) -> dict[int, float]:
+        """CPU seconds of each live helper process (it works for this process: not the host's load)."""
+        for pid in self._helper_pids():
+            if pid not in self._helpers:
+                try:
+                    self._helpers[pid] = psutil.Process(pid)
+                except psutil.NoSuchProcess:
+                    pass
+        seconds = {}
+        for pid, process in list(self._helpers.items()):
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:  # gone: what it used since the last sample counts as other
+                del self._helpers[pid]
+                continue
+            seconds[pid] = times.user + times.system
+        return seconds
+
+    def _frequency_mhz(self) -> float | None:
+        now = time.monotonic()
+        if self._frequency is not None and now - self._frequency[0] < FREQUENCY_REFRESH_S:
+            return self._frequency[1]
+        mhz = cpu_frequency_mhz()
+        slow = time.monotonic() - now > SLOW_FREQUENCY_READ_S and self._frequency_read  # the first read runs cold
+        self._frequency, self._frequency_read = (now, mhz) if slow else None, True
+        return mhz
+
+    def _guarded(self, read: Callable[[], Any]) -> Any:
+        try:
+            return read()
+        except Exception as error:  # noqa: BLE001 - a value left out; the cycle goes on (strict: raised)
+            self.reporter.problem("host_sample", "could not sample the host for the profiled window "
+                                  "(system/profile/... metrics are incomplete)", error)  # fmt: skip
+            return None
+
+
+def _helpers_delta(start: _Sample, end: _Sample, processes: dict[int, psutil.Process]) -> float:
+    """The helpers' CPU seconds within the window; one started inside it counts whole."""
+    total = 0.0
+    for pid, seconds in end.helpers.items():
+        if pid in start.helpers:
+            total += seconds - start.helpers[pid]
+        elif pid in processes:
+            try:
+                started_inside = processes[pid].create_time() >= start.epoch_s - 0.01  # 10 ms ticks
+            except psutil.Error:
+                continue
+            total += seconds if started_inside else 0.0
+    return total

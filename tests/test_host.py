@@ -1,0 +1,252 @@
+"""The host during each profiled window: `system/profile/...` at the cycle's step, `host_...` columns.
+
+Real torch.profiler runs into real sqlite stores. The machine running the tests may be busy, so
+the CPU numbers are checked against bounds that hold whatever else runs: a hog's own CPU time,
+read with psutil inside the window, is a lower bound of what the rest of the host used.
+"""
+
+import subprocess
+import sys
+import time
+
+import mlflow
+import pandas as pd
+import psutil
+import pytest
+import torch
+from conftest import profile_offline, read_json_artifact
+from mlflow.tracking import MlflowClient
+from test_neuron_monitor import install_monitor, stand_in
+from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
+from workloads import inputs, profile_rmsnorm, rms_norm_naive
+
+from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
+from mlflow_neuron._capture import host
+from mlflow_neuron._delivery.model import HOST_VALUES
+from mlflow_neuron.cli import main as cli_main
+
+pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
+KEYS = [f"system/profile/{name}" for name in HOST_VALUES]
+COLUMNS = [f"host_{name}" for name in HOST_VALUES]
+NEURON_KEY = "system/profile/neuron_utilization_percentage"
+READY_S = 180  # the helper imports mlflow: seconds on a busy machine
+TICKS_S = 0.05  # CPU counters tick at 100 Hz: a few ticks either way
+MS = 0.001  # the values are logged to three decimals
+
+
+def host_metrics(client, run_id) -> dict[str, dict[int, float]]:
+    """key -> {step: value} for every system/profile/... metric of the run."""
+    keys = [k for k in client.get_run(run_id).data.metrics if k.startswith("system/profile/")]
+    return {k: {m.step: m.value for m in client.get_metric_history(run_id, k)} for k in keys}
+
+
+def step_totals(client, run_id, step, tmp_path) -> pd.DataFrame:
+    table = read_json_artifact(client, run_id, f"profiler/step_{step}/step_totals.json", tmp_path / f"t{step}")
+    return pd.DataFrame(table["data"], columns=table["columns"])
+
+
+@pytest.fixture
+def hog():
+    """A process that spins one core for at most 60 s; killed at the end of the test."""
+    process = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 60\nwhile time.time() < end: pass"])
+    try:
+        yield psutil.Process(process.pid)
+    finally:
+        process.kill()
+        process.wait(10)
+
+
+def cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def assert_sane(values: dict[str, dict[int, float]], steps: list[int]):
+    assert set(values) == set(KEYS)  # no neuron-monitor ran: no utilisation
+    for key in KEYS:
+        assert sorted(values[key]) == steps, key
+    for step in steps:
+        cores = values["system/profile/cpu_count"][step]
+        assert cores == psutil.cpu_count()
+        assert 0 <= values["system/profile/other_cpu_cores"][step] <= cores
+        assert values["system/profile/torch_threads"][step] == torch.get_num_threads()
+        assert values["system/profile/window_s"][step] > 0
+        assert values["system/profile/load_average_1m"][step] >= 0
+        assert values["system/profile/cpu_frequency_mhz"][step] > 0
+
+
+@pytest.mark.parametrize("process", ["inline", "helper"])
+def test_each_cycle_logs_the_host_at_its_step_and_in_its_step_totals(tracking_uri, strict, tmp_path, process):
+    with mlflow.start_run() as run:
+        callback = MLflowProfilerCallback(process=process)
+        if process == "helper":
+            assert callback.start_helper(READY_S), "the helper did not start"
+        profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
+        callback.close()
+    if process == "helper":
+        assert callback._sender.jobs_sent == 2  # both cycles went through the helper process
+    client = MlflowClient()
+    values = host_metrics(client, run.info.run_id)
+    assert_sane(values, [4, 8])
+    for cycle, steps in ((4, [2, 3]), (8, [6, 7])):
+        totals = step_totals(client, run.info.run_id, cycle, tmp_path)
+        assert totals.step.tolist() == steps
+        assert [c for c in totals.columns if c.startswith("host_")] == COLUMNS
+        for column, key in zip(COLUMNS, KEYS):
+            assert totals[column].tolist() == [values[key][cycle]] * len(steps)  # the cycle's value, every row
+
+
+def test_background_false_logs_the_host_too(tracking_uri, strict):
+    with mlflow.start_run() as run:
+        callback = MLflowProfilerCallback(background=False)
+        profile_rmsnorm(callback, steps=4, wait=1, warmup=1, active=2)
+        callback.close()
+    assert_sane(host_metrics(MlflowClient(), run.info.run_id), [4])
+
+
+def test_a_window_starts_where_the_profiler_leaves_none(tracking_uri, strict):
+    """The second cycle's window holds its warmup and active steps, not the wait step before them,
+    nor the reading of the first cycle."""
+    x, weight = inputs()
+    ended, before, after = [], {}, {}
+    with mlflow.start_run() as run:
+        callback = MLflowProfilerCallback(lambda prof: ended.append(time.monotonic()), process="inline")
+        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2, repeat=2),
+                     on_trace_ready=callback) as prof:  # fmt: skip
+            for _ in range(8):
+                time.sleep(0.3 if prof.current_action == ProfilerAction.NONE else 0.02)  # a long wait step
+                rms_norm_naive(x, weight)
+                before[prof.step_num + 1] = time.monotonic()
+                prof.step()
+                after[prof.step_num] = time.monotonic()
+            marks = prof.action_map[(ProfilerAction.NONE, ProfilerAction.RECORD)]
+        callback.close()
+    assert getattr(marks[0], "_mlflow_neuron_mark", False)  # first: before start_trace when warmup=0
+    window = host_metrics(MlflowClient(), run.info.run_id)["system/profile/window_s"]
+    # It starts inside the step() that enters WARMUP (step 5) and ends when the cycle is read.
+    assert after[8] - before[5] + MS >= window[8] >= before[8] - after[5] - MS
+    assert window[8] <= ended[1] - before[5] + MS  # without the mark it would hold the 0.3 s wait step
+    assert window[4] >= 0.3  # the first profile's first window: from the callback's creation
+
+
+def test_mark_window_start_starts_the_window_of_a_new_profile(tracking_uri, strict):
+    """A helper that opens a profile per cycle marks each window's start just before entering it."""
+    x, weight = inputs()
+    ended, marked = [], []
+    with mlflow.start_run() as run:
+        callback = MLflowProfilerCallback(lambda prof: ended.append(time.monotonic()), process="inline")
+        for variant in range(2):
+            time.sleep(0.3)  # between the profiles: in no window
+            marked.append(time.monotonic())
+            callback.mark_window_start()
+            with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=1),
+                         on_trace_ready=callback) as prof:  # fmt: skip
+                for _ in range(2):
+                    rms_norm_naive(x, weight)
+                    prof.step()
+        callback.close()
+    history = MlflowClient().get_metric_history(run.info.run_id, "system/profile/window_s")
+    windows = [m.value for m in sorted(history, key=lambda m: m.timestamp)]  # both at step 2: a profile each
+    assert len(windows) == 2
+    for window, start, end in zip(windows, marked, ended):
+        assert 0 < window <= end - start + MS < 0.3  # without the mark each would hold the 0.3 s pause
+
+
+def test_a_cpu_hog_counts_as_other_cores_and_this_process_does_not(tracking_uri, strict, hog):
+    """Bounds that hold on a busy machine too: the hog's CPU time inside the window is at most what
+    other processes used, and this process's own spinning is never counted as other."""
+    spun, hogged = {}, {}
+    with mlflow.start_run() as run:
+        callback = MLflowProfilerCallback(background=False)
+        hog_start, own_start = cpu_s(hog), time.process_time()  # after the window started, at creation
+        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2),
+                     on_trace_ready=callback) as prof:  # fmt: skip
+            for step in range(3):
+                end = time.monotonic() + 0.2
+                while time.monotonic() < end:  # this process spins too: its CPU time is not "other"
+                    pass
+                if step == 2:  # before the step() that reads the cycle: inside the window
+                    hogged[3], spun[3] = cpu_s(hog) - hog_start, time.process_time() - own_start
+                prof.step()
+        callback.close()
+    values = host_metrics(MlflowClient(), run.info.run_id)
+    window, other = values["system/profile/window_s"][3], values["system/profile/other_cpu_cores"][3]
+    cores = psutil.cpu_count()
+    print(f"window {window:.3f} s, hog {hogged[3]:.3f} s, own {spun[3]:.3f} s, other {other:.3f} cores")
+    assert hogged[3] > 0.1  # the hog ran during the window
+    assert other * window >= hogged[3] - TICKS_S
+    assert other * window <= cores * window - spun[3] + TICKS_S
+
+
+def test_the_helper_process_cpu_time_is_not_counted_as_other(hog):
+    """Two samplers over the same window, one told that the hog is its helper: the difference of
+    their other-cores figures is the hog's CPU time in the window, per second."""
+    as_helper = host.HostSampler(None, torch_threads=torch.get_num_threads, helper_pids=lambda: [hog.pid])
+    plain = host.HostSampler(None, torch_threads=torch.get_num_threads)
+    before = cpu_s(hog)
+    as_helper.begin(), plain.begin()
+    time.sleep(0.5)
+    inner = cpu_s(hog) - before
+    with_helper, without = as_helper.end(), plain.end()
+    outer = cpu_s(hog) - before
+    cores, window = psutil.cpu_count(), with_helper["window_s"]
+    difference = (without["other_cpu_cores"] - with_helper["other_cpu_cores"]) * window
+    if with_helper["other_cpu_cores"] > 0 and without["other_cpu_cores"] < cores:  # neither at a clamp
+        assert inner - 2 * TICKS_S <= difference <= outer + 2 * TICKS_S
+    else:
+        assert difference >= 0
+
+
+def test_a_cycle_kept_in_the_outbox_and_synced_carries_the_host(sync_store, dead_server, tmp_path):
+    outbox = tmp_path / "outbox"
+    profile_offline(dead_server, outbox, cycles=2)
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
+    client = MlflowClient(sync_store)
+    [run] = client.search_runs(["0"])
+    assert_sane(host_metrics(client, run.info.run_id), [4, 8])
+    assert [c for c in step_totals(client, run.info.run_id, 8, tmp_path).columns if c.startswith("host_")] == COLUMNS
+
+
+def test_sampling_that_fails_is_one_warning_and_the_cycle_is_logged(tracking_uri, monkeypatch):
+    def broken():
+        raise OSError("/proc/stat is not readable here")
+
+    monkeypatch.setattr(host, "system_busy_seconds", broken)
+    with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="/proc/stat") as caught:
+        callback = MLflowProfilerCallback(process="inline", strict=False)
+        profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
+        callback.close()
+    assert sum("could not sample the host" in str(w.message) for w in caught) == 1
+    client = MlflowClient()
+    values = host_metrics(client, run.info.run_id)
+    assert "system/profile/other_cpu_cores" not in values  # the one value that needs /proc/stat
+    assert sorted(values["system/profile/window_s"]) == [4, 8]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "profiler/total/active_steps")] == [4, 8]
+
+
+def test_sampling_that_fails_is_raised_in_strict_mode(tracking_uri, strict, monkeypatch):
+    monkeypatch.setattr(host, "cpu_frequency_mhz", lambda: 1 / 0)
+    with mlflow.start_run(), pytest.raises(ZeroDivisionError):
+        callback = MLflowProfilerCallback(process="inline")
+        profile_rmsnorm(callback, steps=4, wait=1, warmup=1, active=2)
+    callback.close()
+
+
+def test_with_neuron_monitor_running_the_window_gets_its_mean_utilization(tracking_uri, strict, tmp_path,
+                                                                          monkeypatch):  # fmt: skip
+    install_monitor(tmp_path, monkeypatch, stand_in(tmp_path / "config.json"))  # a report every 0.2 s
+    x, weight = inputs()
+    with mlflow.start_run(log_system_metrics=False) as run:
+        callback = MLflowProfilerCallback(system_metrics=True, process="inline")
+        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=2),
+                     on_trace_ready=callback) as prof:  # fmt: skip
+            for _ in range(3):
+                time.sleep(0.5)
+                rms_norm_naive(x, weight)
+                prof.step()
+        callback.close()
+    client = MlflowClient()
+    values = host_metrics(client, run.info.run_id)
+    assert values[NEURON_KEY] == {3: pytest.approx(42.015)}  # the documented report's two cores
+    totals = step_totals(client, run.info.run_id, 3, tmp_path)
+    assert totals["host_neuron_utilization_percentage"].tolist() == [pytest.approx(42.015)] * 2
