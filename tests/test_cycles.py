@@ -156,6 +156,11 @@ def test_a_runs_host_figures_are_window_weighted_means_over_its_cycles():
     host = run_host(per_cycle)
     assert host == {"cycles": 2.0, "other_cpu_cores": 0.5, "load_average_1m": 1.0, "torch_threads": 1.0}
     assert run_host(pd.DataFrame({"load_average_1m": [1.0]})) == {}
+    # with the unclamped CPU seconds, the run's figure is their sum over the windows' seconds: a
+    # short window that read -0.4 and one that read 2.4 (both past the clamps) cancel
+    seconds = pd.DataFrame({"other_cpu_cores": [0.0, 2.0], "other_cpu_s": [-0.004, 0.024], "window_s": [0.01, 0.01],
+                            "cpu_count": [2.0, 2.0]})  # fmt: skip
+    assert run_host(seconds)["other_cpu_cores"] == pytest.approx(1.0)
 
 
 def test_the_cli_exits_4_on_inconclusive_only_when_asked_and_1_still_wins(tracking_uri, monkeypatch, capsys):

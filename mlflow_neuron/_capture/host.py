@@ -5,7 +5,11 @@ sample where a window starts (`begin`) and one where its cycle is handed over (`
 the window's values, named as `_delivery.model.HOST_VALUES`:
 
     other_cpu_cores       CPU seconds the rest of the host used, per wall second: the system's busy
-                          time (psutil's `cpu_percent` rule) less this process's and its helper's
+                          time (psutil's `cpu_percent` rule) less this process's and its helper's,
+                          within [0, CPUs]
+    other_cpu_s           the same CPU seconds, not clamped: the system's counters tick every 10 ms,
+                          so one short window reads coarsely, but sums over many windows do not
+                          (compare divides a run's sum by its windows' seconds)
     load_average_1m       `os.getloadavg()` at the window's end
     cpu_count             logical CPUs
     cpu_frequency_mhz     `psutil.cpu_freq()`, where readable
@@ -44,9 +48,9 @@ def system_busy_seconds() -> float:
 
 
 def own_cpu_seconds() -> float:
-    """This process's CPU seconds, every thread. `os.times` counts in clock ticks, as /proc/stat."""
-    times = os.times()
-    return times.user + times.system
+    """This process's CPU seconds, every thread, to the nanosecond: /proc/stat ticks every 10 ms,
+    and subtracting an exact figure from it adds no second rounding error."""
+    return time.process_time()
 
 
 def cpu_frequency_mhz() -> float | None:
@@ -96,9 +100,10 @@ class HostSampler:
         }
         if window > 0 and None not in (start.busy_s, end.busy_s, start.own_s, end.own_s):
             ours = end.own_s - start.own_s + _helpers_delta(start, end, self._helpers)
-            other = (end.busy_s - start.busy_s - ours) / window
+            other_s = end.busy_s - start.busy_s - ours
+            values["other_cpu_s"] = other_s
             # The counters tick at 100 Hz: over a short window the difference can leave [0, CPUs].
-            values["other_cpu_cores"] = min(max(other, 0.0), float(self._cpu_count or other))
+            values["other_cpu_cores"] = min(max(other_s / window, 0.0), float(self._cpu_count or other_s / window))
         if start.neuron is not None and end.neuron is not None and end.neuron[0] > start.neuron[0]:
             reports, total = end.neuron[0] - start.neuron[0], end.neuron[1] - start.neuron[1]
             values[NEURON_UTILIZATION] = total / reports

@@ -35,6 +35,7 @@ from .._delivery.keys import PREFIX, readable_key
 from .._delivery.model import (
     DEVICE_TAG,
     DEVICE_TIME_TAG,
+    HOST_METRIC_PREFIX,
     OPS_TABLE,
     PER_OP_METRICS,
     STEP_METRICS,
@@ -45,7 +46,6 @@ from .._delivery.model import (
 from .._trace.timeline import Timeline
 
 _STEP_DIR = re.compile(r"^profiler/step_(\d+)$")
-HOST_PREFIX = "system/profile"
 TOTAL_KEYS = ("self_device_time_us", "self_cpu_time_us", "aten_calls", "active_steps", "unattributed_device_time_us")
 
 
@@ -132,10 +132,10 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
 
 def _host(run: Run, cycles: list[int], histories: _Histories) -> dict[str, float]:
     """The run's `system/profile/...` figures over the chosen cycles (none: the run predates them)."""
-    logged = [name for name in HOST_METRICS if f"{HOST_PREFIX}/{name}" in run.data.metrics]
+    logged = [name for name in HOST_METRICS if f"{HOST_METRIC_PREFIX}{name}" in run.data.metrics]
     if not logged:
         return {}
-    rows = [{name: histories.at(f"{HOST_PREFIX}/{name}", cycle) for name in logged} for cycle in cycles]
+    rows = [{name: histories.at(f"{HOST_METRIC_PREFIX}{name}", cycle) for name in logged} for cycle in cycles]
     return run_host(pd.DataFrame(rows, dtype=float))
 
 

@@ -1,10 +1,12 @@
 """The host's weather beside a comparison (pure): did two runs see the same load on their host?
 
 Host time is what a busy host changes: a process that shares the cores with two CPU hogs runs its
-ops slower, whatever the code does. Each profiled window records the cores busy with other
-processes (`system/profile/other_cpu_cores`: the host's busy CPU time minus this process's and
-its helper's, over the window's wall time), and a run's figure is the mean over its cycles,
-weighted by each window's length.
+ops slower, whatever the code does. Each profiled window records the CPU seconds other processes
+used (`system/profile/other_cpu_s`: the host's busy CPU time minus this process's and its
+helper's) and its wall seconds, and a run's cores busy elsewhere are the sum of the one over the
+sum of the other: the host's counters tick every 10 ms, so a single short window reads coarsely,
+but the errors of many windows cancel in their sums. Runs logged before `other_cpu_s` use the
+mean of their windows' `other_cpu_cores`, weighted by window length.
 
 When two runs' figures differ by more than `HOST_LOAD_THRESHOLD_CORES` (0.5 cores: on a host
 with as many cores as busy threads, half a core taken elsewhere already delays every step a
@@ -19,31 +21,36 @@ import math
 
 import pandas as pd
 
+from .._delivery.model import HOST_VALUES, NEURON_UTILIZATION
+
 HOST_LOAD_THRESHOLD_CORES = 0.5
-OTHER_CPU = "other_cpu_cores"
-HOST_METRICS = ("other_cpu_cores", "load_average_1m", "cpu_count", "cpu_frequency_mhz", "torch_threads",
-                "window_s", "neuron_utilization_percentage")  # system/profile/<name>  # fmt: skip
+OTHER_CPU, OTHER_CPU_S, WINDOW_S = "other_cpu_cores", "other_cpu_s", "window_s"
+HOST_METRICS = (*HOST_VALUES, NEURON_UTILIZATION)  # logged as system/profile/<name>
 
 
 def run_host(per_cycle: pd.DataFrame) -> dict[str, float]:
     """A run's host figures from one row per cycle (columns: HOST_METRICS, any may be missing):
-    means over the cycles, weighted by window length where it is known, and `cycles` measured."""
+    cores busy elsewhere as above, the rest as means over the cycles weighted by window length,
+    and `cycles`, the cycles measured."""
     if per_cycle.empty or OTHER_CPU not in per_cycle:
         return {}
     known = per_cycle[per_cycle[OTHER_CPU].notna()]
     if known.empty:
         return {}
-    weights = known["window_s"].fillna(0.0) if "window_s" in known else pd.Series(1.0, index=known.index)
+    weights = known[WINDOW_S].fillna(0.0) if WINDOW_S in known else pd.Series(1.0, index=known.index)
     if not weights.sum() > 0:
         weights = pd.Series(1.0, index=known.index)
     host = {"cycles": float(len(known))}
     for name in HOST_METRICS:
-        if name == "window_s" or name not in known:
+        if name in (WINDOW_S, OTHER_CPU_S) or name not in known:
             continue
         values = known[name]
         mask = values.notna()
         if mask.any():
             host[name] = float((values[mask] * weights[mask]).sum() / weights[mask].sum())
+    if OTHER_CPU_S in known and WINDOW_S in known and known[OTHER_CPU_S].notna().all() and known[WINDOW_S].sum() > 0:
+        cores = float(known[OTHER_CPU_S].sum() / known[WINDOW_S].sum())
+        host[OTHER_CPU] = min(max(cores, 0.0), host.get("cpu_count", cores))
     return host
 
 
