@@ -250,3 +250,17 @@ def test_with_neuron_monitor_running_the_window_gets_its_mean_utilization(tracki
     assert values[NEURON_KEY] == {3: pytest.approx(42.015)}  # the documented report's two cores
     totals = step_totals(client, run.info.run_id, 3, tmp_path)
     assert totals["host_neuron_utilization_percentage"].tolist() == [pytest.approx(42.015)] * 2
+
+
+def test_a_short_window_reads_other_processes_over_the_span_since_the_previous_window():
+    """The host's counters tick every 10 ms: a window of a few ms reads them over the span since
+    the previous window ended; a window of a second or more over itself."""
+    sampler = host.HostSampler(None, torch_threads=torch.get_num_threads)
+    time.sleep(0.3)  # between windows (the previous "window" ended at construction)
+    sampler.begin()
+    short = sampler.end()
+    assert short["window_s"] < 0.05 and short["span_s"] >= 0.3
+    sampler.begin()
+    time.sleep(host.MIN_SPAN_S + 0.05)
+    long = sampler.end()
+    assert long["span_s"] == long["window_s"] >= host.MIN_SPAN_S

@@ -7,9 +7,11 @@ the window's values, named as `_delivery.model.HOST_VALUES`:
     other_cpu_cores       CPU seconds the rest of the host used, per wall second: the system's busy
                           time (psutil's `cpu_percent` rule) less this process's and its helper's,
                           within [0, CPUs]
-    other_cpu_s           the same CPU seconds, not clamped: the system's counters tick every 10 ms,
-                          so one short window reads coarsely, but sums over many windows do not
-                          (compare divides a run's sum by its windows' seconds)
+    other_cpu_s           the same CPU seconds, not clamped (compare divides a run's sum by its spans)
+    span_s                the wall seconds those two figures cover: the window itself, or, for a
+                          window under `MIN_SPAN_S`, the span since the previous window ended (the
+                          system's counters tick every 10 ms: over a window of 2 ms, as a small
+                          step's cycle takes, they say nothing; over the span around it, they do)
     load_average_1m       `os.getloadavg()` at the window's end
     cpu_count             logical CPUs
     cpu_frequency_mhz     `psutil.cpu_freq()`, where readable
@@ -35,6 +37,7 @@ import psutil
 
 from .._delivery.model import NEURON_UTILIZATION
 
+MIN_SPAN_S = 1.0  # windows shorter than this read other processes' CPU over the span around them
 SLOW_FREQUENCY_READ_S = 1e-3  # psutil reads a file per CPU (or /proc/cpuinfo): slow on large hosts
 FREQUENCY_REFRESH_S = 60.0  # where it is slow, the last value stands in for this long
 
@@ -82,7 +85,7 @@ class HostSampler:
         self._cpu_count = os.cpu_count()
         self._frequency: tuple[float, float | None] | None = None  # (monotonic time read, MHz) of a slow read
         self._frequency_read = False
-        self._start = self._sample()
+        self._start = self._previous_end = self._sample()
 
     def begin(self) -> None:
         self._start = self._sample()
@@ -91,6 +94,10 @@ class HostSampler:
         """The window since the last `begin()` (or construction); values that could not be read are left out."""
         start, end = self._start, self._sample()
         window = end.wall_s - start.wall_s
+        # A short window's CPU counters are read over the span since the previous window ended.
+        base = start if window >= MIN_SPAN_S else min(self._previous_end, start, key=lambda s: s.wall_s)
+        self._previous_end = end
+        span = end.wall_s - base.wall_s
         values: dict[str, float | None] = {
             "window_s": window,
             "cpu_count": self._cpu_count,
@@ -98,12 +105,12 @@ class HostSampler:
             "cpu_frequency_mhz": self._guarded(self._frequency_mhz),
             "torch_threads": self._guarded(self._torch_threads),
         }
-        if window > 0 and None not in (start.busy_s, end.busy_s, start.own_s, end.own_s):
-            ours = end.own_s - start.own_s + _helpers_delta(start, end, self._helpers)
-            other_s = end.busy_s - start.busy_s - ours
-            values["other_cpu_s"] = other_s
-            # The counters tick at 100 Hz: over a short window the difference can leave [0, CPUs].
-            values["other_cpu_cores"] = min(max(other_s / window, 0.0), float(self._cpu_count or other_s / window))
+        if span > 0 and None not in (base.busy_s, end.busy_s, base.own_s, end.own_s):
+            ours = end.own_s - base.own_s + _helpers_delta(base, end, self._helpers)
+            other_s = end.busy_s - base.busy_s - ours
+            values.update(other_cpu_s=other_s, span_s=span)
+            # The counters tick at 100 Hz: over a short span the difference can leave [0, CPUs].
+            values["other_cpu_cores"] = min(max(other_s / span, 0.0), float(self._cpu_count or other_s / span))
         if start.neuron is not None and end.neuron is not None and end.neuron[0] > start.neuron[0]:
             reports, total = end.neuron[0] - start.neuron[0], end.neuron[1] - start.neuron[1]
             values[NEURON_UTILIZATION] = total / reports

@@ -3,10 +3,10 @@
 Host time is what a busy host changes: a process that shares the cores with two CPU hogs runs its
 ops slower, whatever the code does. Each profiled window records the CPU seconds other processes
 used (`system/profile/other_cpu_s`: the host's busy CPU time minus this process's and its
-helper's) and its wall seconds, and a run's cores busy elsewhere are the sum of the one over the
-sum of the other: the host's counters tick every 10 ms, so a single short window reads coarsely,
-but the errors of many windows cancel in their sums. Runs logged before `other_cpu_s` use the
-mean of their windows' `other_cpu_cores`, weighted by window length.
+helper's) and the wall seconds they cover (`span_s`: the window, or the span around a window too
+short for the host's 10 ms counters), and a run's cores busy elsewhere are the sum of the one over
+the sum of the other, so the rounding errors of many windows cancel. Runs without `other_cpu_s`
+use the mean of their windows' `other_cpu_cores`, weighted by window length.
 
 When two runs' figures differ by more than `HOST_LOAD_THRESHOLD_CORES` (0.5 cores: on a host
 with as many cores as busy threads, half a core taken elsewhere already delays every step a
@@ -24,7 +24,7 @@ import pandas as pd
 from .._delivery.model import HOST_VALUES, NEURON_UTILIZATION
 
 HOST_LOAD_THRESHOLD_CORES = 0.5
-OTHER_CPU, OTHER_CPU_S, WINDOW_S = "other_cpu_cores", "other_cpu_s", "window_s"
+OTHER_CPU, OTHER_CPU_S, SPAN_S, WINDOW_S = "other_cpu_cores", "other_cpu_s", "span_s", "window_s"
 HOST_METRICS = (*HOST_VALUES, NEURON_UTILIZATION)  # logged as system/profile/<name>
 
 
@@ -42,14 +42,15 @@ def run_host(per_cycle: pd.DataFrame) -> dict[str, float]:
         weights = pd.Series(1.0, index=known.index)
     host = {"cycles": float(len(known))}
     for name in HOST_METRICS:
-        if name in (WINDOW_S, OTHER_CPU_S) or name not in known:
+        if name in (WINDOW_S, OTHER_CPU_S, SPAN_S) or name not in known:
             continue
         values = known[name]
         mask = values.notna()
         if mask.any():
             host[name] = float((values[mask] * weights[mask]).sum() / weights[mask].sum())
-    if OTHER_CPU_S in known and WINDOW_S in known and known[OTHER_CPU_S].notna().all() and known[WINDOW_S].sum() > 0:
-        cores = float(known[OTHER_CPU_S].sum() / known[WINDOW_S].sum())
+    spans = known[SPAN_S] if SPAN_S in known else known.get(WINDOW_S)
+    if OTHER_CPU_S in known and spans is not None and known[OTHER_CPU_S].notna().all() and spans.sum() > 0:
+        cores = float(known[OTHER_CPU_S].sum() / spans.sum())
         host[OTHER_CPU] = min(max(cores, 0.0), host.get("cpu_count", cores))
     return host
 
