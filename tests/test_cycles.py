@@ -129,9 +129,10 @@ def test_device_time_is_judged_on_its_own_and_the_host_load_is_shown_beside_it()
     cand = run_profile("cand", rng, 4, scale=0.5, host=BUSY)
     frame = compare([base, cand], metric=DEVICE_METRIC)
     assert frame.loc[TOTAL, ("cand", "verdict")] == FASTER and not inconclusive_runs(frame)
-    from mlflow_neuron._compare.render import text
+    from mlflow_neuron._compare.render import html_page, text
 
-    assert "host while profiled: base 0.1 cores busy elsewhere (load 0.3 on 2 CPUs), cand 1.9 cores busy elsewhere" in text(frame)
+    host = "host while profiled: base 0.1 cores busy elsewhere (load 0.3 on 2 CPUs), cand 1.9 cores busy elsewhere"
+    assert host in text(frame) and host in html_page(frame)
 
 
 def test_runs_without_host_figures_are_judged_as_before():

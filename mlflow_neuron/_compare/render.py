@@ -169,6 +169,7 @@ def html_page(frame: pd.DataFrame, png_path: Path | None = None, top: int | None
         for label, run_id in frame.attrs["runs"].items()
     )
     sentences = "".join(f"<li>{html.escape(s)}</li>" for s in frame.attrs.get("sentences", {}).values())
+    host = host_note(frame.attrs.get("host") or {})
     outliers = "".join(f"<li>{html.escape(line)}</li>" for line in outlier_lines(frame, limit=100))
     shown = table(frame, top)
     rows = "".join(
@@ -192,6 +193,7 @@ img {{ max-width: 100%; }} .timeline {{ overflow-x: auto; }}
 {f'<p class="note">{html.escape(frame.attrs["fallback"])}</p>' if frame.attrs.get("fallback") else ""}
 <ul class="verdicts">{sentences}</ul>
 <ul>{runs}</ul>
+{f'<p class="note">{html.escape(host)}</p>' if host else ""}
 {chart}
 <table class="compact">{header}{rows}</table>
 <h3>Outliers</h3>
