@@ -252,14 +252,20 @@ def test_with_neuron_monitor_running_the_window_gets_its_mean_utilization(tracki
     assert totals["host_neuron_utilization_percentage"].tolist() == [pytest.approx(42.015)] * 2
 
 
-def test_a_short_window_reads_other_processes_over_the_span_since_the_previous_window():
-    """The host's counters tick every 10 ms: a window of a few ms reads them over the span since
-    the previous window ended; a window of a second or more over itself."""
+def test_a_short_window_reads_other_processes_over_the_second_up_to_its_end():
+    """The host's counters tick every 10 ms: a window of a few ms reads them over the last
+    MIN_SPAN_S up to its end (as far back as the kept samples go); a window of a second or more
+    over itself."""
     sampler = host.HostSampler(None, torch_threads=torch.get_num_threads)
-    time.sleep(0.3)  # between windows (the previous "window" ended at construction)
+    time.sleep(0.3)  # before the window: the sampler has kept its sample at construction
     sampler.begin()
     short = sampler.end()
     assert short["window_s"] < 0.05 and short["span_s"] >= 0.3
+    for _ in range(3):  # short windows 0.4 s apart: each reaches back a second, not to construction
+        time.sleep(0.4)
+        sampler.begin()
+        short = sampler.end()
+    assert host.MIN_SPAN_S <= short["span_s"] < host.MIN_SPAN_S + 0.45
     sampler.begin()
     time.sleep(host.MIN_SPAN_S + 0.05)
     long = sampler.end()

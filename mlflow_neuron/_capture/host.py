@@ -9,9 +9,10 @@ the window's values, named as `_delivery.model.HOST_VALUES`:
                           within [0, CPUs]
     other_cpu_s           the same CPU seconds, not clamped (compare divides a run's sum by its spans)
     span_s                the wall seconds those two figures cover: the window itself, or, for a
-                          window under `MIN_SPAN_S`, the span since the previous window ended (the
-                          system's counters tick every 10 ms: over a window of 2 ms, as a small
-                          step's cycle takes, they say nothing; over the span around it, they do)
+                          window under `MIN_SPAN_S`, the last `MIN_SPAN_S` up to its end (as far
+                          back as the samples kept go): the system's counters tick every 10 ms,
+                          so over a window of 2 ms, as a small step's cycle takes, they say
+                          nothing, and over the second around it they do
     load_average_1m       `os.getloadavg()` at the window's end
     cpu_count             logical CPUs
     cpu_frequency_mhz     `psutil.cpu_freq()`, where readable
@@ -27,6 +28,7 @@ It runs on the training thread: no scan of all processes, only /proc/stat and th
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -38,6 +40,7 @@ import psutil
 from .._delivery.model import NEURON_UTILIZATION
 
 MIN_SPAN_S = 1.0  # windows shorter than this read other processes' CPU over the span around them
+KEPT_SAMPLES = 128  # the samples a short window may reach back to (two a window)
 SLOW_FREQUENCY_READ_S = 1e-3  # psutil reads a file per CPU (or /proc/cpuinfo): slow on large hosts
 FREQUENCY_REFRESH_S = 60.0  # where it is slow, the last value stands in for this long
 
@@ -85,18 +88,19 @@ class HostSampler:
         self._cpu_count = os.cpu_count()
         self._frequency: tuple[float, float | None] | None = None  # (monotonic time read, MHz) of a slow read
         self._frequency_read = False
-        self._start = self._previous_end = self._sample()
+        self._kept: collections.deque[_Sample] = collections.deque(maxlen=KEPT_SAMPLES)
+        self.begin()
 
     def begin(self) -> None:
         self._start = self._sample()
+        self._kept.append(self._start)
 
     def end(self) -> dict[str, float]:
         """The window since the last `begin()` (or construction); values that could not be read are left out."""
         start, end = self._start, self._sample()
         window = end.wall_s - start.wall_s
-        # A short window's CPU counters are read over the span since the previous window ended.
-        base = start if window >= MIN_SPAN_S else min(self._previous_end, start, key=lambda s: s.wall_s)
-        self._previous_end = end
+        base = start if window >= MIN_SPAN_S else self._reach_back(end.wall_s - MIN_SPAN_S)
+        self._kept.append(end)
         span = end.wall_s - base.wall_s
         values: dict[str, float | None] = {
             "window_s": window,
@@ -117,6 +121,13 @@ class HostSampler:
         # Three decimals, as every metric of a cycle (no float noise in the store): milliseconds of
         # window, where the CPU counters tick every 10 ms anyway.
         return {name: round(float(value), 3) for name, value in values.items() if value is not None}
+
+    def _reach_back(self, since: float) -> _Sample:
+        """The latest kept sample at or before `since`, else the oldest kept."""
+        for sample in reversed(self._kept):
+            if sample.wall_s <= since:
+                return sample
+        return self._kept[0]
 
     def _sample(self) -> _Sample:
         return _Sample(
