@@ -305,7 +305,7 @@ def test_a_runs_traces_tab_shows_each_cycle_as_a_timeline(ui, browser, screensho
     run_page = f"{ui.uri}/#/experiments/{ui.experiment_id}/runs/{run.info.run_id}"
     browser.get(f"{run_page}/traces?workflowType=machine_learning")
     listed = "//*[starts-with(normalize-space(text()), 'tr-')]"
-    wait_for(browser, lambda d: len(d.find_elements(By.XPATH, listed)) == 2, "the run's two traces")
+    wait_for(browser, lambda d: len(d.find_elements(By.XPATH, listed)) == 4, "the run's four traces")
     close_assistant_panel(browser)
     browser.find_element(By.XPATH, listed).click()
     wait_for(browser, lambda d: re.search(r"^ProfilerStep#\d+$", page_text(d), re.M), "the trace's ProfilerStep span")
