@@ -6,11 +6,13 @@ that dies, never starts or hangs is restarted once, then replaced by the in-proc
 warning; flush and close return within their timeouts and lose no cycle.
 """
 
+import io
 import json
 import os
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import mlflow
@@ -28,6 +30,7 @@ from mlflow_neuron._neuron import devices as _devices
 from mlflow_neuron._trace.device_names import CPU
 from mlflow_neuron._trace.function_events import extract_cycle
 from mlflow_neuron._delivery.keys import OpKeys
+from mlflow_neuron.cli import sync
 
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
 NUMBERS = ["calls", "self_device_time_us", "device_time_us", "self_cpu_time_us", "cpu_time_us"]
@@ -325,3 +328,47 @@ def test_op_keys_and_the_device_time_flag_go_on_across_helpers():
     second.absorb(first.export())
     assert second.keys.key("aten::mul") == taken and second._device_time_seen
     assert len(set(second.keys.known().values())) == 2  # two names never share a key
+
+
+SILENT_THEN_HUNG = """
+import sys, time
+from mlflow_neuron._delivery import helper as _helper
+_helper.Helper.state = lambda self: {"delivered": 0, "stored": [], "rejected": [], "pending": 0,
+                                     "run_id": self.sender.logger.run.run_id}  # never says what it did
+handle = _helper.Helper.handle
+def hung_close(self, request):
+    if request.get("op") == "close":
+        time.sleep(600)  # never answers: the training process stops it when the budget is spent
+    return handle(self, request)
+_helper.Helper.handle = hung_close
+sys.exit(_helper.main())
+"""
+
+
+@pytest.mark.parametrize("server", ["up", "down"])
+def test_a_helper_stopped_before_it_said_what_it_did_has_each_cycle_counted_once(tracking_uri, dead_server,
+                                                                                   tmp_path, monkeypatch, server):
+    """A helper stopped at the end of the budget may have delivered or stored cycles after its last
+    state (on a busy machine, at nice 19, it is often so): each is counted once, as delivered or
+    as kept, from what the helper left, and nothing it finished is sent again."""
+    from mlflow_neuron._delivery import outbox as _outbox
+
+    monkeypatch.setattr(_helper_process, "HELPER_COMMAND", (sys.executable, "-c", SILENT_THEN_HUNG))
+    outbox = tmp_path / "outbox"
+    uri = tracking_uri if server == "up" else dead_server
+    run_id = MlflowClient().create_run("0").info.run_id
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MLflowNeuronWarning)
+        callback = started(MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=outbox, retry_wait_s=0.01,
+                                                  flush_timeout_s=20))  # fmt: skip
+        profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
+        callback.close(timeout=5)
+    assert callback._sender.jobs_sent == 2
+    kept = sorted(callback.outbox_records)
+    assert kept == _outbox.pending(outbox)  # every record on disk counted as kept, none twice
+    assert callback.cycles_logged + len(kept) == 2
+    if server == "down":
+        assert len(kept) == 2
+    sync(str(outbox), tracking_uri, out=io.StringIO())
+    history = MlflowClient().get_metric_history(run_id, "profiler/total/active_steps")
+    assert sorted(m.step for m in history) == [4, 8]  # each cycle in the run once
