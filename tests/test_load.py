@@ -43,7 +43,8 @@ def assert_every_rank_and_cycle_once(client, run_id, results, ranks, cycles):
     is synced (a busy machine keeps some: a helper's queue holds 8), each is in the run once."""
     steps = [4 * (i + 1) for i in range(cycles)]
     assert [r["steps"] for r in results] == [4 * cycles] * ranks
-    assert all(r["cycles_read"] == cycles and r["delivered"] + len(r["kept"]) == cycles for r in results)
+    counts = [(r["rank"], r["cycles_read"], r["delivered"], len(r["kept"])) for r in results]
+    assert all(read == cycles and delivered + kept == cycles for _, read, delivered, kept in counts), counts
     for outbox in sorted({str(Path(kept).parent) for r in results for kept in r["kept"]}):
         assert exit_code(sync(outbox, out=io.StringIO())) == 0
     assert [m.step for m in client.get_metric_history(run_id, "profiler/total/active_steps")] == steps

@@ -24,12 +24,16 @@ from __future__ import annotations
 
 import builtins
 import itertools
+import json
+import shutil
+import subprocess
 import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from . import outbox as _outbox
 from .helper_process import HelperError, HelperProcess
 from .job import CycleJob
 
@@ -62,6 +66,10 @@ class Handoff:
         self._closing = False
         self._retiring: HelperProcess | None = None
         self._sent: list[dict] = []  # jobs the helper has, maybe not settled yet
+        self._given: list[CycleJob] = []  # every job handed to the current helper (its final count)
+        self._started_ns = 0  # wall clock at its start: its outbox records are named after it
+        self._helper_fallback: str | None = None  # the helper's own fallback outbox folder
+        self._final_state = False  # the helper answered close: its state is complete
         self._seq = itertools.count(1)
         self._unaccepted: dict[int, float] = {}  # cycle seq -> monotonic time sent
         self._replies: dict[int, dict] = {}
@@ -208,6 +216,8 @@ class Handoff:
     def _start(self) -> None:
         self._ready = False
         self._started_at = time.monotonic()
+        self._started_ns = time.time_ns()
+        self._given, self._helper_fallback, self._final_state = [], None, False
         try:
             self._proc = HelperProcess(self._init_message(), self._on_message, self.command)
         except Exception as error:  # noqa: BLE001 - no helper: the in-process path takes over
@@ -218,6 +228,7 @@ class Handoff:
         self.jobs_sent += 1
         self._sent = self._unsettled()
         self._sent.append(job)
+        self._given.append(job)
         self._unaccepted[seq] = time.monotonic()
         self._proc.send({"op": "cycle", "seq": seq, "job": job.to_message()})
 
@@ -276,10 +287,31 @@ class Handoff:
         self._cond.notify_all()
 
     def _settle_gone(self, proc: HelperProcess) -> None:
-        """Counts what a helper that is gone delivered and stored; forgets its requests."""
-        self._done_delivered += self._state.get("delivered", 0)
-        self._done_stored += [Path(p) for p in self._state.get("stored", ()) if Path(p).exists()]
-        self._done_rejected += [Path(p) for p in self._state.get("rejected", ()) if Path(p).exists()]
+        """Counts what a helper that is gone delivered and stored; forgets its requests.
+
+        Its last state may be older than its last deliveries and records: a helper stopped when
+        the budget ran out (or one that died) may have stored or delivered a cycle after it, most
+        often on a busy machine, where the helper at nice 19 gets little time. So what it stored
+        is read from the outbox (its records carry its pid), and what it delivered is what it
+        settled less that; a record it finished whose job folder it had not removed yet is
+        settled here, not sent again."""
+        stored = {Path(p) for p in self._state.get("stored", ()) if Path(p).exists()}
+        rejected = {Path(p) for p in self._state.get("rejected", ()) if Path(p).exists()}
+        delivered = self._state.get("delivered", 0)
+        if not self._final_state and _exited(proc):  # no final state, and its records are final
+            found, found_rejected = self._records_of(proc.proc.pid)
+            stored |= set(found)
+            rejected |= set(found_rejected)
+            steps = {step for step in found.values()} | {step for step in found_rejected.values()}
+            for job in self._given:
+                if job.staged_dir.exists() and job.step in steps:
+                    shutil.rmtree(job.staged_dir, ignore_errors=True)  # stored: what it left to do
+            settled = sum(not job.staged_dir.exists() for job in self._given)
+            delivered = max(delivered, settled - len(stored) - len(rejected))
+        self._done_delivered += delivered
+        self._done_stored += sorted(stored)
+        self._done_rejected += sorted(rejected)
+        self._given, self._final_state = [], False
         self._state = {}
         self._ready = False
         self._unaccepted.clear()
@@ -306,6 +338,34 @@ class Handoff:
                     return bool(reply.get("ok"))
             # the helper died meanwhile: its jobs went in-process; ask the new one, if it is up
 
+    def _records_of(self, pid: int) -> tuple[dict[Path, int | None], dict[Path, int | None]]:
+        """The outbox records (pending, rejected) the helper process `pid` wrote, with their steps;
+        its unfinished `.partial` folders are removed (it is gone: nothing completes them)."""
+        pending: dict[Path, int | None] = {}
+        refused: dict[Path, int | None] = {}
+        folders = {Path(self.inner.outbox), _outbox.fallback_folder()}
+        if self._helper_fallback:
+            folders.add(Path(self._helper_fallback))
+        for folder in folders:
+            for where, found in ((folder, pending), (folder / _outbox.REJECTED, refused)):
+                try:
+                    entries = list(where.iterdir()) if where.is_dir() else []
+                except OSError:
+                    continue
+                for entry in entries:
+                    name = entry.name
+                    partial = name.startswith(".") and name.endswith(".partial")
+                    parts = name.strip(".").split("-")
+                    if len(parts) < 3 or parts[1] != str(pid) or not parts[0].isdigit():
+                        continue
+                    if int(parts[0]) < self._started_ns:
+                        continue  # an older process with the same pid
+                    if partial:
+                        shutil.rmtree(entry, ignore_errors=True)
+                    elif (entry / _outbox.RECORD).is_file():
+                        found[entry] = _record_step(entry)
+        return pending, refused
+
     # -- messages from the helper (reader thread) ------------------------------------------------
 
     def _on_message(self, proc: HelperProcess, message: dict) -> None:
@@ -318,6 +378,7 @@ class Handoff:
                 return  # a replaced helper's last words
             if kind == "ready":
                 self.parser, self.helper_pid = message.get("parser"), message.get("pid")
+                self._helper_fallback = message.get("fallback")
                 self._ready = True
             elif kind == "accepted":
                 self._unaccepted.pop(message.get("seq"), None)
@@ -325,6 +386,7 @@ class Handoff:
                 self._take_state(message.get("state") or {})
                 if kind == "reply":
                     self._replies[message["seq"]] = message
+                    self._final_state = self._final_state or "known" in message  # close's reply
                     if message.get("known"):
                         self.preparer.absorb(message["known"])
             elif kind == "eof":
@@ -363,6 +425,22 @@ def _remote_error(type_name: str, text: str) -> BaseException:
         except Exception:  # noqa: BLE001 - a constructor with other arguments
             pass
     return type(type_name, (HelperError,), {"__module__": __name__})(text)
+
+
+def _exited(proc: HelperProcess) -> bool:
+    """Whether the process is gone (its stdout just closed: it is exiting; a second at most)."""
+    try:
+        proc.proc.wait(1.0)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _record_step(record_dir: Path) -> int | None:
+    try:
+        return json.loads((record_dir / _outbox.RECORD).read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _left(deadline: float | None) -> float | None:

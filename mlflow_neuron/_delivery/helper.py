@@ -204,10 +204,11 @@ def main() -> int:
             request = json.loads(line)
             if request.get("op") == "init":
                 from .._trace.chrome_file import PARSER
+                from .outbox import fallback_folder
 
                 helper = Helper(request, channel)
                 _watch_parent(parent, helper)
-                channel.send(type="ready", pid=os.getpid(), parser=PARSER)
+                channel.send(type="ready", pid=os.getpid(), parser=PARSER, fallback=str(fallback_folder()))
                 continue
             if helper is None:
                 raise RuntimeError(f"{request.get('op')!r} before init")
