@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import builtins
 import itertools
-import json
-import shutil
-import subprocess
 import threading
 import time
 from dataclasses import asdict, replace
@@ -35,6 +32,8 @@ from typing import Any
 
 from . import outbox as _outbox
 from .helper_process import HelperError, HelperProcess
+from .helper_records import exited as _exited
+from .helper_records import records_of, settle_jobs
 from .job import CycleJob
 
 HANG_TIMEOUT_S = 120.0  # a helper that took no job for this long is replaced
@@ -287,14 +286,8 @@ class Handoff:
         self._cond.notify_all()
 
     def _settle_gone(self, proc: HelperProcess) -> None:
-        """Counts what a helper that is gone delivered and stored; forgets its requests.
-
-        Its last state may be older than its last deliveries and records: a helper stopped when
-        the budget ran out (or one that died) may have stored or delivered a cycle after it, most
-        often on a busy machine, where the helper at nice 19 gets little time. So what it stored
-        is read from the outbox (its records carry its pid), and what it delivered is what it
-        settled less that; a record it finished whose job folder it had not removed yet is
-        settled here, not sent again."""
+        """Counts what a helper that is gone delivered and stored; forgets its requests. Without
+        its final state, its records in the outbox say what it stored (see `helper_records`)."""
         stored = {Path(p) for p in self._state.get("stored", ()) if Path(p).exists()}
         rejected = {Path(p) for p in self._state.get("rejected", ()) if Path(p).exists()}
         delivered = self._state.get("delivered", 0)
@@ -302,11 +295,7 @@ class Handoff:
             found, found_rejected = self._records_of(proc.proc.pid)
             stored |= set(found)
             rejected |= set(found_rejected)
-            steps = {step for step in found.values()} | {step for step in found_rejected.values()}
-            for job in self._given:
-                if job.staged_dir.exists() and job.step in steps:
-                    shutil.rmtree(job.staged_dir, ignore_errors=True)  # stored: what it left to do
-            settled = sum(not job.staged_dir.exists() for job in self._given)
+            settled = settle_jobs(self._given, {*found.values(), *found_rejected.values()})
             delivered = max(delivered, settled - len(stored) - len(rejected))
         self._done_delivered += delivered
         self._done_stored += sorted(stored)
@@ -339,32 +328,11 @@ class Handoff:
             # the helper died meanwhile: its jobs went in-process; ask the new one, if it is up
 
     def _records_of(self, pid: int) -> tuple[dict[Path, int | None], dict[Path, int | None]]:
-        """The outbox records (pending, rejected) the helper process `pid` wrote, with their steps;
-        its unfinished `.partial` folders are removed (it is gone: nothing completes them)."""
-        pending: dict[Path, int | None] = {}
-        refused: dict[Path, int | None] = {}
+        """The outbox records (pending, rejected) the gone helper `pid` wrote (see `helper_records`)."""
         folders = {Path(self.inner.outbox), _outbox.fallback_folder()}
         if self._helper_fallback:
             folders.add(Path(self._helper_fallback))
-        for folder in folders:
-            for where, found in ((folder, pending), (folder / _outbox.REJECTED, refused)):
-                try:
-                    entries = list(where.iterdir()) if where.is_dir() else []
-                except OSError:
-                    continue
-                for entry in entries:
-                    name = entry.name
-                    partial = name.startswith(".") and name.endswith(".partial")
-                    parts = name.strip(".").split("-")
-                    if len(parts) < 3 or parts[1] != str(pid) or not parts[0].isdigit():
-                        continue
-                    if int(parts[0]) < self._started_ns:
-                        continue  # an older process with the same pid
-                    if partial:
-                        shutil.rmtree(entry, ignore_errors=True)
-                    elif (entry / _outbox.RECORD).is_file():
-                        found[entry] = _record_step(entry)
-        return pending, refused
+        return records_of(pid, self._started_ns, folders)
 
     # -- messages from the helper (reader thread) ------------------------------------------------
 
@@ -425,22 +393,6 @@ def _remote_error(type_name: str, text: str) -> BaseException:
         except Exception:  # noqa: BLE001 - a constructor with other arguments
             pass
     return type(type_name, (HelperError,), {"__module__": __name__})(text)
-
-
-def _exited(proc: HelperProcess) -> bool:
-    """Whether the process is gone (its stdout just closed: it is exiting; a second at most)."""
-    try:
-        proc.proc.wait(1.0)
-        return True
-    except subprocess.TimeoutExpired:
-        return False
-
-
-def _record_step(record_dir: Path) -> int | None:
-    try:
-        return json.loads((record_dir / _outbox.RECORD).read_text(encoding="utf-8")).get("step")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _left(deadline: float | None) -> float | None:

@@ -1,0 +1,73 @@
+"""What a helper process that is gone left in the outbox: its records, found by its pid.
+
+A helper stopped when the shutdown budget ran out (or one that died) may have stored or delivered
+a cycle after the last state it reported, most often on a busy machine, where the helper at nice
+19 gets little time. Its records carry its pid and start time in their names
+(`<time_ns>-<pid>-...`), so the training process counts them from the folders themselves; what it
+delivered is what it settled less those; a job whose record it finished but whose staged folder
+it had not removed yet is settled here, not sent again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+from . import outbox as _outbox
+
+
+def records_of(pid: int, started_ns: int,
+               folders: Iterable[Path]) -> tuple[dict[Path, int | None], dict[Path, int | None]]:  # fmt: skip
+    """The records (pending, rejected) the helper process `pid`, started at `started_ns`, wrote
+    in `folders`, with their steps; its unfinished `.partial` folders are removed (it is gone:
+    nothing completes them)."""
+    pending: dict[Path, int | None] = {}
+    refused: dict[Path, int | None] = {}
+    for folder in folders:
+        for where, found in ((folder, pending), (folder / _outbox.REJECTED, refused)):
+            try:
+                entries = list(where.iterdir()) if where.is_dir() else []
+            except OSError:
+                continue
+            for entry in entries:
+                name = entry.name
+                partial = name.startswith(".") and name.endswith(".partial")
+                parts = name.strip(".").split("-")
+                if len(parts) < 3 or parts[1] != str(pid) or not parts[0].isdigit():
+                    continue
+                if int(parts[0]) < started_ns:
+                    continue  # an older process with the same pid
+                if partial:
+                    shutil.rmtree(entry, ignore_errors=True)
+                elif (entry / _outbox.RECORD).is_file():
+                    found[entry] = record_step(entry)
+    return pending, refused
+
+
+def settle_jobs(given: Iterable, recorded_steps: set) -> int:
+    """Removes the staged folders of the jobs whose step has a record (stored: nothing left to
+    do); returns how many of `given` are settled."""
+    given = list(given)
+    for job in given:
+        if job.staged_dir.exists() and job.step in recorded_steps:
+            shutil.rmtree(job.staged_dir, ignore_errors=True)
+    return sum(not job.staged_dir.exists() for job in given)
+
+
+def exited(proc) -> bool:
+    """Whether the helper's process is gone (its stdout just closed: it is exiting; a second at most)."""
+    try:
+        proc.proc.wait(1.0)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def record_step(record_dir: Path) -> int | None:
+    try:
+        return json.loads((record_dir / _outbox.RECORD).read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
