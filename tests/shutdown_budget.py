@@ -20,7 +20,7 @@ budget = {} if BUDGET is None else {"flush_timeout_s": BUDGET}
 # are processed in-process, so that only one process creates it.
 run = {"run_id": "0123456789abcdef0123456789abcdef"} if HELPER else {"experiment_id": "0"}
 callback = MLflowProfilerCallback(tracking_uri=URI, outbox=OUTBOX, **run, **budget)
-if HELPER and not callback.start_helper(120):  # every cycle through the helper process
+if HELPER and not callback.start_helper(300):  # every cycle through the helper process
     raise SystemExit("the helper process did not start")
 x, w = inputs()
 with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2),

@@ -202,3 +202,14 @@ def test_a_wobble_between_cycles_too_small_to_carry_a_change_does_not_make_them_
     assert noise.p_value < cycles.CYCLE_ALPHA and noise.spread < cycles.NEGLIGIBLE_SHIFT and not noise.differ
     judged = cycles.judge(x, cx, x * 1.3, cx)
     assert judged.unit == cycles.STEPS and judged.estimate.low > 1.25
+
+
+def test_too_few_samples_stay_too_few_whatever_the_host_load():
+    # one sample a run: no interval, so no claim the weather could have made; the gate says so
+    rng = np.random.default_rng(19)
+    base = run_profile("base", rng, 1, steps=1, host=QUIET)
+    cand = run_profile("cand", rng, 1, steps=1, scale=1.5, host=BUSY)
+    frame = compare([base, cand], metric=CPU_METRIC)
+    assert frame.loc[TOTAL, ("cand", "verdict")] == "too few samples" and not inconclusive_runs(frame)
+    failed, lines = gate_lines(frame, 10)
+    assert not failed and any(line.startswith("NOT CHECKED cand:") for line in lines), lines

@@ -157,14 +157,17 @@ def _noise_attrs(judged: _cycles.Judged) -> dict:
 
 def _weather_verdicts(frame: pd.DataFrame, hosts: dict[str, dict], base: str, threshold: float) -> dict[str, str]:
     """Host time of a run that saw different host load than the baseline is not judged: every
-    statistical verdict of that run reads `inconclusive`. Returns the reason per such run."""
+    verdict of that run that an interval decided reads `inconclusive` (rows with too few samples
+    or cycles for one keep saying so: no weather makes them a claim). Returns the reason per run
+    with such rows."""
     found = {}
     for label, host in hosts.items():
         if label == base or not _weather.load_differs(hosts[base], host, threshold):
             continue
-        found[label] = _weather.reason(base, hosts[base], label, host)
-        judged = frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE, TOO_FEW, TOO_FEW_CYCLES])
-        frame.loc[judged, (label, "verdict")] = INCONCLUSIVE
+        judged = frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE])
+        if judged.any():
+            frame.loc[judged, (label, "verdict")] = INCONCLUSIVE
+            found[label] = _weather.reason(base, hosts[base], label, host)
     return found
 
 

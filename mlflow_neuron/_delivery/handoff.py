@@ -32,8 +32,7 @@ from typing import Any
 
 from . import outbox as _outbox
 from .helper_process import HelperError, HelperProcess
-from .helper_records import exited as _exited
-from .helper_records import records_of, settle_jobs
+from .helper_records import LeftBehind, LeftBehinds
 from .job import CycleJob
 
 HANG_TIMEOUT_S = 120.0  # a helper that took no job for this long is replaced
@@ -76,6 +75,7 @@ class Handoff:
         self._done_delivered = 0  # from helpers that are gone
         self._done_stored: list[Path] = []
         self._done_rejected: list[Path] = []
+        self._left = LeftBehinds()  # helpers gone without their final state (see helper_records)
         self._errors: list[BaseException] = []
 
     # -- the Sender surface ------------------------------------------------------------------------
@@ -86,14 +86,17 @@ class Handoff:
 
     @property
     def delivered(self) -> int:
+        self._count_left()
         return self.inner.delivered + self._done_delivered + self._state.get("delivered", 0)
 
     @property
     def stored(self) -> list[Path]:
+        self._count_left()
         return [*self.inner.stored, *self._done_stored, *map(Path, self._state.get("stored", ()))]
 
     @property
     def rejected(self) -> list[Path]:
+        self._count_left()
         return [*self.inner.rejected, *self._done_rejected, *map(Path, self._state.get("rejected", ()))]
 
     @property
@@ -265,7 +268,8 @@ class Handoff:
                 proc.end_input()
             else:
                 proc.kill()
-            self._settle_gone(proc)
+            # a killed helper is gone in a moment; one asked to finish goes on: no budget stretched
+            self._settle_gone(proc, exit_wait_s=0.0 if graceful else 0.2)
         unsettled, self._sent = self._unsettled(), []
         for job in unsettled:
             self.inner.submit(job)
@@ -285,21 +289,17 @@ class Handoff:
         self._fallen_back = True
         self._cond.notify_all()
 
-    def _settle_gone(self, proc: HelperProcess) -> None:
-        """Counts what a helper that is gone delivered and stored; forgets its requests. Without
-        its final state, its records in the outbox say what it stored (see `helper_records`)."""
+    def _settle_gone(self, proc: HelperProcess, exit_wait_s: float = 1.0) -> None:
+        """Counts what a gone helper delivered and stored (without its final state: `helper_records`)."""
         stored = {Path(p) for p in self._state.get("stored", ()) if Path(p).exists()}
         rejected = {Path(p) for p in self._state.get("rejected", ()) if Path(p).exists()}
         delivered = self._state.get("delivered", 0)
-        if not self._final_state and _exited(proc):  # no final state, and its records are final
-            found, found_rejected = self._records_of(proc.proc.pid)
-            stored |= set(found)
-            rejected |= set(found_rejected)
-            settled = settle_jobs(self._given, {*found.values(), *found_rejected.values()})
-            delivered = max(delivered, settled - len(stored) - len(rejected))
         self._done_delivered += delivered
         self._done_stored += sorted(stored)
         self._done_rejected += sorted(rejected)
+        if not self._final_state:
+            self._left.add(LeftBehind(proc, self._given, self._started_ns, self._outboxes(), (stored, rejected, delivered)))
+            self._count_left(exit_wait_s)
         self._given, self._final_state = [], False
         self._state = {}
         self._ready = False
@@ -327,12 +327,13 @@ class Handoff:
                     return bool(reply.get("ok"))
             # the helper died meanwhile: its jobs went in-process; ask the new one, if it is up
 
-    def _records_of(self, pid: int) -> tuple[dict[Path, int | None], dict[Path, int | None]]:
-        """The outbox records (pending, rejected) the gone helper `pid` wrote (see `helper_records`)."""
-        folders = {Path(self.inner.outbox), _outbox.fallback_folder()}
-        if self._helper_fallback:
-            folders.add(Path(self._helper_fallback))
-        return records_of(pid, self._started_ns, folders)
+    def _outboxes(self) -> set[Path]:
+        return {Path(self.inner.outbox), _outbox.fallback_folder(), *(Path(f) for f in [self._helper_fallback] if f)}
+
+    def _count_left(self, wait_s: float = 0.0) -> None:
+        delivered, stored, rejected = self._left.count(wait_s)
+        self._done_delivered, self._done_stored, self._done_rejected = (
+            self._done_delivered + delivered, self._done_stored + stored, self._done_rejected + rejected)
 
     # -- messages from the helper (reader thread) ------------------------------------------------
 

@@ -13,8 +13,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import outbox as _outbox
 
@@ -57,10 +60,10 @@ def settle_jobs(given: Iterable, recorded_steps: set) -> int:
     return sum(not job.staged_dir.exists() for job in given)
 
 
-def exited(proc) -> bool:
-    """Whether the helper's process is gone (its stdout just closed: it is exiting; a second at most)."""
+def exited(proc, wait_s: float) -> bool:
+    """Whether the helper's process is gone, waiting at most `wait_s` for it to exit."""
     try:
-        proc.proc.wait(1.0)
+        proc.proc.wait(wait_s)
         return True
     except subprocess.TimeoutExpired:
         return False
@@ -71,3 +74,50 @@ def record_step(record_dir: Path) -> int | None:
         return json.loads((record_dir / _outbox.RECORD).read_text(encoding="utf-8")).get("step")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+@dataclass
+class LeftBehind:
+    """A helper stopped without its final state: what it left is counted once it has exited."""
+
+    proc: Any  # its HelperProcess
+    given: list  # every job handed to it
+    started_ns: int
+    folders: set[Path]  # the outboxes it may have written to
+    counted: tuple[set[Path], set[Path], int]  # stored, rejected, delivered: from its last state
+
+    def extra(self, wait_s: float) -> tuple[int, list[Path], list[Path]] | None:
+        """(delivered, stored, rejected) beyond `counted`, once the process is gone; None before."""
+        if not exited(self.proc, wait_s):
+            return None
+        found, found_rejected = records_of(self.proc.proc.pid, self.started_ns, self.folders)
+        stored, rejected, delivered = self.counted
+        all_stored, all_rejected = stored | set(found), rejected | set(found_rejected)
+        settled = settle_jobs(self.given, {*found.values(), *found_rejected.values()})
+        total = max(delivered, settled - len(all_stored) - len(all_rejected))
+        return total - delivered, sorted(all_stored - stored), sorted(all_rejected - rejected)
+
+
+class LeftBehinds:
+    """Helpers whose leftovers are not counted yet. A killed helper at nice 19 on a busy machine
+    may take a while to exit, and no shutdown budget may wait for it: `count()` is asked again
+    whenever the counts are read, and adds each helper once it is gone."""
+
+    def __init__(self) -> None:
+        self._waiting: list[LeftBehind] = []
+        self._lock = threading.Lock()
+
+    def add(self, left: LeftBehind) -> None:
+        with self._lock:
+            self._waiting.append(left)
+
+    def count(self, wait_s: float = 0.0) -> tuple[int, list[Path], list[Path]]:
+        """What the helpers that have exited since left: (delivered, stored, rejected)."""
+        delivered, stored, rejected = 0, [], []
+        with self._lock:
+            for left in list(self._waiting):
+                extra = left.extra(wait_s)
+                if extra is not None:
+                    self._waiting.remove(left)
+                    delivered, stored, rejected = delivered + extra[0], stored + extra[1], rejected + extra[2]
+        return delivered, stored, rejected
