@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._delivery.outbox import pending
+from mlflow_neuron._delivery.outbox import damaged, pending
 from mlflow_neuron.cli import main as cli_main
 
 
@@ -92,20 +92,21 @@ def test_memory_for_pending_cycles_is_bounded(dead_server, tmp_path):
     assert len(pending(outbox)) == 5  # every cycle kept: spilled, or handed over at close
 
 
-def test_sync_keeps_a_corrupt_record_and_delivers_the_rest(sync_store, dead_server, tmp_path):
+def test_sync_sets_a_corrupt_record_aside_and_delivers_the_rest(sync_store, dead_server, tmp_path):
     outbox = tmp_path / "outbox"
     profile_offline(dead_server, outbox, cycles=2)
     broken = outbox / "00000000000000000000-1-000000"
     broken.mkdir()
     (broken / "record.json").write_text('{"format": 1, "run": {')  # truncated
-    result = subprocess.run(
-        [sys.executable, "-m", "mlflow_neuron.cli", "sync", "--outbox", str(outbox), "--tracking-uri", sync_store],
-        capture_output=True, text=True,
-    )
-    assert result.returncode == 1
-    assert "unreadable outbox record" in result.stdout
+    sync = [sys.executable, "-m", "mlflow_neuron.cli", "sync", "--outbox", str(outbox), "--tracking-uri", sync_store]
+    result = subprocess.run(sync, capture_output=True, text=True)
+    assert result.returncode == 1  # found damaged: not everything was delivered
+    assert f"{broken.name}: damaged, not sent: unreadable record.json" in result.stdout
     assert "synced 2 of 3 record(s)" in result.stdout
-    assert pending(outbox) == [broken]
+    assert pending(outbox) == [] and damaged(outbox) == [outbox / "damaged" / broken.name]
+    again = subprocess.run(sync, capture_output=True, text=True)  # set aside once: later syncs pass, and say so
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"1 record(s) in {outbox / 'damaged'} are damaged and not sent: {broken.name}: unreadable" in again.stdout
 
 
 def test_the_console_script_is_installed():

@@ -4,7 +4,7 @@ import hashlib
 import json
 import os
 
-from mlflow_neuron._delivery.uploads import HashingReader, Progress, Sent, file_sha256, record_checksums
+from mlflow_neuron._delivery.uploads import HashingReader, Progress, Sent, file_sha256, manifest_with_checksums
 
 
 def test_the_request_body_hashes_what_it_hands_out_and_starts_over_when_rewound(tmp_path):
@@ -35,7 +35,9 @@ def test_the_manifest_gets_what_was_sent_and_notes_a_file_rewritten_since_the_cy
     manifest = {"files": [{"artifact_path": "n/a.ntff", "size_bytes": 10, "sha256": None},
                           {"artifact_path": "n/b.ntff", "size_bytes": 5, "sha256": None}]}  # fmt: skip
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    record_checksums(tmp_path, {"n/a.ntff": Sent("n/a.ntff", 10, "aa"), "n/b.ntff": Sent("n/b.ntff", 7, "bb")})
-    a, b = json.loads((tmp_path / "manifest.json").read_text())["files"]
+    sent = {"n/a.ntff": Sent("n/a.ntff", 10, "aa"), "n/b.ntff": Sent("n/b.ntff", 7, "bb")}
+    a, b = json.loads(manifest_with_checksums(tmp_path, sent))["files"]
+    assert json.loads((tmp_path / "manifest.json").read_text()) == manifest  # sealed in a record: left as it is
+    assert manifest_with_checksums(tmp_path, {}) is None
     assert a == {"artifact_path": "n/a.ntff", "size_bytes": 10, "sha256": "aa"}
     assert b == {"artifact_path": "n/b.ntff", "size_bytes": 7, "sha256": "bb", "size_bytes_at_cycle": 5}

@@ -13,6 +13,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,8 @@ class MLflowProfilerCallback:
         self._budget = shutdown.ShutdownBudget(flush_timeout_s)
         run = current_run_ref(run_id, tracking_uri, experiment_id=experiment_id, run_name=run_name,
                               run_key=uuid.uuid4().hex)  # fmt: skip
+        if run.run_id is not None:  # a run given: no key, so its records never let sync end it
+            run = replace(run, run_key=None)
         logger = RunLogger(run)
         self._owns_run = run.run_id is None
         if self._owns_run and self.rank.world_size > 1:

@@ -41,15 +41,16 @@ def run_host(per_cycle: pd.DataFrame) -> dict[str, float]:
     if not weights.sum() > 0:
         weights = pd.Series(1.0, index=known.index)
     host = {"cycles": float(len(known))}
+    spans = known[SPAN_S] if SPAN_S in known else known.get(WINDOW_S)
+    summed = OTHER_CPU_S in known and spans is not None and known[OTHER_CPU_S].notna().all() and spans.sum() > 0
     for name in HOST_METRICS:
-        if name in (WINDOW_S, OTHER_CPU_S, SPAN_S) or name not in known:
+        if name in (WINDOW_S, OTHER_CPU_S, SPAN_S) or name not in known or (name == OTHER_CPU and summed):
             continue
         values = known[name]
         mask = values.notna()
         if mask.any():
             host[name] = float((values[mask] * weights[mask]).sum() / weights[mask].sum())
-    spans = known[SPAN_S] if SPAN_S in known else known.get(WINDOW_S)
-    if OTHER_CPU_S in known and spans is not None and known[OTHER_CPU_S].notna().all() and spans.sum() > 0:
+    if summed:  # the window-weighted mean above is only for runs without other_cpu_s
         cores = float(known[OTHER_CPU_S].sum() / spans.sum())
         host[OTHER_CPU] = min(max(cores, 0.0), host.get("cpu_count", cores))
     return host

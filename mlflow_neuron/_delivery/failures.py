@@ -4,6 +4,8 @@ the same data later. Reads the error only; imports nothing heavy (requests, at m
 
 from __future__ import annotations
 
+import re
+
 # Answers that sending the same data again can never change: the run or experiment is missing or
 # deleted, access is denied, or a value is refused. Anything else (no answer, timeouts, 5xx,
 # rate limits) may pass on a later try; so may a 401 (UNAUTHENTICATED): wrong or missing
@@ -14,9 +16,20 @@ PERMANENT_ERROR_CODES = frozenset({
 })  # fmt: skip
 
 
+# A refusal whose text says the server's database tripped over concurrent writers (two syncs, a
+# sync beside the training process): MLflow reports some of these as INVALID_PARAMETER_VALUE, yet
+# the same request goes through once the other writer is done.
+_TRANSIENT_DATABASE = re.compile(
+    r"IntegrityError|constraint failed|UNIQUE constraint|FOREIGN KEY|duplicate key|deadlock|database is locked"
+    r"|could not serialize|OperationalError|TEMPORARILY_UNAVAILABLE|RESOURCE_EXHAUSTED", re.IGNORECASE
+)
+
+
 def is_permanent(error: BaseException) -> bool:
     """True when the server answered with a refusal that a retry cannot change."""
-    return getattr(error, "error_code", None) in PERMANENT_ERROR_CODES and not is_unreachable(error)
+    if getattr(error, "error_code", None) not in PERMANENT_ERROR_CODES or is_unreachable(error):
+        return False
+    return not _TRANSIENT_DATABASE.search(str(getattr(error, "message", None) or error))
 
 
 def reason(error: BaseException) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -66,21 +67,32 @@ class RunLogger:
         self._params: dict[str, str] | None = None
         self._tables: list[dict] | None = None  # the run's `mlflow.loggedArtifacts` entries
         self._run_info = None  # the run's RunInfo: experiment id and name, for cycle traces
+        self.wrote = False  # whether anything was written to the server (a run created, data logged)
 
     def ensure_run(self) -> str:
+        """The run's id; a run known by its key is found, or created once across processes.
+
+        Search before creating, and again after: when two processes created a run for one key at
+        once, both keep the first one made (earliest start, then smallest id) and the other is
+        deleted by the process that made it, before anything is logged into it."""
         if self.run.run_id is None:
-            found = self.client.search_runs(
-                [self.run.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{self.run.run_key}'"
-            )
-            if found:
-                run_id = found[0].info.run_id
-            else:
+            found = self._runs_with_key()
+            if not found:
+                self.wrote = True
                 created = self.client.create_run(
                     self.run.experiment_id, run_name=self.run.run_name, tags={RUN_KEY_TAG: self.run.run_key}
                 )
-                run_id = created.info.run_id
-            self.run = replace(self.run, run_id=run_id)
+                found = self._runs_with_key() or [created]
+                if found[0].info.run_id != created.info.run_id:
+                    self.client.delete_run(created.info.run_id)
+            self.run = replace(self.run, run_id=found[0].info.run_id)
         return self.run.run_id
+
+    def _runs_with_key(self) -> list:
+        found = self.client.search_runs(
+            [self.run.experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` = '{self.run.run_key}'"
+        )
+        return sorted(found, key=lambda r: (r.info.start_time or 0, r.info.run_id))
 
     def deliver(self, delivery: Delivery) -> tuple[dict[str, tuple[str, str]], list[str]]:
         """Sends one cycle. Returns param clashes {name: (kept, rejected)} and files that vanished.
@@ -91,6 +103,7 @@ class RunLogger:
         check_reachable(self.run.tracking_uri)
         run_id = self.ensure_run()
         self._load_run_state(run_id)
+        self.wrote = True  # what follows writes
         clashes = self._log_params(run_id, delivery.params)
         metrics = [Metric(k, v, delivery.timestamp_ms, delivery.step) for k, v in delivery.metrics.items()]
         metrics += [Metric(k, v, delivery.timestamp_ms, step) for k, v, step in delivery.series]
@@ -107,11 +120,19 @@ class RunLogger:
             done = uploads.upload(self.run.tracking_uri, run_id, local_path, artifact_folder, self.progress)
             sent[done.artifact_path] = done
         if delivery.files_dir:
-            uploads.record_checksums(delivery.files_dir, sent, MANIFEST)
             self.client.log_artifacts(run_id, delivery.files_dir, delivery.artifact_dir)
+            self._log_checked_manifest(run_id, delivery, sent)
         if delivery.timeline and delivery.files_dir:
             vanished += self._log_timeline(run_id, delivery)
         return clashes, vanished
+
+    def _log_checked_manifest(self, run_id: str, delivery: Delivery, sent: dict) -> None:
+        """manifest.json again, with the size and SHA-256 of the profile files just sent."""
+        checked = uploads.manifest_with_checksums(delivery.files_dir, sent, MANIFEST)
+        if checked is not None:
+            with tempfile.TemporaryDirectory(prefix="mlflow-neuron-manifest-") as folder:
+                Path(folder, MANIFEST).write_text(checked, encoding="utf-8")
+                self.client.log_artifact(run_id, str(Path(folder, MANIFEST)), delivery.artifact_dir)
 
     def _log_timeline(self, run_id: str, delivery: Delivery) -> list[str]:
         """The cycle's trace, last: everything else is in when it says `complete`. Idempotent.

@@ -2,7 +2,9 @@
 
 One folder per cycle, written under a temporary name and renamed when complete, so a crash never
 leaves a half record that sync would trust. Files are hard-linked where possible (no copy, no
-extra disk); files above the copy cap are kept as paths to where the profiler left them.
+extra disk); files above the copy cap are kept as paths to where the profiler left them. Each
+record is sealed (`seal`: the size and SHA-256 of its files); one that fails its seal is set aside
+in `damaged/` with a reason, never sent.
 
 The outbox is private: on a shared Trainium host other users must neither read records nor plant
 them. The folder is created 0700 and its files 0600; an existing folder that is a symlink or
@@ -13,6 +15,7 @@ supplies credentials again at sync.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -26,11 +29,14 @@ from pathlib import Path
 
 from .files import link_or_copy
 from .model import Delivery, RunRef
+from .seal import CHECKS, DamagedRecord, check_files, check_shape, seal
 
 DEFAULT_OUTBOX = "mlflow-neuron-outbox"
 RECORD = "record.json"
 REJECTED = "rejected"  # records the server refused for good; sync leaves them unless asked
-REASON = "reason"  # in a rejected record: one line saying why
+DAMAGED = "damaged"  # records that failed their seal or are not records; sync leaves them unless asked
+REASON = "reason"  # in a rejected or damaged record: one line saying why
+PARTIAL = ".partial"  # a record being written: `.<name>.partial`, renamed to `<name>` when complete
 FORMAT = 1
 DEFAULT_COPY_MAX_BYTES = 64 * 1024**2
 
@@ -52,7 +58,7 @@ def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_
     if rejected is not None:
         folder = private_folder(folder / REJECTED)
     name = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):06d}"
-    partial = folder / f".{name}.partial"
+    partial = folder / f".{name}{PARTIAL}"
     partial.mkdir(mode=0o700)
     try:
         files_dir = None
@@ -80,6 +86,7 @@ def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_
             "missing_files": missing,
         }
         _make_private(partial)
+        record[CHECKS] = seal(partial)
         _write_private(partial / RECORD, json.dumps(record, indent=1))
         if rejected is not None:
             _write_private(partial / REASON, rejected + "\n")
@@ -105,14 +112,65 @@ def rejected(folder: str | os.PathLike) -> list[Path]:
     return pending(Path(folder) / REJECTED)
 
 
+def damaged(folder: str | os.PathLike) -> list[Path]:
+    """Records set aside because they failed their seal or were not records, oldest first."""
+    folder = Path(folder) / DAMAGED
+    return sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+
+
+def not_records(folder: str | os.PathLike) -> list[Path]:
+    """Folders in the outbox that look like records but hold no record.json."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
+                  and p.name not in (REJECTED, DAMAGED) and not (p / RECORD).is_file())  # fmt: skip
+
+
+def abandoned_partials(folder: str | os.PathLike) -> list[Path]:
+    """Records whose writer ended before renaming them into place (a kill while writing)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(PARTIAL)
+                  and p.is_dir() and not _alive(_writer_pid(p.name)))  # fmt: skip
+
+
+def finish_partial(partial: Path) -> Path:
+    """An abandoned record put in place when its record.json was written (only the rename was
+    missing; the seal then decides whether it is whole), else set aside as damaged."""
+    name = partial.name[1 : -len(PARTIAL)]
+    if (partial / RECORD).is_file():
+        final = partial.parent / name
+        os.rename(partial, final)
+        return final
+    return set_aside(partial, f"half-written: its writer (pid {_writer_pid(partial.name)}) ended before the "
+                     "record was complete", into=DAMAGED, name=name)  # fmt: skip
+
+
 def reject(record_dir: Path, why: str) -> Path:
     """Moves a pending record to `rejected/`, or updates the reason of one already there."""
-    if record_dir.parent.name != REJECTED:
-        target = private_folder(record_dir.parent / REJECTED) / record_dir.name
+    return set_aside(record_dir, why, into=REJECTED)
+
+
+def set_aside(record_dir: Path, why: str, *, into: str, name: str | None = None) -> Path:
+    """Moves a record to `<outbox>/<into>/` with a `reason` file (or updates the reason of one
+    already there)."""
+    if record_dir.parent.name != into:
+        target = private_folder(record_dir.parent / into) / (name or record_dir.name)
         os.rename(record_dir, target)
         record_dir = target
     _write_private(record_dir / REASON, why + "\n")
     return record_dir
+
+
+def restore(record_dir: Path) -> Path:
+    """Moves a record from `rejected/` or `damaged/` back among the pending ones."""
+    target = record_dir.parent.parent / record_dir.name
+    os.rename(record_dir, target)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(target / REASON)
+    return target
 
 
 def reason_of(record_dir: Path) -> str:
@@ -123,31 +181,47 @@ def reason_of(record_dir: Path) -> str:
 
 
 def load(record_dir: Path) -> tuple[Delivery, RunRef]:
-    """Reads a record; raises ValueError with the reason when it is not one this version reads."""
+    """Reads a record and checks its seal; raises DamagedRecord (a ValueError) saying why when it
+    is not a whole record this version reads."""
     try:
         data = json.loads((record_dir / RECORD).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{record_dir}: unreadable outbox record ({error})") from error
-    if data.get("format") != FORMAT:
-        raise ValueError(f"{record_dir}: outbox record format {data.get('format')!r}, expected {FORMAT}")
+    except FileNotFoundError:
+        raise DamagedRecord("it has no record.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DamagedRecord(f"unreadable record.json ({error})") from error
+    check_shape(data, FORMAT)
+    if CHECKS in data:  # records of versions before seals have none
+        check_files(record_dir, data[CHECKS])
 
     def local(path: str) -> str:
         return path if os.path.isabs(path) else str(record_dir / path)
 
-    delivery = Delivery(
-        step=data["step"],
-        timestamp_ms=data["timestamp_ms"],
-        artifact_dir=data["artifact_dir"],
-        metrics=data["metrics"],
-        tags=data["tags"],
-        params=data["params"],
-        files_dir=local(data["files_dir"]) if data["files_dir"] else None,
-        uploads=tuple((local(src), folder) for src, folder in data["uploads"]),
-        table=data["table"],
-        series=tuple((key, value, step) for key, value, step in data.get("series", ())),
-        timeline=data.get("timeline"),  # records from before timelines have none
-    )
-    return delivery, RunRef(**data["run"])
+    try:
+        delivery = Delivery(
+            step=data["step"],
+            timestamp_ms=data["timestamp_ms"],
+            artifact_dir=data["artifact_dir"],
+            metrics=data["metrics"],
+            tags=data["tags"],
+            params=data["params"],
+            files_dir=local(data["files_dir"]) if data["files_dir"] else None,
+            uploads=tuple((local(src), folder) for src, folder in data["uploads"]),
+            table=data["table"],
+            series=tuple((key, value, step) for key, value, step in data.get("series", ())),
+            timeline=data.get("timeline"),  # records from before timelines have none
+        )
+        return delivery, RunRef(**data["run"])
+    except (TypeError, ValueError) as error:
+        raise DamagedRecord(f"record.json does not describe a cycle ({error})") from error
+
+
+def run_key_of(record_dir: Path) -> str | None:
+    """The run key a record names, read without checking its seal (None when unreadable)."""
+    try:
+        data = json.loads((record_dir / RECORD).read_text(encoding="utf-8"))
+        return data["run"].get("run_key")
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
 
 
 def remove(record_dir: Path) -> None:
@@ -224,3 +298,23 @@ def _make_private(record_dir: Path) -> None:
             path = os.path.join(root, name)
             if generated or os.lstat(path).st_nlink == 1:
                 os.chmod(path, 0o600)
+
+
+def _writer_pid(partial_name: str) -> int | None:
+    """The pid in a `.<time>-<pid>-<seq>.partial` name."""
+    try:
+        return int(partial_name[1:].split("-")[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True

@@ -4,11 +4,37 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 
 STRICT_ENV = "MLFLOW_NEURON_STRICT"
 
 logger = logging.getLogger("mlflow_neuron")
+
+
+# user:password@ (or a token@) after any scheme: a tracking URI, a database URI, a presigned URL.
+_USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@'\"]+@")
+
+
+def redact(text: str) -> str:
+    """`text` with the user info of every URI in it replaced by `***` (`http://***@host`)."""
+    return _USERINFO.sub(r"\g<scheme>***@", text)
+
+
+class RedactingStream:
+    """A text stream that writes everything redacted: what a command prints names no secret."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(redact(text))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def __getattr__(self, name: str):  # encoding, isatty, fileno: the stream's own
+        return getattr(self.stream, name)
 
 
 class MLflowNeuronWarning(UserWarning):
@@ -32,10 +58,24 @@ class Reporter:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         if self.strict and error is not None:
             raise error
+        message = redact(message)
         if kind in self._reported:
-            logger.debug("%s (again): %s", kind, message, exc_info=error)
+            logger.debug("%s (again): %s", kind, message)
             return
         self._reported.add(kind)
-        detail = f": {type(error).__name__}: {error}" if error is not None else ""
-        warnings.warn(f"mlflow-neuron: {message}{detail}", MLflowNeuronWarning, stacklevel=3)
-        logger.debug("%s", message, exc_info=error)
+        detail = f": {type(error).__name__}: {one_line(error)}" if error is not None else ""
+        warnings.warn(redact(f"mlflow-neuron: {message}{detail}"), MLflowNeuronWarning, stacklevel=3)
+
+
+def one_line(error: BaseException, limit: int = 300) -> str:
+    """An error as one short line: a `shutil.Error` lists every file it failed on; the first will do."""
+    import shutil
+
+    if isinstance(error, shutil.Error) and error.args and isinstance(error.args[0], list) and error.args[0]:
+        first = error.args[0][0]
+        why = first[-1] if isinstance(first, (tuple, list)) else first
+        text = f"{why} (and {len(error.args[0]) - 1} more file(s))" if len(error.args[0]) > 1 else str(why)
+    else:
+        text = str(error)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -28,8 +28,8 @@ from .failures import is_permanent, reason
 from .job import CycleJob
 from .mlflow_io import RunLogger
 from .model import Delivery
-from .report import Reporter
-from .sync import DELIVERED, REJECTED, replay
+from .report import Reporter, one_line
+from .sync import DAMAGED, DELIVERED, GONE, REJECTED, replay
 
 
 class Sender:
@@ -59,6 +59,7 @@ class Sender:
         self.stored: list[Path] = []  # outbox records written by this sender and not replayed yet
         self.rejected: list[Path] = []  # records the server refused for good, under <outbox>/rejected
         self._stored_steps: list[int] = []  # every step this sender put in the outbox to send again
+        self.lost: list[tuple[int, str]] = []  # (step, why) of cycles neither sent nor stored
         self._replay_at = 0.0  # monotonic time of the next replay attempt
         self._replay_wait_s = retry_wait_s
         self._replay_blocked = False  # the last replay failed: flush() does not wait for replays
@@ -195,11 +196,15 @@ class Sender:
     def _replay(self, path: Path) -> None:
         """Sends one stored record again; on failure waits longer (up to 30 s) before the next try."""
         done = replay(path, lambda run: self.logger)
-        if done.outcome == REJECTED:
+        if done.outcome in (REJECTED, DAMAGED, GONE):  # settled: set aside here, or by a sync meanwhile
             with self._cond:
                 self.stored.remove(path)
                 self._cond.notify_all()
-            self._rejected(done.path, None, done.why, done.error)
+            if done.outcome == REJECTED:
+                self._rejected(done.path, None, done.why, done.error)
+            elif done.outcome == DAMAGED:
+                self.reporter.problem("damaged", f"outbox record {path.name} is damaged ({done.why}); it is "
+                                      f"not sent, and is kept in {done.path.parent}")  # fmt: skip
             return
         if done.outcome != DELIVERED:  # still unreachable, or a damaged record: sync reports it
             with self._cond:
@@ -248,8 +253,7 @@ class Sender:
             path = _outbox.put(self.outbox, self.prepare(job), self.logger.run,
                                copy_max_bytes=self.copy_max_bytes, rejected=why)  # fmt: skip
         except Exception as lost:  # noqa: BLE001
-            self.reporter.problem("lost", f"profiler step {job.step} was refused by the server ({why}) and "
-                                  "could not be stored; its data is lost", lost)  # fmt: skip
+            self._lose(job.step, f"refused by the server ({why}) and could not be stored", lost)
             return
         finally:
             _cleanup(job)
@@ -269,32 +273,44 @@ class Sender:
             f"fixed, `mlflow-neuron sync --outbox {outbox} --retry-rejected [--run-id ID]` sends it",
         )
 
-    def _report_outbox(self) -> None:
-        """At close, one line for everything the outbox got, when the first warning named only one."""
+    def _lose(self, step: int, what: str, error: Exception) -> None:
+        why = f"{type(error).__name__}: {one_line(error)}"
         with self._cond:
-            stored, rejected, steps = list(self.stored), list(self.rejected), list(self._stored_steps)
+            self.lost.append((step, why))
+        self.reporter.problem("lost", f"profiler step {step} {what}; its data is lost ({why})")
+
+    def _report_outbox(self) -> None:
+        """At close, one line for everything the outbox got and everything lost, when the first
+        warning named only one; with one `sync` command for every folder that holds records."""
+        with self._cond:
+            stored, rejected, steps, lost = list(self.stored), list(self.rejected), list(self._stored_steps), list(self.lost)
+        if len(lost) > 1:
+            reasons = sorted({why for _, why in lost})
+            self.reporter.problem(
+                "lost_summary",
+                f"{len(lost)} profiler cycle(s) lost (steps {', '.join(str(step) for step, _ in lost)}): neither "
+                f"sent nor stored; {'; '.join(reasons)}",
+            )
         if len(steps) > 1 and stored:
             folders = sorted({str(p.parent) for p in stored})
+            commands = " and ".join(f"`mlflow-neuron sync --outbox {folder}`" for folder in folders)
             self.reporter.problem(
                 "outbox_summary",
                 f"{len(steps)} profiler cycle(s) (steps {', '.join(map(str, steps))}) went to the outbox; "
-                f"{len(stored)} of them are still in {', '.join(folders)}: run "
-                f"`mlflow-neuron sync --outbox {folders[0]}` when the server answers",
+                f"{len(stored)} of them are still in {', '.join(folders)}: run {commands} when the server answers",
             )
         if len(rejected) > 1:
             self.reporter.problem(
                 "rejected_summary",
                 f"{len(rejected)} profiler cycle(s) were refused by the server and are kept in "
-                f"{rejected[0].parent} (see the reason file in each)",
+                f"{', '.join(sorted({str(p.parent) for p in rejected}))} (see the reason file in each)",
             )
 
     def _store(self, job: CycleJob, why: str, error: Exception | None = None) -> None:
         try:
             path = self._put(job)
         except Exception as lost:  # noqa: BLE001
-            self.reporter.problem(
-                "lost", f"profiler step {job.step} could be neither sent nor stored; its data is lost", lost
-            )
+            self._lose(job.step, "could be neither sent nor stored", lost)
             return
         finally:
             _cleanup(job)
@@ -317,7 +333,7 @@ class Sender:
         except OSError as unwritable:
             fallback = _outbox.fallback_folder()
             self.reporter.problem(
-                "outbox_unwritable", f"outbox {self.outbox} is not writable ({unwritable}); using {fallback} instead"
+                "outbox_unwritable", f"outbox {self.outbox} is not writable ({one_line(unwritable)}); using {fallback} instead"
             )
             return _outbox.put(fallback, delivery, self.logger.run, copy_max_bytes=self.copy_max_bytes)
 

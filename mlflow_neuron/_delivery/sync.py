@@ -2,8 +2,10 @@
 for `mlflow-neuron sync` (every record, into the runs they name).
 
 `replay` sends one stored record and settles it: delivered (removed), refused for good (moved to
-`rejected/`), or kept (the server is away, or the record cannot be read). Sending a record twice
-leaves its data once, so a replay that is cut off can simply run again.
+`rejected/`), damaged (its seal failed: moved to `damaged/`, never sent), or kept (the server is
+away). Each record is locked while it is sent, and `sync` holds the outbox's lock (`locks`): two
+processes never send one record at once. Sending a record twice leaves its data once, so a replay
+that is cut off can simply run again.
 """
 
 from __future__ import annotations
@@ -14,34 +16,51 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import outbox
-from .files import human_size, sent_files
+from . import locks, outbox
 from .failures import is_permanent, is_unreachable, reason
+from .files import human_size, sent_files
 from .model import Delivery, RunRef
+from .report import RedactingStream
+from .seal import DamagedRecord
 
-DELIVERED, REJECTED, KEPT, UNREACHABLE = "delivered", "rejected", "kept", "unreachable"
+DELIVERED, REJECTED, DAMAGED, KEPT, UNREACHABLE = "delivered", "rejected", "damaged", "kept", "unreachable"
+BUSY, GONE = "busy", "gone"  # another process is sending it; another process settled it
 
 
 @dataclass(frozen=True)
 class Replayed:
     """What became of one outbox record."""
 
-    outcome: str  # DELIVERED | REJECTED | KEPT | UNREACHABLE
+    outcome: str  # DELIVERED | REJECTED | DAMAGED | KEPT | UNREACHABLE | BUSY | GONE
     why: str = ""  # for every outcome but DELIVERED
     delivery: Delivery | None = None
     run: RunRef | None = None
     files: dict[str, int] = field(default_factory=dict)  # what was sent: path -> bytes
     vanished: list[str] = field(default_factory=list)  # profile files gone before they were sent
     error: Exception | None = None
-    path: Path | None = None  # a rejected record's new place, under rejected/
+    path: Path | None = None  # a rejected or damaged record's new place
 
 
 def replay(record_dir: Path, logger_for: Callable[[RunRef], object]) -> Replayed:
-    """Sends one stored record through `logger_for(its run)` (a `RunLogger`) and settles it."""
+    """Sends one stored record through `logger_for(its run)` (a `RunLogger`) and settles it,
+    holding the record's lock; a record another process holds or has settled is left alone."""
+    with locks.record_lock(record_dir) as lock:
+        if lock == locks.BUSY:
+            return Replayed(BUSY, "another process is sending it")
+        if lock == locks.GONE:
+            return Replayed(GONE, "another process delivered it or set it aside")
+        return _replay_held(record_dir, logger_for)
+
+
+def _replay_held(record_dir: Path, logger_for: Callable[[RunRef], object]) -> Replayed:
     try:
         delivery, run = outbox.load(record_dir)
-    except ValueError as error:
-        return Replayed(KEPT, str(error), error=error)
+    except DamagedRecord as damage:
+        try:
+            moved = outbox.set_aside(record_dir, str(damage), into=outbox.DAMAGED)
+        except OSError as unmoved:
+            return Replayed(KEPT, f"damaged ({damage}); it could not be set aside ({unmoved})", error=damage)
+        return Replayed(DAMAGED, str(damage), error=damage, path=moved)
     try:
         logger = logger_for(run)
         _, vanished = logger.deliver(delivery)
@@ -66,31 +85,56 @@ class SyncResult:
     """What one `sync` did. Unpacks as (delivered, kept) like earlier versions."""
 
     delivered: int = 0
-    kept: int = 0  # deliverable records still in the outbox (unreadable, or a transient failure)
+    kept: int = 0  # deliverable records still in the outbox (a transient failure, or another process had it)
     rejected: int = 0  # records refused for good, now or earlier, left in <outbox>/rejected
+    damaged: int = 0  # records this sync set aside in <outbox>/damaged (with --retry-damaged: still damaged)
     unreachable: dict[str, str] = field(default_factory=dict)  # tracking URI -> why it did not answer
     refused: str | None = None  # why the outbox folder itself was not read (a link, another user's)
+    busy: str | None = None  # another sync holds the outbox: nothing was done
+    changed: bool = False  # something was written to a server (a run created, data logged)
 
     def __iter__(self):
         return iter((self.delivered, self.kept))
 
 
 def sync_outbox(folder: str, tracking_uri: str | None = None, out=None, *, retry_rejected: bool = False,
-                run_id: str | None = None, err=None) -> SyncResult:  # fmt: skip
+                retry_damaged: bool = False, run_id: str | None = None, err=None) -> SyncResult:  # fmt: skip
     """Replays outbox records into their runs, one line per record, then a summary.
 
-    A record the server refuses for good moves to `<outbox>/rejected/` with a `reason` file; those
-    are only sent again with `retry_rejected`, into `run_id` if given. A run that the callback
-    would have created and ended is ended (FINISHED) once all its records are in.
+    Holds the outbox's lock throughout: a second sync on it says who holds it and does nothing. A
+    record the server refuses for good moves to `<outbox>/rejected/`, one that fails its seal to
+    `<outbox>/damaged/`, each with a `reason` file; those are only tried again with
+    `retry_rejected` (into `run_id` if given) or `retry_damaged`. A run that the callback would
+    have created and ended is ended (FINISHED) once all its records are in; a run it was given is
+    left as it is. Whatever it prints names no password.
     """
-    out, err = out or sys.stdout, err or sys.stderr
+    out, err = RedactingStream(out or sys.stdout), RedactingStream(err or sys.stderr)
     result = SyncResult()
     try:
-        records = outbox.rejected(folder) if retry_rejected else outbox.pending(folder)
-    except outbox.OutboxRefused as refused:  # a link or another user's folder: never read
+        if Path(folder).is_dir():
+            outbox.check_private(Path(folder))  # a link or another user's folder: never read
+            with locks.sync_lock(Path(folder)):
+                _sync_held(folder, tracking_uri, out, err, result, retry_rejected, retry_damaged, run_id)
+        else:
+            _summary(result, 0, folder, retry_rejected, out)
+    except outbox.OutboxRefused as refused:
         result.refused = str(refused)
         print(f"mlflow-neuron sync: error: {refused}", file=err, flush=True)
-        return result
+    except locks.OutboxBusy as busy:
+        result.busy = str(busy)
+        print(f"mlflow-neuron sync: {busy}", file=err, flush=True)
+    return result
+
+
+def _sync_held(folder: str, tracking_uri: str | None, out, err, result: SyncResult, retry_rejected: bool,
+               retry_damaged: bool, run_id: str | None) -> None:  # fmt: skip
+    _tidy(folder, result, out)
+    if retry_rejected:
+        records = outbox.rejected(folder)
+    elif retry_damaged:
+        records = [outbox.restore(record) for record in outbox.damaged(folder)]
+    else:
+        records = outbox.pending(folder)
     loggers = _Loggers(tracking_uri, run_id, out)
     for index, record_dir in enumerate(records, 1):
         prefix = f"[{index}/{len(records)}] {record_dir.name}"
@@ -104,12 +148,16 @@ def sync_outbox(folder: str, tracking_uri: str | None = None, out=None, *, retry
             continue
         if done.run is not None:
             loggers.unfinished.add(done.run.run_key)
-        if done.outcome == REJECTED:
+        if done.outcome == GONE:
+            print(f"{prefix}: left alone, {done.why}", file=out, flush=True)
+        elif done.outcome == DAMAGED:
+            result.damaged += 1
+            print(f"{prefix}: damaged, not sent: {done.why}; set aside in {done.path.parent}", file=out, flush=True)
+        elif done.outcome == REJECTED:
             result.rejected += 1
             print(f"{prefix}: rejected, not retried ({done.why})", file=out, flush=True)
-            continue
-        result.kept += 1
-        if done.outcome == UNREACHABLE:
+        elif done.outcome == UNREACHABLE:
+            result.kept += 1
             uri = loggers.uri_of(done.run)
             loggers.unreachable.add(uri)  # its other records are kept without trying
             if uri not in result.unreachable:
@@ -118,10 +166,30 @@ def sync_outbox(folder: str, tracking_uri: str | None = None, out=None, *, retry
                 print(f"mlflow-neuron sync: error: {result.unreachable[uri]}; its records stay in {folder}", file=err,
                       flush=True)  # fmt: skip
         else:
+            result.kept += 1
             print(f"{prefix}: kept, {done.why}", file=out, flush=True)
     loggers.end_created_runs(folder)
+    result.changed = result.delivered > 0 or any(logger.wrote for logger in loggers.loggers.values())
     _summary(result, len(records), folder, retry_rejected, out)
-    return result
+
+
+def _tidy(folder: str, result: SyncResult, out) -> None:
+    """Puts in place records whose writer was killed after writing them whole but before the
+    rename, and sets aside half-written ones and folders that are not records, each named."""
+    for partial in outbox.abandoned_partials(folder):
+        placed = outbox.finish_partial(partial)
+        if placed.parent.name == outbox.DAMAGED:
+            result.damaged += 1
+            print(f"{placed.name}: damaged, not sent: {outbox.reason_of(placed)}; set aside in {placed.parent}",
+                  file=out, flush=True)  # fmt: skip
+        else:
+            print(f"{placed.name}: written whole by a process that ended before putting it in place; "
+                  "put in place", file=out, flush=True)  # fmt: skip
+    for stray in outbox.not_records(folder):
+        moved = outbox.set_aside(stray, "it has no record.json", into=outbox.DAMAGED)
+        result.damaged += 1
+        print(f"{stray.name}: damaged, not sent: it has no record.json; set aside in {moved.parent}", file=out,
+              flush=True)  # fmt: skip
 
 
 class _Loggers:
@@ -163,12 +231,7 @@ class _Loggers:
             return
         from mlflow.entities import RunStatus
 
-        left = set()
-        for record_dir in outbox.pending(folder):
-            try:
-                left.add(outbox.load(record_dir)[1].run_key)
-            except ValueError:
-                continue
+        left = {outbox.run_key_of(record_dir) for record_dir in outbox.pending(folder)}
         for logger in created:
             run = logger.run
             if run.run_id is None or run.run_key in self.unfinished | left:
@@ -187,7 +250,8 @@ def _summary(result: SyncResult, total: int, folder: str, retry_rejected: bool, 
         print(f"{summary}; {result.rejected} still rejected", file=out, flush=True)
         result.kept += result.rejected  # asked for, and not delivered
         return
-    print(summary + (f"; {result.rejected} rejected" if result.rejected else ""), file=out, flush=True)
+    summary += f"; {result.rejected} rejected" if result.rejected else ""
+    print(summary + (f"; {result.damaged} damaged" if result.damaged else ""), file=out, flush=True)
     refused = outbox.rejected(folder)
     if refused:
         result.rejected = len(refused)
@@ -196,3 +260,10 @@ def _summary(result: SyncResult, total: int, folder: str, retry_rejected: bool, 
               f"not retried: " + "; ".join(f"{n} x {text}" for text, n in why.most_common()), file=out)  # fmt: skip
         print(f"  fix the cause, then `mlflow-neuron sync --outbox {folder} --retry-rejected [--run-id ID]` "
               "sends them again (--run-id: into another run)", file=out, flush=True)  # fmt: skip
+    broken = outbox.damaged(folder)
+    if broken:
+        print(f"{len(broken)} record(s) in {Path(folder) / outbox.DAMAGED} are damaged and not sent: "
+              + "; ".join(f"{r.name}: {outbox.reason_of(r)}" for r in broken[:5])
+              + (f"; and {len(broken) - 5} more" if len(broken) > 5 else ""), file=out)  # fmt: skip
+        print(f"  restore their files, then `mlflow-neuron sync --outbox {folder} --retry-damaged` checks and "
+              "sends them again", file=out, flush=True)  # fmt: skip

@@ -168,11 +168,13 @@ def upload(
     return Sent(artifact_path, size, sha256)
 
 
-def record_checksums(files_dir: str | os.PathLike, sent: dict[str, Sent], manifest_name: str = "manifest.json") -> None:
-    """Puts size and SHA-256 of what was sent into the cycle's manifest, before it is uploaded."""
+def manifest_with_checksums(files_dir: str | os.PathLike, sent: dict[str, Sent],
+                            manifest_name: str = "manifest.json") -> str | None:  # fmt: skip
+    """The cycle's manifest with the size and SHA-256 of what was sent, or None when there is
+    nothing to add. The file itself is left as it is: in an outbox record it is sealed."""
     path = Path(files_dir, manifest_name)
     if not sent or not path.is_file():
-        return
+        return None
     manifest = json.loads(path.read_text(encoding="utf-8"))
     for entry in manifest.get("files", ()):
         done = sent.get(entry.get("artifact_path"))
@@ -180,7 +182,7 @@ def record_checksums(files_dir: str | os.PathLike, sent: dict[str, Sent], manife
             if entry.get("size_bytes") not in (None, done.size_bytes):  # rewritten after the cycle
                 entry["size_bytes_at_cycle"] = entry["size_bytes"]
             entry.update(size_bytes=done.size_bytes, sha256=done.sha256)
-    path.write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    return json.dumps(manifest, indent=2)
 
 
 def _put_streamed(repo, local_path: str, artifact_folder: str | None, size: int, progress: Progress | None):

@@ -3,12 +3,13 @@
     mlflow-neuron compare --experiment NAME [--runs ...] [--baseline RUN] [--fail-if-slower PCT] ...
     mlflow-neuron annotate --model NAME --version V --run RUN_ID
     mlflow-neuron ingest PATH [--run-id ID | --experiment NAME --run-name NAME]
-    mlflow-neuron sync [--outbox DIR] [--tracking-uri URI] [--retry-rejected [--run-id ID]]
+    mlflow-neuron sync [--outbox DIR] [--tracking-uri URI] [--retry-rejected [--run-id ID] | --retry-damaged]
     mlflow-neuron open RUN_ID [--step N] [--dest DIR] [--no-launch]
 
-Exit codes: 0 done; 1 the gate failed (compare) or deliverable records were kept (sync); 2 usage
-error (bad arguments, or a run, experiment, model version or folder that does not exist); 3 the
-tracking server is down, refuses connections, or does not answer in time.
+Exit codes: 0 done; 1 the gate failed (compare) or records were kept or found damaged (sync); 2
+usage error (bad arguments, or a run, experiment, model version or folder that does not exist); 3
+the tracking server is down, refuses connections, or does not answer in time, and nothing was
+changed; 4 inconclusive (compare --fail-if-inconclusive); 5 another sync holds the outbox (sync).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from .._delivery.report import RedactingStream, redact
 from .arguments import EXIT_UNREACHABLE, EXIT_USAGE, parser, usage_error
 from .commands import COMMANDS, exit_code, sync  # noqa: F401 - `sync` and its exit code, for Python callers
 
@@ -42,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "MLFLOW_LOGGING_LEVEL": "INFO" if args.verbose else "WARNING",
         **CLI_HTTP_SETTINGS,
     }
-    with _environment_defaults(settings, force={"MLFLOW_LOGGING_LEVEL"} if args.verbose else set()):
+    with _environment_defaults(settings, force={"MLFLOW_LOGGING_LEVEL"} if args.verbose else set()), _redacted():
         _quiet(verbose=args.verbose)
         try:
             _check_server(args)
@@ -51,8 +53,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             code, message = _exit_for(error)
             if code is None:
                 raise
-    print(f"mlflow-neuron {args.command}: error: {message}", file=sys.stderr)
+    print(redact(f"mlflow-neuron {args.command}: error: {message}"), file=sys.stderr)
     return code
+
+
+@contextlib.contextmanager
+def _redacted():
+    """Everything the command prints, MLflow's own lines too ("View run at ..."), without the
+    user:password@ of any URI in it."""
+    with contextlib.redirect_stdout(RedactingStream(sys.stdout)), contextlib.redirect_stderr(RedactingStream(sys.stderr)):
+        yield
 
 
 @contextlib.contextmanager

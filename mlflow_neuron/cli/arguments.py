@@ -14,10 +14,11 @@ from .. import __version__
 from .._delivery.outbox import DEFAULT_OUTBOX
 
 EXIT_OK = 0
-EXIT_FAILED = 1  # compare: the gate found a regression; sync: deliverable records were kept
+EXIT_FAILED = 1  # compare: the gate found a regression; sync: records were kept or found damaged
 EXIT_USAGE = 2  # bad arguments, or a run, experiment, model version or folder that does not exist
-EXIT_UNREACHABLE = 3  # the tracking server is down, refuses, or does not answer in time
+EXIT_UNREACHABLE = 3  # the tracking server is down, refuses, or does not answer in time; nothing was changed
 EXIT_INCONCLUSIVE = 4  # compare --fail-if-inconclusive: host time of runs that saw different host load
+EXIT_BUSY = 5  # sync: another sync is delivering this outbox; nothing was done
 
 
 def non_negative_int(text: str) -> int:
@@ -69,9 +70,10 @@ def _outbox_folder(text: str) -> str:
 
 def parser() -> CommandParser:
     root = CommandParser(prog="mlflow-neuron", description="PyTorch profiler results as MLflow data.",
-                     epilog="exit codes: 0 done, 1 regression found (compare) or records kept (sync), "
-                     "2 usage error or unknown run/experiment/model version, 3 tracking server unreachable, "
-                     "4 inconclusive (compare --fail-if-inconclusive)")  # fmt: skip
+                     epilog="exit codes: 0 done, 1 regression found (compare) or records kept or damaged (sync), "
+                     "2 usage error or unknown run/experiment/model version, 3 tracking server unreachable "
+                     "(nothing changed), 4 inconclusive (compare --fail-if-inconclusive), 5 another sync is "
+                     "delivering the outbox")  # fmt: skip
     root.add_argument("--version", action="version", version=f"mlflow-neuron {__version__}")
     root.add_argument("-v", "--verbose", action="store_true", help="show MLflow's own INFO messages")
     commands = root.add_subparsers(dest="command", required=True)
@@ -80,7 +82,10 @@ def parser() -> CommandParser:
         help="send cycles kept in the outbox to their runs",
         description="Send profiler cycles kept in the outbox to their MLflow runs, then remove them.\n"
         "Records the server refused for good (the run does not exist or was deleted, permission denied,\n"
-        "an invalid value) wait in <outbox>/rejected/ with a reason file; --retry-rejected sends them again.\n\n"
+        "an invalid value) wait in <outbox>/rejected/ with a reason file; --retry-rejected sends them again.\n"
+        "Each record's files are checked against the size and SHA-256 taken when it was written; a damaged\n"
+        "record is never sent: it waits in <outbox>/damaged/ with a reason file (--retry-damaged).\n"
+        "One sync at a time per outbox: a second one says which process holds it and exits 5.\n\n"
         "example: mlflow-neuron sync --outbox ./mlflow-neuron-outbox\n"
         "         mlflow-neuron sync --retry-rejected --run-id 0123abcd...   # refused records, into another run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -91,6 +96,9 @@ def parser() -> CommandParser:
                           "record names, e.g. http://127.0.0.1:5000 or sqlite:///mlflow.db")  # fmt: skip
     sync_cmd.add_argument("--retry-rejected", action="store_true",
                           help="send the records in <outbox>/rejected/ again (nothing else)")  # fmt: skip
+    sync_cmd.add_argument("--retry-damaged", action="store_true",
+                          help="check the records in <outbox>/damaged/ again (after restoring their files) "
+                          "and send those that are whole (nothing else)")  # fmt: skip
     sync_cmd.add_argument("--run-id", help="with --retry-rejected: send them into this run instead")
 
     cmp = commands.add_parser(
@@ -197,5 +205,7 @@ def usage_error(args: argparse.Namespace, root: CommandParser, extra: list[str])
         command.error("name the runs to compare (--runs RUN ...) or an experiment (--experiment NAME)")
     if args.command == "sync" and args.run_id and not args.retry_rejected:
         command.error("--run-id goes with --retry-rejected")
+    if args.command == "sync" and args.retry_rejected and args.retry_damaged:
+        command.error("--retry-rejected and --retry-damaged go one at a time")
     if args.command == "ingest" and not Path(args.path).exists():
         command.error(f"{args.path} does not exist")

@@ -8,32 +8,39 @@ import sys
 from pathlib import Path
 
 from .._delivery import outbox as _outbox
-from .arguments import EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
+from .arguments import EXIT_BUSY, EXIT_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE
 
 
 def sync(outbox: str, tracking_uri: str | None = None, out=None, *, retry_rejected: bool = False,
-         run_id: str | None = None, err=None):  # fmt: skip
+         retry_damaged: bool = False, run_id: str | None = None, err=None):  # fmt: skip
     """Replays outbox records into their runs, removing each one delivered; returns a `SyncResult`
     (`exit_code(result)` is the command's exit code).
 
     Idempotent: a record sent twice (a second sync, or one after a partial replay) leaves every
     metric point and artifact once. A record the server refuses for good (the run does not exist
     or was deleted, permission denied, an invalid value) moves to `<outbox>/rejected/` with a
-    `reason` file; those are only sent again with `retry_rejected`, into `run_id` if given. A run
-    that the callback would have created and ended is ended (FINISHED) once all its records are in.
+    `reason` file; those are only sent again with `retry_rejected`, into `run_id` if given. A record
+    whose files fail the size and SHA-256 taken when it was written moves to `<outbox>/damaged/`
+    and is never sent; `retry_damaged` checks those again. A run that the callback created is
+    ended (FINISHED) once all its records are in; a run it was given is left as it is. A second sync
+    on the same outbox does nothing and says which process holds it.
     """
     from .._delivery.sync import sync_outbox
 
-    return sync_outbox(outbox, tracking_uri, out, retry_rejected=retry_rejected, run_id=run_id, err=err)
+    return sync_outbox(outbox, tracking_uri, out, retry_rejected=retry_rejected, retry_damaged=retry_damaged,
+                       run_id=run_id, err=err)  # fmt: skip
 
 
 def exit_code(result) -> int:
-    """`sync`'s exit code: 2 the outbox was refused, 3 a server did not answer, 1 records were kept."""
+    """`sync`'s exit code: 2 the outbox was refused, 5 another sync holds it, 3 a server did not
+    answer and nothing was changed, 1 records were kept or found damaged."""
     if result.refused:
         return EXIT_USAGE
-    if result.unreachable:
+    if result.busy:
+        return EXIT_BUSY
+    if result.unreachable and not result.changed:
         return EXIT_UNREACHABLE
-    return EXIT_FAILED if result.kept else EXIT_OK
+    return EXIT_FAILED if result.kept or result.damaged else EXIT_OK
 
 
 def sync_command(args: argparse.Namespace, out=None) -> int:
@@ -41,7 +48,8 @@ def sync_command(args: argparse.Namespace, out=None) -> int:
     if args.outbox is None and not Path(outbox).is_dir():
         print(f"nothing to sync: no outbox at ./{outbox}", file=out or sys.stdout)
         return EXIT_OK
-    result = sync(outbox, args.tracking_uri, out, retry_rejected=args.retry_rejected, run_id=args.run_id)
+    result = sync(outbox, args.tracking_uri, out, retry_rejected=args.retry_rejected,
+                  retry_damaged=args.retry_damaged, run_id=args.run_id)  # fmt: skip
     return exit_code(result)
 
 
