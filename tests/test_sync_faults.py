@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -386,3 +387,45 @@ def test_a_warning_with_an_error_that_names_the_uri_is_redacted():
     [warning] = caught
     assert PASSWORD not in str(warning.message)
     assert "http://***@h:1" in str(warning.message) and "https://***@h:1/api" in str(warning.message)
+
+
+# -- kill -9 while the cycles are being sent -------------------------------------------------------------
+
+
+def test_a_kill_while_sending_to_a_hung_server_loses_nothing(sync_store, tmp_path):
+    """No run exists yet and the server accepts connections but never answers: the cycles are
+    processed in the training process. Each is written ahead to the outbox before its delivery
+    starts, so kill -9 during the exit flush leaves every cycle in the outbox and no staging
+    folder behind; sync then delivers each cycle once."""
+    from servers import HungServer
+
+    outbox, staging = tmp_path / "outbox", tmp_path / "tmp"
+    staging.mkdir()
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from workloads import profile_rmsnorm\n"
+        "from mlflow_neuron import MLflowProfilerCallback\n"
+        "cb = MLflowProfilerCallback(tracking_uri=URI, experiment_id='0', run_name='killed', outbox=OUTBOX,"
+        " flush_timeout_s=600, retries=50)\n"  # never stored for having failed: only written ahead
+        "profile_rmsnorm(cb, steps=12, wait=1, warmup=1, active=2)\n"
+    )  # the profiler's exit waits on the hung server for up to flush_timeout_s
+    with HungServer(lifetime_s=900) as hung:
+        code = f"URI = {hung.uri!r}\nOUTBOX = {str(outbox)!r}\n" + script
+        env = {**os.environ, "TMPDIR": str(staging)}
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env, cwd=tmp_path)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 300  # written ahead while the first delivery hangs; slow on a busy host
+            while len(_outbox.pending(outbox)) < 3 and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.2)
+            assert proc.poll() is None, "the process was to be killed while its cycles were being sent"
+            assert len(_outbox.pending(outbox)) == 3, proc.stderr.read() if proc.poll() is not None else ""
+        finally:
+            proc.kill()  # SIGKILL: no atexit, no finally
+            proc.wait()
+    assert [p.name for p in staging.iterdir() if p.name.startswith("mlflow-neuron-")] == []  # nothing left aside
+
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == EXIT_OK
+    [(_, steps)] = cycles_in(MlflowClient(sync_store), "0").items()
+    assert steps == STEPS

@@ -41,6 +41,7 @@ class CycleJob:
     host: dict[str, float] = field(default_factory=dict)  # the host during the window (model.HOST_VALUES)
     problems: list[tuple[str, str]] = field(default_factory=list)  # (kind, message), reported once sent
     delivery: Delivery | None = field(default=None, repr=False)  # set once prepared
+    record: Path | None = field(default=None, repr=False)  # its outbox record, once written ahead of delivery
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -69,7 +70,7 @@ class CycleJob:
         return cls(source=source, **data)
 
 
-_LOCAL = ("trace_export", "problems", "delivery", "lock", "source", "staged_dir", "raw_trace")
+_LOCAL = ("trace_export", "problems", "delivery", "record", "lock", "source", "staged_dir", "raw_trace")
 
 
 def _fields(job: CycleJob) -> dict:

@@ -180,9 +180,10 @@ def reason_of(record_dir: Path) -> str:
         return "no reason recorded"
 
 
-def load(record_dir: Path) -> tuple[Delivery, RunRef]:
+def load(record_dir: Path, *, check_seal: bool = True) -> tuple[Delivery, RunRef]:
     """Reads a record and checks its seal; raises DamagedRecord (a ValueError) saying why when it
-    is not a whole record this version reads."""
+    is not a whole record this version reads. `check_seal=False`: a record this process has just
+    written, whose files it need not read again."""
     try:
         data = json.loads((record_dir / RECORD).read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -190,7 +191,7 @@ def load(record_dir: Path) -> tuple[Delivery, RunRef]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise DamagedRecord(f"unreadable record.json ({error})") from error
     check_shape(data, FORMAT)
-    if CHECKS in data:  # records of versions before seals have none
+    if check_seal and CHECKS in data:  # records of versions before seals have none
         check_files(record_dir, data[CHECKS])
 
     def local(path: str) -> str:
@@ -226,6 +227,12 @@ def run_key_of(record_dir: Path) -> str | None:
 
 def remove(record_dir: Path) -> None:
     shutil.rmtree(record_dir, ignore_errors=True)
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Removes an outbox folder that holds nothing (every record written ahead was delivered)."""
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
 
 
 # -- privacy ------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Sending cycles off the training thread, with retries, and the outbox for what cannot be sent.
 
 The training thread only hands over a `CycleJob`; a daemon worker prepares it (reads the cycle,
-writes its files: `prepare.Preparer`), sends it,
-retries with backoff, and stores it in the outbox when the server stays away. Pending memory is
+writes its files: `prepare.Preparer`), writes it ahead to the outbox, sends it, retries with
+backoff, and removes its record once the server took all of it; when the server stays away the
+record simply stays. From before the first byte is sent until the server confirmed the last, the
+cycle is a whole record on disk, so a kill while sending loses nothing. Pending memory is
 bounded: when `max_pending` cycles wait, the next one goes straight to the outbox. When the queue
 is empty the worker replays what it stored, so a server that was only slow or briefly gone needs
 no manual sync. At close, what is still queued or in flight is stored rather than dropped
@@ -70,6 +72,7 @@ class Sender:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._worker_errors: list[BaseException] = []  # strict mode: raised on the caller's thread
+        self._writing = threading.Lock()  # a job's record is written once: by the worker, or by close()
 
     @property
     def pending(self) -> int:
@@ -107,6 +110,7 @@ class Sender:
         self.flush(timeout)
         self._stop.set()
         self.spill("it was still being sent when the callback closed")
+        _outbox.remove_if_empty(self.outbox)  # every record written ahead was delivered
         self._report_outbox()
         self.raise_worker_errors()
 
@@ -170,7 +174,9 @@ class Sender:
             if self._settled.get(id(job)) == "abandoned":
                 return  # the budget ran out and the record went to the outbox meanwhile
             try:
-                delivery = self.prepare(job)
+                delivery = self._written_ahead(job)
+                if attempt:  # the server is slow or away: make the cycles waiting behind this one durable too
+                    self._write_ahead_queued()
                 clashes, vanished = self.logger.deliver(delivery)
             except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, bad data
                 error = caught
@@ -181,6 +187,8 @@ class Sender:
                 continue
             if self._claim(job):
                 self._delivered_live()
+                if job.record is not None:
+                    _outbox.remove(job.record)
                 _cleanup(job)
             self._report_delivery(job, clashes, vanished)
             return
@@ -247,11 +255,44 @@ class Sender:
 
     # -- outbox -----------------------------------------------------------------------------------
 
+    def _written_ahead(self, job: CycleJob) -> Delivery:
+        """The job's delivery, its record written to the outbox (or the fallback) first; then the
+        delivery reads its files from the record and the staged folder is gone. Where no outbox
+        can be written, the staged files are sent as they are (the warning has said why)."""
+        delivery = self.prepare(job)
+        try:
+            self._record(job, delivery)
+        except Exception:  # noqa: BLE001 - reported by _put; sending is still worth a try
+            return delivery
+        return job.delivery
+
+    def _write_ahead_queued(self) -> None:
+        with self._cond:
+            queued = list(self._queue)
+        for job in queued:  # in queue order: op keys are handed out in order
+            try:
+                self._written_ahead(job)
+            except Exception:  # noqa: BLE001 - its own turn reports it; not this cycle's failure
+                pass
+
+    def _record(self, job: CycleJob, delivery: Delivery) -> Path:
+        """The job's outbox record, written once (by the worker ahead of sending, or by close()
+        storing it), after which its delivery points into the record."""
+        with self._writing:
+            if job.record is None:
+                job.record = self._put(job, delivery)
+                job.delivery = _outbox.load(job.record, check_seal=False)[0]
+                _cleanup(job)
+            return job.record
+
     def _reject(self, job: CycleJob, error: Exception) -> None:
         why = reason(error)
         try:
-            path = _outbox.put(self.outbox, self.prepare(job), self.logger.run,
-                               copy_max_bytes=self.copy_max_bytes, rejected=why)  # fmt: skip
+            if job.record is not None:
+                path = _outbox.reject(job.record, why)
+            else:
+                path = _outbox.put(self.outbox, self.prepare(job), self.logger.run,
+                                   copy_max_bytes=self.copy_max_bytes, rejected=why)  # fmt: skip
         except Exception as lost:  # noqa: BLE001
             self._lose(job.step, f"refused by the server ({why}) and could not be stored", lost)
             return
@@ -308,7 +349,7 @@ class Sender:
 
     def _store(self, job: CycleJob, why: str, error: Exception | None = None) -> None:
         try:
-            path = self._put(job)
+            path = self._record(job, self.prepare(job))  # written ahead already, or now
         except Exception as lost:  # noqa: BLE001
             self._lose(job.step, "could be neither sent nor stored", lost)
             return
@@ -326,8 +367,7 @@ class Sender:
             error,
         )
 
-    def _put(self, job: CycleJob) -> Path:
-        delivery = self.prepare(job)
+    def _put(self, job: CycleJob, delivery: Delivery) -> Path:
         try:
             return _outbox.put(self.outbox, delivery, self.logger.run, copy_max_bytes=self.copy_max_bytes)
         except OSError as unwritable:
