@@ -83,8 +83,12 @@ class Helper:
         known = settings.pop("known", {})
         self.preparer = Preparer(self.reporter, **settings)
         self.preparer.absorb(known)  # the run's op keys and device-time flag so far
+        # No write-ahead here: a cycle the helper holds is still staged on the training side, which
+        # takes it back if the helper dies, and the helper outlives a training process that dies.
+        # A record written ahead would race that hand-back (a kill between the record's rename and
+        # the staged folder's removal stores the cycle twice).
         self.sender = Sender(RunLogger(RunRef(**init["run"])), self.reporter, self.preparer.prepare, background=True,
-                             **init["sender"])  # fmt: skip
+                             write_ahead=False, **init["sender"])  # fmt: skip
         self._last_state: dict | None = None
         self._closed = threading.Event()
         self._state_thread = threading.Thread(target=self._report_state, name="mlflow-neuron-helper-state",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 
 try:
@@ -41,7 +42,7 @@ def sync_lock(folder: Path):
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise OutboxBusy(folder, _pid_in(fd)) from None
+            raise OutboxBusy(folder, _holder(fd)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
@@ -74,6 +75,14 @@ def record_lock(record_dir: Path):
         yield HELD if record_dir.exists() and os.path.samestat(os.fstat(fd), os.stat(record_dir)) else GONE
     finally:
         os.close(fd)
+
+
+def _holder(fd: int, wait_s: float = 1.0) -> int | None:
+    """The holder's pid, which it writes just after taking the lock: read again for a moment."""
+    deadline = time.monotonic() + wait_s
+    while (pid := _pid_in(fd)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pid
 
 
 def _pid_in(fd: int) -> int | None:

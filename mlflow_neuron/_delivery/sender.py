@@ -4,7 +4,8 @@ The training thread only hands over a `CycleJob`; a daemon worker prepares it (r
 writes its files: `prepare.Preparer`), writes it ahead to the outbox, sends it, retries with
 backoff, and removes its record once the server took all of it; when the server stays away the
 record simply stays. From before the first byte is sent until the server confirmed the last, the
-cycle is a whole record on disk, so a kill while sending loses nothing. Pending memory is
+cycle is a whole record on disk, so a kill while sending loses nothing (`write_ahead=False`, in
+the helper process: written only when not sent). Pending memory is
 bounded: when `max_pending` cycles wait, the next one goes straight to the outbox. When the queue
 is empty the worker replays what it stored, so a server that was only slow or briefly gone needs
 no manual sync. At close, what is still queued or in flight is stored rather than dropped
@@ -47,8 +48,10 @@ class Sender:
         retry_wait_s: float = 0.5,
         outbox: str | Path = _outbox.DEFAULT_OUTBOX,
         copy_max_bytes: int = _outbox.DEFAULT_COPY_MAX_BYTES,
+        write_ahead: bool = True,
     ) -> None:
         self.logger = logger
+        self.write_ahead = write_ahead  # False in the helper process: see helper.py
         self.reporter = reporter
         self.prepare = prepare  # a job's delivery, its files written (once per job)
         self.background = background
@@ -175,7 +178,7 @@ class Sender:
                 return  # the budget ran out and the record went to the outbox meanwhile
             try:
                 delivery = self._written_ahead(job)
-                if attempt:  # the server is slow or away: make the cycles waiting behind this one durable too
+                if attempt and self.write_ahead:  # the server is slow or away: the cycles behind this one too
                     self._write_ahead_queued()
                 clashes, vanished = self.logger.deliver(delivery)
             except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, bad data
@@ -260,6 +263,8 @@ class Sender:
         delivery reads its files from the record and the staged folder is gone. Where no outbox
         can be written, the staged files are sent as they are (the warning has said why)."""
         delivery = self.prepare(job)
+        if not self.write_ahead:
+            return delivery
         try:
             self._record(job, delivery)
         except Exception:  # noqa: BLE001 - reported by _put; sending is still worth a try
