@@ -48,18 +48,22 @@ def fallback_folder() -> Path:
     return Path(tempfile.gettempdir()) / f"mlflow-neuron-outbox-{os.getuid() if hasattr(os, 'getuid') else 0}"
 
 
-def put(folder: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_bytes: int,
+def put(outbox: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_bytes: int,
         rejected: str | None = None) -> Path:  # fmt: skip
     """Stores a delivery, private to this user (folders 0700, files 0600); raises OSError when the
     folder cannot be written, OutboxRefused when it is not this user's private folder.
 
     With `rejected` (the reason), the record goes to `<folder>/rejected/` with a `reason` file."""
-    folder = private_folder(folder)
-    if rejected is not None:
-        folder = private_folder(folder / REJECTED)
     name = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):06d}"
-    partial = folder / f".{name}{PARTIAL}"
-    partial.mkdir(mode=0o700)
+    for attempt in (1, 2):
+        folder = private_folder(outbox) if rejected is None else private_folder(private_folder(outbox) / REJECTED)
+        partial = folder / f".{name}{PARTIAL}"
+        try:
+            partial.mkdir(mode=0o700)
+            break
+        except FileNotFoundError:  # the empty outbox was removed meanwhile (another sender's close)
+            if attempt == 2:
+                raise
     try:
         files_dir = None
         if delivery.files_dir and Path(delivery.files_dir).is_dir():
