@@ -139,12 +139,14 @@ def test_the_installed_command_against_a_hung_server(hung_server):
 def test_shutdown_waits_one_budget_in_all_against_a_hung_server(hung_server, tmp_path, close, helper):
     budget = 4.0
     script = budget_script(hung_server, str(tmp_path / "outbox"), close, budget, helper=helper)
-    # The script waits up to 300 s for the helper to start (at nice 19 beside two nice-0 CPU hogs it
-    # gets ~1.5% of a core); the budget is measured from the loop's end, after that wait.
+    # The script waits up to 300 s for the helper to start; the budget is measured from the loop's end.
     result = run_python(script, tmp_path, timeout=480)
     exited = time.time()
     assert result.returncode == 0, result.stderr
     times = moments(result.stdout)
+    if "helper_not_started" in times:  # at nice 19 beside two nice-0 CPU hogs it gets ~1.5% of a core
+        pytest.skip("the helper process did not start within 300 s on this busy machine: the helper path "
+                    "was not measured (the in-process variants were)")
     loop_end, last_atexit = times["loop_end"], times["last_atexit"]
     # Profiler exit, close() and interpreter exit share one budget (plus a second for the outbox).
     assert last_atexit - loop_end < budget + 1.0, last_atexit - loop_end
