@@ -17,8 +17,9 @@ from workloads import profile_rmsnorm
 from mlflow_neuron import MLflowProfilerCallback, compare_runs, load_timelines, render
 from mlflow_neuron._capture.ingest import ingest
 from mlflow_neuron._delivery.traces import COMPLETE_TAG, CYCLE_KEY_TAG
-from mlflow_neuron._delivery.outbox import load, pending
 from mlflow_neuron._delivery.model import RunRef
+from mlflow_neuron._delivery.outbox import load, pending
+from mlflow_neuron._delivery.seal import seal
 from mlflow_neuron.cli import main as cli_main
 
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
@@ -114,7 +115,7 @@ def test_an_outbox_record_from_before_timelines_still_syncs(sync_store, dead_ser
     profile_offline(dead_server, outbox, cycles=1)
     [record] = pending(outbox)
     data = json.loads((record / "record.json").read_text())
-    del data["timeline"]
+    del data["timeline"], data["checks"]  # records from before timelines had no seal either
     (record / "record.json").write_text(json.dumps(data))
     (record / "files" / "timeline.json").unlink()
     assert load(record)[0].timeline is None
@@ -130,6 +131,10 @@ def test_a_damaged_timeline_file_skips_the_trace_and_the_cycle_still_syncs(sync_
     profile_offline(dead_server, outbox, cycles=1)
     [record] = pending(outbox)
     (record / "files" / "timeline.json").write_text('{"name": "truncat')
+    # Written damaged, and sealed so (damage after sealing sets the whole record aside: test_sync_faults).
+    data = json.loads((record / "record.json").read_text())
+    data["checks"] = {k: v for k, v in seal(record).items() if k != "record.json"}
+    (record / "record.json").write_text(json.dumps(data))
     assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
     assert pending(outbox) == []
     client = MlflowClient(sync_store)
