@@ -162,3 +162,20 @@ except ImportError as error:
     result = run_python(code, cwd=cwd)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout.strip()
+
+
+@pytest.fixture
+def matrix_row(request):
+    """Records this test's row for benchmarks/fault_matrix.py; asserts the row's promise."""
+
+    def record(produced: int, delivered_once: int, kept: int, lost: int, duplicates: int) -> None:
+        assert duplicates == 0
+        assert delivered_once + lost == produced, (produced, delivered_once, kept, lost)
+        path = os.environ.get("MLFLOW_NEURON_FAULT_MATRIX")
+        if path:
+            row = dict(fault=request.node.name.removeprefix("test_"), produced=produced, delivered_once=delivered_once,
+                       kept=kept, lost=lost, duplicates=duplicates)  # fmt: skip
+            with open(path, "a", encoding="utf-8") as out:
+                out.write(json.dumps(row) + "\n")
+
+    return record

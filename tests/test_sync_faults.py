@@ -76,7 +76,7 @@ class socket_free_port:
 
 
 @pytest.mark.parametrize("existing_run", [False, True], ids=["run-created-by-sync", "existing-run"])
-def test_two_syncs_started_together_deliver_each_cycle_once(server, tmp_path, existing_run):
+def test_two_syncs_started_together_deliver_each_cycle_once(server, tmp_path, existing_run, matrix_row):
     client = MlflowClient(server.uri)
     experiment = client.create_experiment(f"two-syncs-{existing_run}")
     kwargs = {"experiment_id": experiment}
@@ -103,6 +103,7 @@ def test_two_syncs_started_together_deliver_each_cycle_once(server, tmp_path, ex
     assert steps == STEPS
     if existing_run:
         assert run_id == given
+    matrix_row(len(STEPS), len(set(steps)), len(STEPS), 0, len(steps) - len(set(steps)))
 
 
 def test_a_sync_finding_the_outbox_locked_says_by_whom_and_changes_nothing(sync_store, tmp_path, capsys):
@@ -198,7 +199,8 @@ DAMAGE = [_null, _list, _format_only, _wrong_type, _no_record_json, _deleted_fil
 
 
 @pytest.mark.parametrize("damage", DAMAGE, ids=lambda d: d.__name__.strip("_"))
-def test_a_damaged_record_is_set_aside_by_name_and_the_others_go_on(sync_store, tmp_path, capsys, damage):
+def test_a_damaged_record_is_set_aside_by_name_and_the_others_go_on(sync_store, tmp_path, capsys, damage,
+                                                                     matrix_row):
     outbox = offline_records(tmp_path)
     broken = _outbox.pending(outbox)[0]
     backup = tmp_path / "backup"
@@ -226,7 +228,9 @@ def test_a_damaged_record_is_set_aside_by_name_and_the_others_go_on(sync_store, 
     shutil.copytree(backup, aside)
     assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store, "--retry-damaged"]) == EXIT_OK
     assert _outbox.damaged(outbox) == [] and _outbox.pending(outbox) == []
-    assert sorted(cycles_in(client, "0")[run_id]) == STEPS
+    steps = cycles_in(client, "0")[run_id]
+    assert sorted(steps) == STEPS
+    matrix_row(len(STEPS), len(set(steps)), len(STEPS), 0, len(steps) - len(set(steps)))
 
 
 def test_retry_damaged_keeps_a_record_that_is_still_damaged(sync_store, tmp_path):
@@ -279,7 +283,7 @@ def test_a_half_written_record_of_a_killed_writer_is_named_and_a_live_writers_is
 # -- runs sync owns, exit codes, transient races -----------------------------------------------------------
 
 
-def test_sync_leaves_a_run_the_user_gave_running(sync_store, tmp_path):
+def test_sync_leaves_a_run_the_user_gave_running(sync_store, tmp_path, matrix_row):
     client = MlflowClient(sync_store)
     given = client.create_run("0").info.run_id
     outbox = tmp_path / "outbox"
@@ -293,6 +297,7 @@ def test_sync_leaves_a_run_the_user_gave_running(sync_store, tmp_path):
     run = client.get_run(given)
     assert run.info.status == RunStatus.to_string(RunStatus.RUNNING)
     assert [m.step for m in client.get_metric_history(given, "profiler/total/active_steps")] == [4, 8]
+    matrix_row(2, 2, 2, 0, 0)
 
 
 def test_a_server_gone_after_changes_began_is_exit_1_not_3(sync_store, tmp_path, capsys):
@@ -392,7 +397,7 @@ def test_a_warning_with_an_error_that_names_the_uri_is_redacted():
 # -- kill -9 while the cycles are being sent -------------------------------------------------------------
 
 
-def test_a_kill_while_sending_to_a_hung_server_loses_nothing(sync_store, tmp_path):
+def test_a_kill_while_sending_to_a_hung_server_loses_nothing(sync_store, tmp_path, matrix_row):
     """No run exists yet and the server accepts connections but never answers: the cycles are
     processed in the training process. Each is written ahead to the outbox before its delivery
     starts, so kill -9 during the exit flush leaves every cycle in the outbox and no staging
@@ -429,3 +434,4 @@ def test_a_kill_while_sending_to_a_hung_server_loses_nothing(sync_store, tmp_pat
     assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == EXIT_OK
     [(_, steps)] = cycles_in(MlflowClient(sync_store), "0").items()
     assert steps == STEPS
+    matrix_row(len(STEPS), len(STEPS), len(STEPS), 0, 0)

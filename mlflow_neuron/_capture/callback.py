@@ -194,7 +194,7 @@ class MLflowProfilerCallback:
             self._budget.renew()  # training went on: a later stop gets a whole budget again
             self._sender.submit(job)
         except Exception as error:  # noqa: BLE001 - nothing may escape into prof.step()
-            self.reporter.problem("cycle", f"could not log profiler step {getattr(prof, 'step_num', '?')}", error)
+            self._sender.lose(getattr(prof, "step_num", "?"), "could not be read", error)  # counted, said once
             return
         finally:
             self._host.begin()  # the next window, unless the profiler marks a later start (hooks)

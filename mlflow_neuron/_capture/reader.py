@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -65,15 +66,24 @@ class CycleReader:
     def read(self, prof: Any, exported: list[str], hand_off: bool) -> CycleJob:
         """The cycle as a job; `hand_off`: the helper process takes it, so save its trace now."""
         step = int(getattr(prof, "step_num", 0))
+        step_dir = f"profiler/step_{step}"
+        job = CycleJob(step=step, timestamp_ms=int(time.time() * 1000),
+                       artifact_dir=step_dir if self.rank.is_primary else f"{step_dir}/rank_{self.rank.rank}",
+                       staged_dir=Path(tempfile.mkdtemp(prefix="mlflow-neuron-")),
+                       register_table=self.rank.is_primary)  # fmt: skip
+        try:
+            return self._fill(job, prof, exported, hand_off)
+        except BaseException:
+            shutil.rmtree(job.staged_dir, ignore_errors=True)  # a cycle that could not be read leaves nothing
+            raise
+
+    def _fill(self, job: CycleJob, prof: Any, exported: list[str], hand_off: bool) -> CycleJob:
+        step = job.step
         device = profiled_device(prof)
         output_dir = self.profile_output_dir or neuron_settings(getattr(prof, "experimental_config", None)).get(
             "profile_output_dir")  # fmt: skip
         primary, logs_metrics = self.rank.is_primary, self.rank.is_primary or self.all_ranks
-        step_dir = f"profiler/step_{step}"
-        neuron_dir = f"{step_dir}/neuron"  # every rank's files: the Neuron layout separates them by pid
-        job = CycleJob(step=step, timestamp_ms=int(time.time() * 1000),
-                       artifact_dir=step_dir if primary else f"{step_dir}/rank_{self.rank.rank}",
-                       staged_dir=Path(tempfile.mkdtemp(prefix="mlflow-neuron-")), register_table=primary)  # fmt: skip
+        neuron_dir = f"profiler/step_{step}/neuron"  # every rank's files: the Neuron layout separates them by pid
         found = self._new_output_files(output_dir)
         job.uploads = tuple((str(f.path), _parent(f"{neuron_dir}/{f.relative_path}")) for f in found
                             if f.decision == UPLOAD)  # fmt: skip

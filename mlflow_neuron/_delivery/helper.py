@@ -69,12 +69,14 @@ class ForwardingReporter:
 
 class Helper:
     def __init__(self, init: dict, channel: Channel) -> None:
+        from .http_budget import bound_this_process
         from .job import CycleJob
         from .mlflow_io import RunLogger
         from .model import RunRef
         from .prepare import Preparer
         from .sender import Sender
 
+        bound_this_process()  # MLflow's retries must not spend the exit budget inside one call
         self.job_of = CycleJob.from_message
         self.channel = channel
         self.reporter = ForwardingReporter(channel)

@@ -42,6 +42,7 @@ class CycleJob:
     problems: list[tuple[str, str]] = field(default_factory=list)  # (kind, message), reported once sent
     delivery: Delivery | None = field(default=None, repr=False)  # set once prepared
     record: Path | None = field(default=None, repr=False)  # its outbox record, once written ahead of delivery
+    unwritable: bool = field(default=False, repr=False)  # writing it ahead failed: not tried again before storing
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -70,7 +71,7 @@ class CycleJob:
         return cls(source=source, **data)
 
 
-_LOCAL = ("trace_export", "problems", "delivery", "record", "lock", "source", "staged_dir", "raw_trace")
+_LOCAL = ("trace_export", "problems", "delivery", "record", "unwritable", "lock", "source", "staged_dir", "raw_trace")
 
 
 def _fields(job: CycleJob) -> dict:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from . import outbox as _outbox
 from .failures import is_permanent, reason
+from .http_budget import remember_retry_after, retry_after_s
 from .job import CycleJob
 from .mlflow_io import RunLogger
 from .model import Delivery
@@ -68,6 +69,7 @@ class Sender:
         self._replay_at = 0.0  # monotonic time of the next replay attempt
         self._replay_wait_s = retry_wait_s
         self._replay_blocked = False  # the last replay failed: flush() does not wait for replays
+        self._quiet_until = 0.0  # monotonic time before which the server asked not to be sent anything
         self._queue: deque[CycleJob] = deque()
         self._inflight: CycleJob | None = None
         self._settled: dict[int, str] = {}  # id(record) -> "done" | "abandoned", while in flight
@@ -76,6 +78,7 @@ class Sender:
         self._thread: threading.Thread | None = None
         self._worker_errors: list[BaseException] = []  # strict mode: raised on the caller's thread
         self._writing = threading.Lock()  # a job's record is written once: by the worker, or by close()
+        remember_retry_after()  # a refusal's Retry-After paces this sender's retries
 
     @property
     def pending(self) -> int:
@@ -172,17 +175,21 @@ class Sender:
     def _send(self, job: CycleJob) -> None:
         error: Exception | None = None
         for attempt in range(self.retries + 1):
-            if attempt and self._stop.wait(self.retry_wait_s * 2 ** (attempt - 1)):
+            backoff = self.retry_wait_s * 2 ** (attempt - 1) if attempt else 0.0
+            wait = max(backoff, self._quiet_until - time.monotonic())  # the server's Retry-After, for any cycle
+            if wait > 0 and self._stop.wait(wait):
                 break  # closing: the record goes to the outbox now
             if self._settled.get(id(job)) == "abandoned":
                 return  # the budget ran out and the record went to the outbox meanwhile
             try:
                 delivery = self._written_ahead(job)
-                if attempt and self.write_ahead:  # the server is slow or away: the cycles behind this one too
+                if self.write_ahead:  # the cycles behind this one too: a delivery may hang for minutes
                     self._write_ahead_queued()
+                retry_after_s()  # forget a refusal from before this attempt
                 clashes, vanished = self.logger.deliver(delivery)
             except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, bad data
                 error = caught
+                self._quiet_until = time.monotonic() + (retry_after_s() or 0.0)
                 if is_permanent(caught):
                     if self._claim(job):
                         self._reject(job, caught)
@@ -199,13 +206,14 @@ class Sender:
             self._store(job, f"sending failed {self.retries + 1} times", error)
 
     def _replay_due(self) -> bool:
-        return bool(self.stored) and time.monotonic() >= self._replay_at
+        return bool(self.stored) and time.monotonic() >= max(self._replay_at, self._quiet_until)
 
     def _seconds_to_replay(self) -> float | None:
-        return max(self._replay_at - time.monotonic(), 0.01) if self.stored else None
+        return max(max(self._replay_at, self._quiet_until) - time.monotonic(), 0.01) if self.stored else None
 
     def _replay(self, path: Path) -> None:
         """Sends one stored record again; on failure waits longer (up to 30 s) before the next try."""
+        retry_after_s()  # forget a refusal from before this attempt
         done = replay(path, lambda run: self.logger)
         if done.outcome in (REJECTED, DAMAGED, GONE):  # settled: set aside here, or by a sync meanwhile
             with self._cond:
@@ -220,6 +228,7 @@ class Sender:
         if done.outcome != DELIVERED:  # still unreachable, or a damaged record: sync reports it
             with self._cond:
                 self._replay_blocked = True
+                self._quiet_until = time.monotonic() + (retry_after_s() or 0.0)
                 self._replay_at = time.monotonic() + self._replay_wait_s
                 self._replay_wait_s = min(self._replay_wait_s * 2, 30.0)
                 self._cond.notify_all()
@@ -263,11 +272,12 @@ class Sender:
         delivery reads its files from the record and the staged folder is gone. Where no outbox
         can be written, the staged files are sent as they are (the warning has said why)."""
         delivery = self.prepare(job)
-        if not self.write_ahead:
+        if not self.write_ahead or job.unwritable:
             return delivery
         try:
             self._record(job, delivery)
         except Exception:  # noqa: BLE001 - reported by _put; sending is still worth a try
+            job.unwritable = True  # a full disk is not written again on each retry; storing tries once more
             return delivery
         return job.delivery
 
@@ -299,7 +309,7 @@ class Sender:
                 path = _outbox.put(self.outbox, self.prepare(job), self.logger.run,
                                    copy_max_bytes=self.copy_max_bytes, rejected=why)  # fmt: skip
         except Exception as lost:  # noqa: BLE001
-            self._lose(job.step, f"refused by the server ({why}) and could not be stored", lost)
+            self.lose(job.step, f"refused by the server ({why}) and could not be stored", lost)
             return
         finally:
             _cleanup(job)
@@ -319,11 +329,12 @@ class Sender:
             f"fixed, `mlflow-neuron sync --outbox {outbox} --retry-rejected [--run-id ID]` sends it",
         )
 
-    def _lose(self, step: int, what: str, error: Exception) -> None:
+    def lose(self, step: int | str, what: str, error: Exception) -> None:
+        """Counts a cycle as lost (neither sent nor stored) and says so; the close sums them up."""
         why = f"{type(error).__name__}: {one_line(error)}"
         with self._cond:
             self.lost.append((step, why))
-        self.reporter.problem("lost", f"profiler step {step} {what}; its data is lost ({why})")
+        self.reporter.problem("lost", f"profiler step {step} {what}; its data is lost", error)  # strict: raised
 
     def _report_outbox(self) -> None:
         """At close, one line for everything the outbox got and everything lost, when the first
@@ -356,7 +367,7 @@ class Sender:
         try:
             path = self._record(job, self.prepare(job))  # written ahead already, or now
         except Exception as lost:  # noqa: BLE001
-            self._lose(job.step, "could be neither sent nor stored", lost)
+            self.lose(job.step, "could be neither sent nor stored", lost)
             return
         finally:
             _cleanup(job)

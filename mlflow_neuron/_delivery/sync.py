@@ -151,8 +151,7 @@ def _sync_held(folder: str, tracking_uri: str | None, out, err, result: SyncResu
         if done.outcome == GONE:
             print(f"{prefix}: left alone, {done.why}", file=out, flush=True)
         elif done.outcome == DAMAGED:
-            result.damaged += 1
-            print(f"{prefix}: damaged, not sent: {done.why}; set aside in {done.path.parent}", file=out, flush=True)
+            _set_aside(result, prefix, done.why, done.path, out)
         elif done.outcome == REJECTED:
             result.rejected += 1
             print(f"{prefix}: rejected, not retried ({done.why})", file=out, flush=True)
@@ -179,17 +178,18 @@ def _tidy(folder: str, result: SyncResult, out) -> None:
     for partial in outbox.abandoned_partials(folder):
         placed = outbox.finish_partial(partial)
         if placed.parent.name == outbox.DAMAGED:
-            result.damaged += 1
-            print(f"{placed.name}: damaged, not sent: {outbox.reason_of(placed)}; set aside in {placed.parent}",
-                  file=out, flush=True)  # fmt: skip
+            _set_aside(result, placed.name, outbox.reason_of(placed), placed, out)
         else:
             print(f"{placed.name}: written whole by a process that ended before putting it in place; "
                   "put in place", file=out, flush=True)  # fmt: skip
     for stray in outbox.not_records(folder):
-        moved = outbox.set_aside(stray, "it has no record.json", into=outbox.DAMAGED)
-        result.damaged += 1
-        print(f"{stray.name}: damaged, not sent: it has no record.json; set aside in {moved.parent}", file=out,
-              flush=True)  # fmt: skip
+        why = "it has no record.json"
+        _set_aside(result, stray.name, why, outbox.set_aside(stray, why, into=outbox.DAMAGED), out)
+
+
+def _set_aside(result: SyncResult, name: str, why: str, moved: Path, out) -> None:
+    result.damaged += 1
+    print(f"{name}: damaged, not sent: {why}; set aside in {moved.parent}", file=out, flush=True)
 
 
 class _Loggers:
