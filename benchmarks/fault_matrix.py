@@ -1,6 +1,7 @@
-"""The fault matrix: each fault of tests/test_fault_matrix.py and tests/test_sync_faults.py run
-against real servers, and one row per fault: cycles produced, delivered once, kept on the way
-(held in an outbox folder before a sync), lost (counted in a warning), and duplicates.
+"""The fault matrix: each fault of tests/test_fault_matrix.py and tests/test_sync_faults.py (against
+a real `mlflow server`, or a sqlite store where the network plays no part), one row per fault:
+cycles produced, delivered once, kept on the way (held in an outbox folder before a sync), lost
+(counted in a warning), and duplicates.
 
     python benchmarks/fault_matrix.py [-k EXPR]   # pytest's -k, to run some faults only
 

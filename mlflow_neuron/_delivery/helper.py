@@ -16,7 +16,8 @@ the original stdout (fd 1 is pointed at stderr so that nothing else can write th
 
 The helper never outlives its parent by more than its budget: stdin EOF (the parent closed it or
 died) or a parent that went away closes the sender within `exit_budget_s`, and a watchdog ends
-the process if that close itself hangs.
+the process if that close itself hangs. An orphan (its parent died) gets longer (ORPHAN_GRACE_S):
+nobody else can store the cycles it holds.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ import traceback
 from typing import Any
 
 EXIT_GRACE_S = 30.0  # on top of the close budget: time to write what is left into the outbox
+# An orphan (its training process died) has nobody to hand its cycles back to and nobody waiting
+# on it: it takes this long to store them. At nice 19 beside busy cores it gets ~1.5% of a CPU,
+# and 30 s was not enough to write three small cycles; its watchdog killed it and they were lost.
+ORPHAN_GRACE_S = 600.0
 STATE_POLL_S = 0.05
 NICE = 19  # the lowest priority: when training and the helper want one core, training gets ~98% of it
 
@@ -81,6 +86,7 @@ class Helper:
         self.channel = channel
         self.reporter = ForwardingReporter(channel)
         self.exit_budget_s = float(init.get("exit_budget_s", 10.0))
+        self.parent = os.getppid()  # the training process; another parent means it died
         settings = dict(init["preparer"])
         known = settings.pop("known", {})
         self.preparer = Preparer(self.reporter, **settings)
@@ -93,6 +99,7 @@ class Helper:
                              write_ahead=False, **init["sender"])  # fmt: skip
         self._last_state: dict | None = None
         self._closed = threading.Event()
+        self._closing = threading.Lock()
         self._state_thread = threading.Thread(target=self._report_state, name="mlflow-neuron-helper-state",
                                               daemon=True)  # fmt: skip
         self._state_thread.start()
@@ -126,10 +133,15 @@ class Helper:
         return True
 
     def close(self, timeout: float | None) -> None:
-        budget = self.exit_budget_s if timeout is None else float(timeout)
-        _exit_after(budget + EXIT_GRACE_S, "close")
-        self._guarded(lambda: self.sender.close(budget))
-        self._closed.set()
+        # stdin's EOF and the parent watch both close when the parent dies: the second waits for
+        # the first, or the process could exit while the first is still storing cycles.
+        with self._closing:
+            if self._closed.is_set():
+                return
+            budget = self.exit_budget_s if timeout is None else float(timeout)
+            _exit_after(budget + EXIT_GRACE_S, "close", parent=self.parent)
+            self._guarded(lambda: self.sender.close(budget))
+            self._closed.set()
         self._state_thread.join(1.0)  # no state older than the reply may follow it
 
     def _guarded(self, action):
@@ -163,9 +175,11 @@ def _peak_rss_kb() -> int | None:
         return None
 
 
-def _exit_after(seconds: float, why: str) -> None:
+def _exit_after(seconds: float, why: str, parent: int | None = None) -> None:
     def watchdog() -> None:
         time.sleep(seconds)
+        if parent is not None and os.getppid() != parent:
+            time.sleep(ORPHAN_GRACE_S - EXIT_GRACE_S)  # an orphan: nobody takes its cycles back
         print(f"mlflow-neuron helper: {why} did not finish in {seconds:.0f} s; exiting", file=sys.stderr, flush=True)
         os._exit(3)
 
