@@ -189,7 +189,7 @@ class Sender:
                 clashes, vanished = self.logger.deliver(delivery)
             except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, bad data
                 error = caught
-                self._quiet_until = time.monotonic() + (retry_after_s() or 0.0)
+                self._heed_retry_after()
                 if is_permanent(caught):
                     if self._claim(job):
                         self._reject(job, caught)
@@ -206,10 +206,17 @@ class Sender:
             self._store(job, f"sending failed {self.retries + 1} times", error)
 
     def _replay_due(self) -> bool:
-        return bool(self.stored) and time.monotonic() >= max(self._replay_at, self._quiet_until)
+        return bool(self.stored) and time.monotonic() >= self._next_replay()
 
     def _seconds_to_replay(self) -> float | None:
-        return max(max(self._replay_at, self._quiet_until) - time.monotonic(), 0.01) if self.stored else None
+        return max(self._next_replay() - time.monotonic(), 0.01) if self.stored else None
+
+    def _next_replay(self) -> float:
+        return max(self._replay_at, self._quiet_until)
+
+    def _heed_retry_after(self) -> None:
+        """After a failed attempt: nothing more goes to the server before its Retry-After, if it sent one."""
+        self._quiet_until = time.monotonic() + (retry_after_s() or 0.0)
 
     def _replay(self, path: Path) -> None:
         """Sends one stored record again; on failure waits longer (up to 30 s) before the next try."""
@@ -228,7 +235,7 @@ class Sender:
         if done.outcome != DELIVERED:  # still unreachable, or a damaged record: sync reports it
             with self._cond:
                 self._replay_blocked = True
-                self._quiet_until = time.monotonic() + (retry_after_s() or 0.0)
+                self._heed_retry_after()
                 self._replay_at = time.monotonic() + self._replay_wait_s
                 self._replay_wait_s = min(self._replay_wait_s * 2, 30.0)
                 self._cond.notify_all()
