@@ -32,7 +32,7 @@ from .http_budget import remember_retry_after, retry_after_s
 from .job import CycleJob
 from .mlflow_io import RunLogger
 from .model import Delivery
-from .report import Reporter, one_line
+from .report import Reporter, closing_summary, one_line
 from .sync import DAMAGED, DELIVERED, GONE, REJECTED, replay
 
 
@@ -117,7 +117,9 @@ class Sender:
         self._stop.set()
         self.spill("it was still being sent when the callback closed")
         _outbox.remove_if_empty(self.outbox)  # every record written ahead was delivered
-        self._report_outbox()
+        with self._cond:
+            kept = list(self.stored), list(self.rejected), list(self._stored_steps), list(self.lost)
+        closing_summary(self.reporter, *kept)
         self.raise_worker_errors()
 
     def spill(self, why: str) -> int:
@@ -342,33 +344,6 @@ class Sender:
         with self._cond:
             self.lost.append((step, why))
         self.reporter.problem("lost", f"profiler step {step} {what}; its data is lost", error)  # strict: raised
-
-    def _report_outbox(self) -> None:
-        """At close, one line for everything the outbox got and everything lost, when the first
-        warning named only one; with one `sync` command for every folder that holds records."""
-        with self._cond:
-            stored, rejected, steps, lost = list(self.stored), list(self.rejected), list(self._stored_steps), list(self.lost)
-        if len(lost) > 1:
-            reasons = sorted({why for _, why in lost})
-            self.reporter.problem(
-                "lost_summary",
-                f"{len(lost)} profiler cycle(s) lost (steps {', '.join(str(step) for step, _ in lost)}): neither "
-                f"sent nor stored; {'; '.join(reasons)}",
-            )
-        if len(steps) > 1 and stored:
-            folders = sorted({str(p.parent) for p in stored})
-            commands = " and ".join(f"`mlflow-neuron sync --outbox {folder}`" for folder in folders)
-            self.reporter.problem(
-                "outbox_summary",
-                f"{len(steps)} profiler cycle(s) (steps {', '.join(map(str, steps))}) went to the outbox; "
-                f"{len(stored)} of them are still in {', '.join(folders)}: run {commands} when the server answers",
-            )
-        if len(rejected) > 1:
-            self.reporter.problem(
-                "rejected_summary",
-                f"{len(rejected)} profiler cycle(s) were refused by the server and are kept in "
-                f"{', '.join(sorted({str(p.parent) for p in rejected}))} (see the reason file in each)",
-            )
 
     def _store(self, job: CycleJob, why: str, error: Exception | None = None) -> None:
         try:
