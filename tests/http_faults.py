@@ -1,5 +1,6 @@
 """An HTTP proxy in front of a real `mlflow server` that answers chosen requests itself: a 503 or
-429 with a Retry-After header, or a connection reset part way through a request's body.
+429 with a Retry-After header, or a connection reset part way through a request's body; or holds
+a request a while before forwarding it.
 
 Each connection carries one request (the proxy asks the server to close after its answer), so
 requests are told apart without parsing the server's answers. `seen` lists every request as
@@ -28,7 +29,12 @@ class Reset:
     after_body_bytes: int  # forwarded to the server before the client's connection is reset
 
 
-Plan = Callable[[int, str, str], "Refuse | Reset | None"]  # (request index, method, path) -> fault
+@dataclass(frozen=True)
+class Delay:
+    seconds: float  # the request is held this long, then forwarded
+
+
+Plan = Callable[[int, str, str], "Refuse | Reset | Delay | None"]  # (request index, method, path) -> fault
 
 
 class FaultProxy:
@@ -82,7 +88,8 @@ class FaultProxy:
             with self._lock:
                 index = len(self.seen)
                 fault = self.plan(index, method, path)
-                done = "forwarded" if fault is None else f"refused {fault.status}" if isinstance(fault, Refuse) else "reset"
+                done = ("forwarded" if fault is None else f"refused {fault.status}" if isinstance(fault, Refuse)
+                        else "delayed" if isinstance(fault, Delay) else "reset")  # fmt: skip
                 self.seen.append((time.monotonic(), method, path, done))
             try:
                 if isinstance(fault, Refuse):
@@ -91,6 +98,8 @@ class FaultProxy:
                     client.sendall(f"HTTP/1.1 {fault.status} Busy\r\n{retry}Content-Length: 0\r\n"
                                    "Connection: close\r\n\r\n".encode())  # fmt: skip
                     return
+                if isinstance(fault, Delay):
+                    time.sleep(fault.seconds)
                 with socket.create_connection((HOST, self.target_port), timeout=30) as upstream:
                     if isinstance(fault, Reset):  # part of the body, never all of it
                         cut = min(fault.after_body_bytes, int(_headers(head).get("content-length", "1")) // 2)

@@ -12,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._delivery.outbox import damaged, pending
+from mlflow_neuron._delivery.outbox import damaged, fallback_folder, pending
 from mlflow_neuron.cli import main as cli_main
 
 
@@ -64,13 +64,15 @@ def test_sync_is_idempotent_twice_and_after_a_partial_replay(sync_store, dead_se
 
 def test_an_unwritable_outbox_falls_back_and_says_where(sync_store, dead_server, tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # the helper process's temp folder too
     (tmp_path / "tmp").mkdir()
     blocker = tmp_path / "a_file"
     blocker.write_text("")  # a path under a regular file cannot be created, even by root
     with pytest.warns(MLflowNeuronWarning) as caught:
         callback = profile_offline(dead_server, blocker / "outbox", cycles=2)
     messages = " ".join(str(w.message) for w in caught)
-    fallback = tmp_path / "tmp" / next(p.name for p in (tmp_path / "tmp").iterdir())
+    fallback = fallback_folder()
+    assert fallback.parent == tmp_path / "tmp"
     assert "is not writable" in messages and str(fallback) in messages
     assert [p.parent for p in callback.outbox_records] == [fallback, fallback]
     assert cli_main(["sync", "--outbox", str(fallback), "--tracking-uri", sync_store]) == 0

@@ -398,10 +398,11 @@ def test_a_warning_with_an_error_that_names_the_uri_is_redacted():
 
 
 def test_a_kill_while_sending_to_a_hung_server_loses_nothing(sync_store, tmp_path, matrix_row):
-    """No run exists yet and the server accepts connections but never answers: the cycles are
-    processed in the training process. Each is written ahead to the outbox before its delivery
-    starts, so kill -9 during the exit flush leaves every cycle in the outbox and no staging
-    folder behind; sync then delivers each cycle once."""
+    """No run exists yet and the server accepts connections but never answers; the cycles are
+    processed in the training process (process="inline"). Each is written ahead to the outbox
+    before its delivery starts, so kill -9 during the exit flush leaves every cycle in the outbox
+    and no staging folder behind; sync then delivers each cycle once. (Through the helper, a kill
+    of the training process leaves the helper to store them: test_fault_matrix.)"""
     from servers import HungServer
 
     outbox, staging = tmp_path / "outbox", tmp_path / "tmp"
@@ -412,7 +413,7 @@ def test_a_kill_while_sending_to_a_hung_server_loses_nothing(sync_store, tmp_pat
         "from workloads import profile_rmsnorm\n"
         "from mlflow_neuron import MLflowProfilerCallback\n"
         "cb = MLflowProfilerCallback(tracking_uri=URI, experiment_id='0', run_name='killed', outbox=OUTBOX,"
-        " flush_timeout_s=600, retries=50)\n"  # never stored for having failed: only written ahead
+        " flush_timeout_s=600, retries=50, process='inline')\n"  # never stored for having failed: only written ahead
         "profile_rmsnorm(cb, steps=12, wait=1, warmup=1, active=2)\n"
     )  # the profiler's exit waits on the hung server for up to flush_timeout_s
     with HungServer(lifetime_s=900) as hung:

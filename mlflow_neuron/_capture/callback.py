@@ -93,10 +93,12 @@ class MLflowProfilerCallback:
         timeline_max_spans: at most this many spans per trace (an int >= 1); the shortest ops are
             summarized as "… N more ops" spans. The cycle, its steps and its streams always stay.
         process: ``"helper"``: parsing, aggregation and MLflow I/O run in a helper process, started
-            on the first cycle (one per callback; it imports no torch); if it fails twice, cycles go
+            with the callback (one per callback; it imports no torch); if it fails twice, cycles go
             the inline way, with one warning. ``"inline"``: a background thread of the training
             process does that work (or, with ``background=False``, the training thread itself).
     """
+
+    exit_wait_s: float | None = None  # seconds the last profiler stop waited for pending cycles
 
     def __init__(
         self,
@@ -144,6 +146,7 @@ class MLflowProfilerCallback:
                               max_pending=max_pending, retries=retries, retry_wait_s=retry_wait_s, outbox=outbox)  # fmt: skip
         if process == "helper" and background:  # background=False: everything on the training thread
             self._sender = Handoff(self._sender, self.reporter, self._preparer, exit_budget_s=flush_timeout_s)
+            self._sender.start()  # now: it is ready by the first cycle, and no cycle is read in this process
             # A callback dropped unclosed leaves no helper behind; at exit, close() does it all.
             weakref.finalize(self, self._sender.release).atexit = False
         self._reader = CycleReader(
@@ -213,9 +216,9 @@ class MLflowProfilerCallback:
     def start_helper(self, timeout: float = 60.0) -> bool:
         """Starts the helper process now and waits, at most `timeout` s, until it takes cycles.
 
-        Without this call it starts on the first cycle, and cycles are processed in this process
-        until it is up (it imports MLflow: about a second). False: there is no helper
-        (``process="inline"``, ``background=False``) or it is not up yet."""
+        Without this call it starts when the callback is created (and at the first cycle of a
+        later profile), and the cycles that come before it is up wait for it. False: there is no
+        helper (``process="inline"``, ``background=False``) or it is not up yet."""
         if not isinstance(self._sender, Handoff):
             return False
         self._sender.start()
@@ -260,7 +263,7 @@ class MLflowProfilerCallback:
         return monitor.tool.utilization_totals() if monitor is not None and monitor.running else None
 
     def _flush_at_stop(self) -> None:
-        shutdown.flush_at_stop(self._sender, self._budget, self.reporter)
+        self.exit_wait_s = shutdown.flush_at_stop(self._sender, self._budget, self.reporter)
 
     def _join_primary_run(self, logger: RunLogger) -> RunRef:
         """Under torch.distributed, every rank takes rank 0's run (created now, collectively)."""

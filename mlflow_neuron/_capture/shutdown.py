@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from .._delivery.handoff import Handoff
+from .._delivery.report import logger as _log
 from .._delivery.probe import check_reachable
 
 
@@ -42,9 +43,11 @@ class ShutdownBudget:
             self._waited += time.monotonic() - started
 
 
-def flush_at_stop(sender: Any, budget: ShutdownBudget, reporter: Any) -> None:
+def flush_at_stop(sender: Any, budget: ShutdownBudget, reporter: Any) -> float:
     """Waits for pending cycles for what is left of the budget; the rest goes to the outbox. Then
-    the helper process, if any, ends: its profile is over."""
+    the helper process, if any, ends: its profile is over. Returns the seconds this stop waited
+    (logged at INFO level: what the profiler's exit cost the user)."""
+    started, pending = time.monotonic(), sender.pending
     with budget.spending():
         try:
             flushed = sender.flush(budget.left())
@@ -59,6 +62,9 @@ def flush_at_stop(sender: Any, budget: ShutdownBudget, reporter: Any) -> None:
                 sender.retire(budget.left())
     except Exception as error:  # noqa: BLE001
         reporter.problem("flush", "could not store pending cycles in the outbox", error)
+    waited = time.monotonic() - started
+    _log.info("mlflow-neuron: the profiler's stop waited %.2f s (%d cycle(s) were pending)", waited, pending)
+    return waited
 
 
 def end_run(logger: Any, seconds: float, reporter: Any, flush_timeout_s: float) -> bool:

@@ -3,18 +3,18 @@
 `Handoff` stands where the callback's `Sender` stood and offers the same surface (`submit`,
 `flush`, `close`, `delivered`, `stored`, `pending`, `logger`). A job that holds in-process objects
 (a cycle's Kineto results) goes to the in-process sender; a portable one (plain data naming the
-cycle's saved trace) goes to the helper process, started on the first job.
+cycle's saved trace) goes to the helper process.
 
-Trouble with the helper never reaches training:
-- the first cycle is read the in-process way and starts the helper once it is on its way; until
-  the helper is up (it imports MLflow: about a second), `accepts_jobs()` is False and cycles
-  keep going the in-process way, so the first cycles of a short profile are not held up;
+The helper starts with the callback (`start`), and again at the first cycle of a later profile:
+its imports take a second or two, and the jobs of cycles that come meanwhile wait in its pipe
+(small messages; their traces are on disk). It creates the run when there is none, so that one
+process creates it. Trouble with the helper never reaches training:
 - it cannot start, dies, or stops answering for `hang_timeout_s`: one warning; the jobs it had not
   settled (a job is settled when its staged folder is gone: delivered, or stored in the outbox) go
   to the in-process sender, and the helper is restarted once; after a second failure every job
   goes the in-process way;
 - when the profile stops, the callback retires the helper (`retire`): it finishes or stores its
-  jobs and exits, so no helper outlives its profile; the next profile's first cycle starts one;
+  jobs and exits, so no helper outlives its profile;
 - `flush(timeout)` and `close(timeout)` wait for it within their timeout. A helper still busy when
   `close`'s time is up is stopped, and its unsettled jobs are stored in the outbox here, so that
   after `close` every cycle is delivered or in the outbox, as with the in-process sender.
@@ -22,16 +22,15 @@ Trouble with the helper never reaches training:
 
 from __future__ import annotations
 
-import builtins
 import itertools
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from . import outbox as _outbox
-from .helper_process import HelperError, HelperProcess
+from .helper_process import HelperProcess, init_message, remote_error
 from .helper_records import LeftBehind, LeftBehinds
 from .job import CycleJob
 
@@ -54,6 +53,7 @@ class Handoff:
         self.helper_pid: int | None = None
         self.jobs_sent = 0  # cycles handed to a helper process
         self.helper_peak_rss_kb: int | None = None  # the largest peak RSS a helper reported
+        self.ready_after_s: float | None = None  # from the first helper's start until it took its settings
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._proc: HelperProcess | None = None
@@ -63,7 +63,7 @@ class Handoff:
         self._fallen_back = False
         self._closing = False
         self._retiring: HelperProcess | None = None
-        self._sent: list[dict] = []  # jobs the helper has, maybe not settled yet
+        self._sent: list[CycleJob] = []  # jobs the helper has, maybe not settled yet
         self._given: list[CycleJob] = []  # every job handed to the current helper (its final count)
         self._started_ns = 0  # wall clock at its start: its outbox records are named after it
         self._helper_fallback: str | None = None  # the helper's own fallback outbox folder
@@ -73,6 +73,7 @@ class Handoff:
         self._replies: dict[int, dict] = {}
         self._state: dict = {}
         self._done_delivered = 0  # from helpers that are gone
+        self._done_busy_s = 0.0
         self._done_stored: list[Path] = []
         self._done_rejected: list[Path] = []
         self._left = LeftBehinds()  # helpers gone without their final state (see helper_records)
@@ -100,6 +101,11 @@ class Handoff:
         return [*self.inner.rejected, *self._done_rejected, *map(Path, self._state.get("rejected", ()))]
 
     @property
+    def delivery_busy_s(self) -> float:
+        """Seconds the senders spent sending (the helpers' and the in-process one's)."""
+        return self.inner.pace.busy_s + self._done_busy_s + self._state.get("busy_s", 0.0)
+
+    @property
     def pending(self) -> int:
         """Cycles held in memory by the in-process sender and by the helper's sender (jobs on their
         way through the pipe are a few hundred bytes each; their traces are on disk)."""
@@ -112,12 +118,11 @@ class Handoff:
     def submit(self, job: CycleJob) -> None:
         self.raise_worker_errors()
         with self._lock:
-            if job.portable and self._ready and self._proc is not None and not self._fallen_back:
-                self._send_job(job)
+            if job.portable and self._proc is not None and not self._fallen_back:
+                self._send_job(job)  # a starting helper reads it once its imports are done
                 return
-        # In-process: a job holding this process's objects, or the helper is not up (yet, or any more).
+        # In-process: a job holding this process's objects, or the helper is gone for good.
         self.inner.submit(job)
-        self.start()  # lazily, once the cycle is on its way: the first cycle starts the helper
 
     def process_ids(self) -> tuple[int, ...]:
         """The helper processes running now, the current one and one retiring. Read without the
@@ -126,15 +131,16 @@ class Handoff:
         return tuple(p.proc.pid for p in procs if p is not None)
 
     def accepts_jobs(self) -> bool:
-        """Whether the next cycle should be a job for the helper: it is up and well. Until then (the
-        first cycle starts it), the callback reads cycles the in-process way."""
+        """Whether the next cycle should be a job for the helper: it is up, or starting (then the
+        job waits for it; a retired one is started again now). Else the callback reads cycles the
+        in-process way."""
         with self._lock:
-            if self._fallen_back or self._closing or self._proc is None:
+            if self._fallen_back or self._closing:
                 return False
-            if self.inner.logger.run.run_id is None:
-                return False  # the run is created in-process first: two processes must not both create it
+            if self._proc is None:
+                self._start()  # a later profile's first cycle
             self._check_hang()
-            return self._ready and self._proc is not None
+            return self._proc is not None
 
     def start(self) -> None:
         """Starts the helper now rather than on the first cycle (its imports take seconds)."""
@@ -164,13 +170,12 @@ class Handoff:
         """Stores the in-process sender's queue in the outbox now, and has the helper store its own
         (it answers nothing: the shutdown budget is spent)."""
         with self._lock:
-            if self._proc is not None and self._ready and not self._fallen_back:
+            if self._proc is not None and not self._fallen_back:  # a starting helper reads it after its jobs
                 self._proc.send({"op": "spill", "why": why})
         return self.inner.spill(why)
 
     def release(self) -> None:
-        """Lets the helper go without waiting (its callback is gone): it delivers or stores what it
-        holds, as at a closed stdin, and exits."""
+        """Lets the helper go without waiting (its callback is gone): it delivers or stores what it holds."""
         with self._lock:
             proc, self._proc = self._proc, None
             if proc is not None:  # an explicit close: a forked child of training may hold the pipe open
@@ -203,25 +208,14 @@ class Handoff:
 
     # -- the helper's lifecycle (under self._lock) ---------------------------------------------------
 
-    def _init_message(self) -> dict:
-        inner, preparer = self.inner, self.preparer
-        return {
-            "op": "init",
-            "run": asdict(inner.logger.run),
-            "sender": {"max_pending": inner.max_pending, "retries": inner.retries,
-                       "retry_wait_s": inner.retry_wait_s, "outbox": str(inner.outbox)},
-            "preparer": {"top_k": preparer.top_k, "rank": preparer.rank, "primary": preparer.primary,
-                         "all_ranks": preparer.all_ranks, "known": preparer.export()},
-            "exit_budget_s": self.exit_budget_s,
-        }  # fmt: skip
-
     def _start(self) -> None:
         self._ready = False
         self._started_at = time.monotonic()
         self._started_ns = time.time_ns()
         self._given, self._helper_fallback, self._final_state = [], None, False
         try:
-            self._proc = HelperProcess(self._init_message(), self._on_message, self.command)
+            init = init_message(self.inner, self.preparer, self.exit_budget_s, self.reporter.strict)
+            self._proc = HelperProcess(init, self._on_message, self.command)
         except Exception as error:  # noqa: BLE001 - no helper: the in-process path takes over
             self._fail(f"could not start the helper process ({type(error).__name__}: {error})")
 
@@ -272,6 +266,8 @@ class Handoff:
             self._settle_gone(proc, exit_wait_s=0.0 if graceful else 0.2)
         unsettled, self._sent = self._unsettled(), []
         for job in unsettled:
+            job.tried = True  # the helper may have written part of it
+        for job in unsettled:
             self.inner.submit(job)
 
     def _fail(self, why: str) -> None:
@@ -295,6 +291,7 @@ class Handoff:
         rejected = {Path(p) for p in self._state.get("rejected", ()) if Path(p).exists()}
         delivered = self._state.get("delivered", 0)
         self._done_delivered += delivered
+        self._done_busy_s += self._state.get("busy_s", 0.0)
         self._done_stored += sorted(stored)
         self._done_rejected += sorted(rejected)
         if not self._final_state:
@@ -311,8 +308,8 @@ class Handoff:
         while True:
             with self._lock:
                 proc = self._proc
-                if proc is None or self._fallen_back or not self._ready:
-                    return True
+                if proc is None or self._fallen_back or not (self._ready or self._unsettled()):
+                    return True  # a helper still starting, with no job: nothing to wait for
                 seq = next(self._seq)
                 left = _left(deadline)
                 helper_budget = None if left is None else max(left - min(1.0, 0.1 * left), 0.0)
@@ -349,6 +346,8 @@ class Handoff:
                 self.parser, self.helper_pid = message.get("parser"), message.get("pid")
                 self._helper_fallback = message.get("fallback")
                 self._ready = True
+                if self.ready_after_s is None:
+                    self.ready_after_s = time.monotonic() - self._started_at
             elif kind == "accepted":
                 self._unaccepted.pop(message.get("seq"), None)
             elif kind in ("state", "reply"):
@@ -378,22 +377,11 @@ class Handoff:
             self.inner.logger.run = replace(self.inner.logger.run, run_id=run_id)
 
     def _forward_problem(self, message: dict) -> None:
-        error = _remote_error(*message["error"]) if message.get("error") else None
+        error = remote_error(*message["error"]) if message.get("error") else None
         try:
             self.reporter.problem(message.get("kind", "helper"), message.get("message", ""), error)
         except BaseException as raised:  # noqa: BLE001 - strict mode: raised on the training thread
             self._errors.append(raised)
-
-
-def _remote_error(type_name: str, text: str) -> BaseException:
-    """The helper's exception as the same builtin type where there is one, else a HelperError."""
-    cls = getattr(builtins, type_name, None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            return cls(text)
-        except Exception:  # noqa: BLE001 - a constructor with other arguments
-            pass
-    return type(type_name, (HelperError,), {"__module__": __name__})(text)
 
 
 def _left(deadline: float | None) -> float | None:

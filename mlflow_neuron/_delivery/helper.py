@@ -60,7 +60,7 @@ class Channel:
 class ForwardingReporter:
     """The Reporter the sender sees: problems go to the training process, which warns or raises."""
 
-    strict = False
+    strict = False  # the training process's setting: with it, problems carry their errors
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
@@ -85,6 +85,7 @@ class Helper:
         self.job_of = CycleJob.from_message
         self.channel = channel
         self.reporter = ForwardingReporter(channel)
+        self.reporter.strict = bool(init.get("strict"))  # it never raises: the training process does
         self.exit_budget_s = float(init.get("exit_budget_s", 10.0))
         self.parent = os.getppid()  # the training process; another parent means it died
         settings = dict(init["preparer"])
@@ -97,6 +98,7 @@ class Helper:
         # the staged folder's removal stores the cycle twice).
         self.sender = Sender(RunLogger(RunRef(**init["run"])), self.reporter, self.preparer.prepare, background=True,
                              write_ahead=False, **init["sender"])  # fmt: skip
+        self.sender.warm()  # the store opens while training runs, not when the first cycle waits
         self._last_state: dict | None = None
         self._closed = threading.Event()
         self._closing = threading.Lock()
@@ -110,6 +112,7 @@ class Helper:
             "stored": [str(p) for p in list(self.sender.stored)],
             "rejected": [str(p) for p in list(self.sender.rejected)],
             "pending": self.sender.pending,
+            "busy_s": round(self.sender.pace.busy_s, 4),
             "run_id": self.sender.logger.run.run_id,
             "peak_rss_kb": _peak_rss_kb(),
         }

@@ -6,12 +6,14 @@ message from its stdout to `on_message`, then {"type": "eof"}. The protocol is `
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import queue
 import subprocess
 import sys
 import threading
+from dataclasses import asdict
 from pathlib import Path
 
 HELPER_COMMAND = (sys.executable, "-m", "mlflow_neuron._delivery.helper")
@@ -81,3 +83,32 @@ class HelperProcess:
                 continue
             self._on_message(self, message)
         self._on_message(self, {"type": "eof"})
+
+
+def init_message(sender, preparer, exit_budget_s: float, strict: bool = False) -> dict:
+    """The helper's first message: the run, the in-process sender's settings, the preparer's
+    settings and the op keys handed out so far (so both processes name ops alike)."""
+    return {
+        "op": "init",
+        "run": asdict(sender.logger.run),
+        "sender": {"max_pending": sender.max_pending, "retries": sender.retries,
+                   "retry_wait_s": sender.retry_wait_s, "outbox": str(sender.outbox)},
+        "preparer": {"top_k": preparer.top_k, "rank": preparer.rank, "primary": preparer.primary,
+                     "all_ranks": preparer.all_ranks, "known": preparer.export()},
+        "exit_budget_s": exit_budget_s,
+        "strict": strict,  # errors the training process raises go along with their problems
+    }  # fmt: skip
+
+
+def remote_error(type_name: str, text: str) -> BaseException:
+    """The helper's exception as the same type where it is a builtin or MLflow's own
+    (`MlflowException`: strict mode raises a refusal as itself), else a HelperError."""
+    import mlflow.exceptions  # the training process has MLflow loaded already
+
+    cls = getattr(builtins, type_name, None) or getattr(mlflow.exceptions, type_name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(text)
+        except Exception:  # noqa: BLE001 - a constructor with other arguments
+            pass
+    return type(type_name, (HelperError,), {"__module__": __name__})(text)

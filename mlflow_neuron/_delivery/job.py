@@ -43,6 +43,7 @@ class CycleJob:
     delivery: Delivery | None = field(default=None, repr=False)  # set once prepared
     record: Path | None = field(default=None, repr=False)  # its outbox record, once written ahead of delivery
     unwritable: bool = field(default=False, repr=False)  # writing it ahead failed: not tried again before storing
+    tried: bool = False  # a delivery of it was attempted (maybe in another process): it may be partly written
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property

@@ -69,6 +69,18 @@ class RunLogger:
         self._run_info = None  # the run's RunInfo: experiment id and name, for cycle traces
         self.wrote = False  # whether anything was written to the server (a run created, data logged)
 
+    def warm(self) -> None:
+        """Opens the store and reads the run's state ahead of the first cycle (a sqlite store
+        checks its schema on opening: a fraction of a second). Creates nothing; what fails here
+        is left for the first delivery to meet and report."""
+        try:
+            if self.run.run_id is not None:
+                self._load_run_state(self.run.run_id)
+            elif self.run.experiment_id is not None:
+                self.client.get_experiment(self.run.experiment_id)
+        except Exception:  # noqa: BLE001
+            pass
+
     def ensure_run(self) -> str:
         """The run's id; a run known by its key is found, or created once across processes.
 
@@ -94,37 +106,68 @@ class RunLogger:
         )
         return sorted(found, key=lambda r: (r.info.start_time or 0, r.info.run_id))
 
-    def deliver(self, delivery: Delivery) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    def deliver(self, delivery: Delivery, *, fresh: bool = False) -> tuple[dict[str, tuple[str, str]], list[str]]:
         """Sends one cycle. Returns param clashes {name: (kept, rejected)} and files that vanished.
 
         MLflow params are immutable, so a second profiler on the same run with other settings
-        keeps the first values; the caller reports the clash.
+        keeps the first values; the caller reports the clash. `fresh`: no earlier attempt can
+        have written any of it (its trace is then written without a search first).
         """
+        return self.deliver_many([delivery], fresh=fresh)[0]
+
+    def deliver_many(self, deliveries: list[Delivery], *, fresh: bool = False) -> list[tuple[dict, list[str]]]:
+        """Sends several cycles together: one `log_batch` for all their metrics and tags, one
+        artifact pass for their generated files, then their traces. Returns each cycle's
+        (clashes, vanished), in order.
+
+        As idempotent as one delivery: a batch that fails part way is sent again, whole or cycle
+        by cycle, and leaves each cycle's data once."""
         check_reachable(self.run.tracking_uri)
         run_id = self.ensure_run()
         self._load_run_state(run_id)
         self.wrote = True  # what follows writes
-        clashes = self._log_params(run_id, delivery.params)
-        metrics = [Metric(k, v, delivery.timestamp_ms, delivery.step) for k, v in delivery.metrics.items()]
-        metrics += [Metric(k, v, delivery.timestamp_ms, step) for k, v, step in delivery.series]
-        tags = [RunTag(k, v) for k, v in delivery.tags.items()]
-        if delivery.table:
-            tags.append(RunTag(MLFLOW_LOGGED_ARTIFACTS, self._register_table(delivery.table)))
+        clashes = [self._log_params(run_id, d.params) for d in deliveries]
+        metrics, tags = [], {}
+        for d in deliveries:
+            metrics += [Metric(k, v, d.timestamp_ms, d.step) for k, v in d.metrics.items()]
+            metrics += [Metric(k, v, d.timestamp_ms, step) for k, v, step in d.series]
+            tags.update(d.tags)  # in cycle order: the last cycle's value wins, as when sent one by one
+            if d.table:
+                tags[MLFLOW_LOGGED_ARTIFACTS] = self._register_table(d.table)
+        metrics = list({(m.key, m.value, m.timestamp, m.step): m for m in metrics}.values())  # a point once per call
         if metrics or tags:
-            self.client.log_batch(run_id, metrics=metrics, tags=tags, synchronous=True)
-        vanished, sent = [], {}
-        for local_path, artifact_folder in delivery.uploads:
-            if not os.path.isfile(local_path):
-                vanished.append(local_path)
-                continue
-            done = uploads.upload(self.run.tracking_uri, run_id, local_path, artifact_folder, self.progress)
-            sent[done.artifact_path] = done
-        if delivery.files_dir:
-            self.client.log_artifacts(run_id, delivery.files_dir, delivery.artifact_dir)
-            self._log_checked_manifest(run_id, delivery, sent)
-        if delivery.timeline and delivery.files_dir:
-            vanished += self._log_timeline(run_id, delivery)
-        return clashes, vanished
+            self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()],
+                                  synchronous=True)  # fmt: skip
+        vanished: list[list[str]] = [[] for _ in deliveries]
+        sent: list[dict] = [{} for _ in deliveries]
+        for d, gone, done in zip(deliveries, vanished, sent):
+            for local_path, artifact_folder in d.uploads:
+                if not os.path.isfile(local_path):
+                    gone.append(local_path)
+                    continue
+                upload = uploads.upload(self.run.tracking_uri, run_id, local_path, artifact_folder, self.progress)
+                done[upload.artifact_path] = upload
+        self._log_generated_files(run_id, [d for d in deliveries if d.files_dir])
+        for d, done in zip(deliveries, sent):
+            if d.files_dir:
+                self._log_checked_manifest(run_id, d, done)
+        self._log_timelines(run_id, deliveries, vanished, fresh)
+        return list(zip(clashes, vanished))
+
+    def _log_generated_files(self, run_id: str, deliveries: list[Delivery]) -> None:
+        """Every delivery's generated files under its own `artifact_dir`, in one artifact pass: a
+        folder of links laid out as the run's artifacts, logged at once."""
+        if len(deliveries) == 1:
+            self.client.log_artifacts(run_id, deliveries[0].files_dir, deliveries[0].artifact_dir)
+            return
+        with tempfile.TemporaryDirectory(prefix="mlflow-neuron-batch-") as root:
+            for d in deliveries:
+                for folder, _, names in os.walk(d.files_dir):
+                    target = Path(root, d.artifact_dir, os.path.relpath(folder, d.files_dir))
+                    target.mkdir(parents=True, exist_ok=True)
+                    for name in names:  # artifact stores read through links (copytree, open, upload_file)
+                        os.symlink(os.path.abspath(os.path.join(folder, name)), target / name)
+            self.client.log_artifacts(run_id, root)
 
     def _log_checked_manifest(self, run_id: str, delivery: Delivery, sent: dict) -> None:
         """manifest.json again, with the size and SHA-256 of the profile files just sent."""
@@ -134,20 +177,25 @@ class RunLogger:
                 Path(folder, MANIFEST).write_text(checked, encoding="utf-8")
                 self.client.log_artifact(run_id, str(Path(folder, MANIFEST)), delivery.artifact_dir)
 
-    def _log_timeline(self, run_id: str, delivery: Delivery) -> list[str]:
-        """The cycle's trace, last: everything else is in when it says `complete`. Idempotent.
-        Returns the timeline file when it is gone or damaged (no trace then; retrying cannot help)."""
-        from .traces import log_timeline  # MLflow's tracing client: only for cycles with a timeline
+    def _log_timelines(self, run_id: str, deliveries: list[Delivery], vanished: list[list[str]], fresh: bool) -> None:
+        """The cycles' traces, last: everything else is in when one says `complete`. Idempotent.
+        A timeline file gone or damaged is added to its cycle's `vanished` (no trace then;
+        retrying cannot help)."""
+        from .traces import log_timelines  # MLflow's tracing client: only for cycles with a timeline
 
-        path = Path(delivery.files_dir, delivery.timeline)
-        try:
-            timeline = Timeline.from_json(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, TypeError, KeyError):
-            return [str(path)]
+        timelines = {}  # device tag -> timelines (one run: one device, but the tag is per cycle)
+        for d, gone in zip(deliveries, vanished):
+            if not (d.timeline and d.files_dir):
+                continue
+            path = Path(d.files_dir, d.timeline)
+            try:
+                timelines.setdefault(d.tags.get(DEVICE_TAG), []).append(Timeline.from_json(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError, KeyError):
+                gone.append(str(path))
         info = self._run_info
-        log_timeline(self.client, run_id, info.experiment_id, timeline,
-                     device=delivery.tags.get(DEVICE_TAG), run_name=info.run_name)  # fmt: skip
-        return []
+        for device, group in timelines.items():
+            log_timelines(self.client, run_id, info.experiment_id, group, device=device, run_name=info.run_name,
+                          fresh=fresh)  # fmt: skip
 
     def end_run(self) -> None:
         if self.run.run_id is not None:

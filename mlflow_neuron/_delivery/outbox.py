@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .files import link_or_copy
 from .model import Delivery, RunRef
+from .report import one_line
 from .seal import CHECKS, DamagedRecord, check_files, check_shape, seal
 
 DEFAULT_OUTBOX = "mlflow-neuron-outbox"
@@ -46,6 +47,19 @@ _sequence = itertools.count()
 def fallback_folder() -> Path:
     """Where the outbox goes when the configured folder cannot be written."""
     return Path(tempfile.gettempdir()) / f"mlflow-neuron-outbox-{os.getuid() if hasattr(os, 'getuid') else 0}"
+
+
+def put_or_fallback(outbox: Path, delivery: Delivery, run: RunRef, copy_max_bytes: int, reporter) -> Path:
+    """`put` into `outbox`, or, where that folder cannot be written, into `fallback_folder()`
+    (the reporter says so once)."""
+    try:
+        return put(outbox, delivery, run, copy_max_bytes=copy_max_bytes)
+    except OSError as unwritable:
+        fallback = fallback_folder()
+        reporter.problem(
+            "outbox_unwritable", f"outbox {outbox} is not writable ({one_line(unwritable)}); using {fallback} instead"
+        )
+        return put(fallback, delivery, run, copy_max_bytes=copy_max_bytes)
 
 
 def put(outbox: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_bytes: int,

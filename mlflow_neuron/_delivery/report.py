@@ -107,3 +107,29 @@ def closing_summary(reporter: Reporter, stored: list, rejected: list, steps: lis
             f"{len(rejected)} profiler cycle(s) were refused by the server and are kept in "
             f"{', '.join(sorted({str(p.parent) for p in rejected}))} (see the reason file in each)",
         )
+
+
+def report_delivery(reporter: Reporter, run_id: str | None, step: int, problems: list[tuple[str, str]],
+                    clashes: dict, vanished: list[str]) -> None:  # fmt: skip
+    """What a delivered cycle brought along: its reader's problems, params the run already had
+    with other values (kept, as MLflow params are immutable), files gone before upload."""
+    for kind, problem in problems:
+        reporter.problem(kind, problem)
+    if clashes:
+        listed = ", ".join(f"{k}: kept {old!r}, not {new!r}" for k, (old, new) in clashes.items())
+        reporter.problem("params_clash", f"run {run_id} already has other profiler params ({listed})")
+    if vanished:
+        reporter.problem(
+            "file_vanished",
+            f"{len(vanished)} profile file(s) of step {step} disappeared before upload "
+            f"(first: {vanished[0]}); the rest of the cycle was logged",
+        )
+
+
+def rejected_message(what: str, run, why: str, path) -> str:
+    """What a permanent refusal says: by whom, why, where the record is kept, how to send it later."""
+    return (
+        f"{what} was refused by {run.tracking_uri} for run {run.run_id} ({why}); retrying cannot help, so it is "
+        f"not retried: it is kept in {path.parent}. Once the cause is fixed, `mlflow-neuron sync --outbox "
+        f"{path.parent.parent} --retry-rejected [--run-id ID]` sends it"
+    )

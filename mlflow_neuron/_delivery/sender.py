@@ -2,14 +2,15 @@
 
 The training thread only hands over a `CycleJob`; a daemon worker prepares it (reads the cycle,
 writes its files: `prepare.Preparer`), writes it ahead to the outbox, sends it, retries with
-backoff, and removes its record once the server took all of it; when the server stays away the
-record simply stays. From before the first byte is sent until the server confirmed the last, the
-cycle is a whole record on disk, so a kill while sending loses nothing (`write_ahead=False`, in
-the helper process: written only when not sent). Pending memory is
-bounded: when `max_pending` cycles wait, the next one goes straight to the outbox. When the queue
-is empty the worker replays what it stored, so a server that was only slow or briefly gone needs
-no manual sync. At close, what is still queued or in flight is stored rather than dropped
-(sending it again later is harmless: a delivery sent twice leaves its data once).
+backoff, and removes its record once the server took all of it. From before the first byte is
+sent until the server confirmed the last, the cycle is a whole record on disk, so a kill while
+sending loses nothing (`write_ahead=False`, in the helper process: written only when not sent).
+Cycles that waited while one was sent go together (`RunLogger.deliver_many`: one log_batch, one
+artifact pass); if that fails, each is sent on its own. Pending memory is bounded: when
+`max_pending` cycles wait, the next goes straight to the outbox, and `pace` says once when
+cycles come faster than they leave. When the queue is empty the worker replays what it stored,
+so a server that was only slow or briefly gone needs no manual sync. At close, what is still
+queued or in flight is stored (sending it again later leaves its data once).
 
 A refusal that no retry can change (the run does not exist or was deleted, permission denied, an
 invalid value) is not retried: the record goes to the outbox's `rejected/` folder with its reason,
@@ -32,8 +33,11 @@ from .http_budget import remember_retry_after, retry_after_s
 from .job import CycleJob
 from .mlflow_io import RunLogger
 from .model import Delivery
-from .report import Reporter, closing_summary, one_line
+from .pace import Pace
+from .report import Reporter, closing_summary, one_line, rejected_message, report_delivery
 from .sync import DAMAGED, DELIVERED, GONE, REJECTED, replay
+
+BATCH = 16  # cycles sent together at most: a batch that fails is sent again cycle by cycle
 
 
 class Sender:
@@ -71,7 +75,8 @@ class Sender:
         self._replay_blocked = False  # the last replay failed: flush() does not wait for replays
         self._quiet_until = 0.0  # monotonic time before which the server asked not to be sent anything
         self._queue: deque[CycleJob] = deque()
-        self._inflight: CycleJob | None = None
+        self._inflight: list[CycleJob] = []  # the batch being sent
+        self.pace = Pace()  # a sender that cannot keep up says so once; its busy_s: time spent sending
         self._settled: dict[int, str] = {}  # id(record) -> "done" | "abandoned", while in flight
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -83,7 +88,7 @@ class Sender:
     @property
     def pending(self) -> int:
         with self._cond:
-            return len(self._queue) + (self._inflight is not None)
+            return len(self._queue) + len(self._inflight)
 
     def submit(self, job: CycleJob) -> None:
         self.raise_worker_errors()
@@ -91,11 +96,16 @@ class Sender:
             self._send(job)
             return
         with self._cond:
-            full = len(self._queue) + (self._inflight is not None) >= self.max_pending
+            self.pace.arrived(job.step)
+            waiting = len(self._queue) + len(self._inflight)
+            full = waiting >= self.max_pending
             if not full:
                 self._queue.append(job)
                 self._cond.notify_all()
                 self._start_worker()
+            behind = self.pace.behind(waiting + 1)
+        if behind:
+            self.reporter.problem("falling_behind", behind)
         if full:
             self._store(job, f"{self.max_pending} cycles were already waiting to be sent")
 
@@ -103,7 +113,7 @@ class Sender:
         """Waits until every submitted cycle is sent or stored; False if `timeout` ran out first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._inflight is not None or (self.stored and not self._replay_blocked):
+            while self._queue or self._inflight or (self.stored and not self._replay_blocked):
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -130,10 +140,10 @@ class Sender:
         with self._cond:
             left = list(self._queue)
             self._queue.clear()
-            inflight = self._inflight
-            if inflight is not None and id(inflight) not in self._settled:
-                self._settled[id(inflight)] = "abandoned"
-                left.insert(0, inflight)
+            inflight = [job for job in self._inflight if id(job) not in self._settled]
+            for job in inflight:
+                self._settled[id(job)] = "abandoned"
+            left[:0] = inflight
             self._cond.notify_all()
         for job in left:
             self._store(job, why)
@@ -145,34 +155,73 @@ class Sender:
 
     # -- worker ---------------------------------------------------------------------------------
 
-    def _start_worker(self) -> None:
+    def warm(self) -> None:
+        """Starts the worker now; it opens the store first (`RunLogger.warm`), before any cycle waits."""
+        with self._cond:
+            self._start_worker(warm=True)
+
+    def _start_worker(self, warm: bool = False) -> None:
         if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._work, name="mlflow-neuron-sender", daemon=True)
+            self._thread = threading.Thread(target=self._work, args=(warm,), name="mlflow-neuron-sender", daemon=True)
             self._thread.start()
 
-    def _work(self) -> None:
+    def _work(self, warm: bool = False) -> None:
+        if warm:
+            self.logger.warm()
         while True:
             with self._cond:
-                while not self._queue and not self._stop.is_set() and not self._replay_due():
+                while not self._queue and not self._stop.is_set() and self._seconds_to_replay() != 0.0:
                     self._cond.wait(self._seconds_to_replay())
-                if self._queue:
-                    job = self._inflight = self._queue.popleft()
+                if self._queue:  # every cycle waiting, sent together (one cycle: as it always was)
+                    batch = self._inflight = [self._queue.popleft() for _ in range(min(len(self._queue), BATCH))]
                 elif self._stop.is_set():
                     return
                 else:
-                    job, stored = None, self.stored[0]
-            if job is None:
+                    batch, stored = [], self.stored[0]
+            if not batch:
                 self._replay(stored)
                 continue
+            started = time.monotonic()
             try:
-                self._send(job)
+                self._send_together(batch) if len(batch) > 1 else self._send(batch[0])
+                with self._cond:  # behind: said at an arrival, or here when no cycle arrives any more
+                    self.pace.delivered(len(batch), time.monotonic() - started)
+                    behind = self.pace.behind(len(self._queue))
+                if behind:
+                    self.reporter.problem("falling_behind", behind)
             except BaseException as error:  # noqa: BLE001 - only strict mode gets here
                 self._worker_errors.append(error)
             finally:
                 with self._cond:
-                    self._inflight = None
-                    self._settled.pop(id(job), None)
+                    self._inflight = []
+                    for job in batch:
+                        self._settled.pop(id(job), None)
                     self._cond.notify_all()
+
+    def _send_together(self, batch: list[CycleJob]) -> None:
+        """One delivery for several cycles (one log_batch, one artifact pass). If it fails, each
+        cycle is sent on its own, with its own retries and verdict: what the failed attempt wrote
+        is written again once, never twice."""
+        try:
+            quiet = self._quiet_until - time.monotonic()  # a refusal's Retry-After holds for a batch too
+            if quiet > 0 and self._stop.wait(quiet):
+                raise InterruptedError("closing")  # each cycle goes its own way: to the outbox
+            deliveries = [self._written_ahead(job) for job in batch]
+            if self.write_ahead:
+                self._write_ahead_queued()
+            retry_after_s()  # forget a refusal from before this attempt
+            fresh = not any(job.tried for job in batch)
+            for job in batch:
+                job.tried = True
+            results = self.logger.deliver_many(deliveries, fresh=fresh)
+        except Exception:  # noqa: BLE001 - split back: each cycle finds its own way (or reason)
+            self._heed_retry_after()  # a refusal's Retry-After holds for the cycles sent next, too
+            for job in batch:
+                if self._settled.get(id(job)) != "abandoned":
+                    self._send(job)
+            return
+        for job, (clashes, vanished) in zip(batch, results):
+            self._settle_delivered(job, clashes, vanished)
 
     def _send(self, job: CycleJob) -> None:
         error: Exception | None = None
@@ -188,7 +237,8 @@ class Sender:
                 if self.write_ahead:  # the cycles behind this one too: a delivery may hang for minutes
                     self._write_ahead_queued()
                 retry_after_s()  # forget a refusal from before this attempt
-                clashes, vanished = self.logger.deliver(delivery)
+                fresh, job.tried = not job.tried, True
+                clashes, vanished = self.logger.deliver(delivery, fresh=fresh)
             except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, bad data
                 error = caught
                 self._heed_retry_after()
@@ -197,21 +247,13 @@ class Sender:
                         self._reject(job, caught)
                     return
                 continue
-            if self._claim(job):
-                self._delivered_live()
-                if job.record is not None:
-                    _outbox.remove(job.record)
-                _cleanup(job)
-            self._report_delivery(job, clashes, vanished)
+            self._settle_delivered(job, clashes, vanished)
             return
         if self._claim(job):
             self._store(job, f"sending failed {self.retries + 1} times", error)
 
-    def _replay_due(self) -> bool:
-        return bool(self.stored) and time.monotonic() >= self._next_replay()
-
-    def _seconds_to_replay(self) -> float | None:
-        return max(self._next_replay() - time.monotonic(), 0.01) if self.stored else None
+    def _seconds_to_replay(self) -> float | None:  # None: nothing stored; 0.0: a replay is due now
+        return max(self._next_replay() - time.monotonic(), 0.0) if self.stored else None
 
     def _next_replay(self) -> float:
         return max(self._replay_at, self._quiet_until)
@@ -247,11 +289,15 @@ class Sender:
             self.delivered += 1
             self._cond.notify_all()
 
-    def _delivered_live(self) -> None:
-        """The server takes cycles again: replay stored ones right away."""
-        with self._cond:
-            self.delivered += 1
-            self._replay_blocked, self._replay_at, self._replay_wait_s = False, 0.0, self.retry_wait_s
+    def _settle_delivered(self, job: CycleJob, clashes: dict, vanished: list[str]) -> None:
+        if self._claim(job):
+            with self._cond:  # the server takes cycles again: stored ones are replayed right away
+                self.delivered += 1
+                self._replay_blocked, self._replay_at, self._replay_wait_s = False, 0.0, self.retry_wait_s
+            if job.record is not None:
+                _outbox.remove(job.record)
+            _cleanup(job)
+        report_delivery(self.reporter, self.logger.run.run_id, job.step, job.problems, clashes, vanished)
 
     def _claim(self, job: CycleJob) -> bool:
         """True if this thread settles the record; False if close() took it over meanwhile."""
@@ -260,19 +306,6 @@ class Sender:
                 return False
             self._settled[id(job)] = "done"
             return True
-
-    def _report_delivery(self, job: CycleJob, clashes: dict, vanished: list[str]) -> None:
-        for kind, problem in job.problems:
-            self.reporter.problem(kind, problem)
-        if clashes:
-            listed = ", ".join(f"{k}: kept {old!r}, not {new!r}" for k, (old, new) in clashes.items())
-            self.reporter.problem("params_clash", f"run {self.logger.run.run_id} already has other profiler params ({listed})")
-        if vanished:
-            self.reporter.problem(
-                "file_vanished",
-                f"{len(vanished)} profile file(s) of step {job.step} disappeared before upload "
-                f"(first: {vanished[0]}); the rest of the cycle was logged",
-            )
 
     # -- outbox -----------------------------------------------------------------------------------
 
@@ -304,7 +337,8 @@ class Sender:
         storing it), after which its delivery points into the record."""
         with self._writing:
             if job.record is None:
-                job.record = self._put(job, delivery)
+                job.record = _outbox.put_or_fallback(self.outbox, delivery, self.logger.run, self.copy_max_bytes,
+                                                     self.reporter)  # fmt: skip
                 job.delivery = _outbox.load(job.record, check_seal=False)[0]
                 _cleanup(job)
             return job.record
@@ -327,16 +361,10 @@ class Sender:
     def _rejected(self, path: Path, step: int | None, why: str, error: Exception) -> None:
         with self._cond:
             self.rejected.append(path)
-        outbox = path.parent.parent
         what = f"profiler step {step}" if step is not None else f"outbox record {path.name}"
-        if self.reporter.strict:
-            raise error
-        self.reporter.problem(  # the cause is in `why` already: no error detail appended
-            "rejected",
-            f"{what} was refused by {self.logger.run.tracking_uri} for run {self.logger.run.run_id} ({why}); "
-            f"retrying cannot help, so it is not retried: it is kept in {path.parent}. Once the cause is "
-            f"fixed, `mlflow-neuron sync --outbox {outbox} --retry-rejected [--run-id ID]` sends it",
-        )
+        # The cause is in `why` already: the error goes along only to be raised (strict mode).
+        self.reporter.problem("rejected", rejected_message(what, self.logger.run, why, path),
+                              error if self.reporter.strict else None)  # fmt: skip
 
     def lose(self, step: int | str, what: str, error: Exception) -> None:
         """Counts a cycle as lost (neither sent nor stored) and says so; the close sums them up."""
@@ -364,16 +392,6 @@ class Sender:
             f"`mlflow-neuron sync --outbox {path.parent}`",
             error,
         )
-
-    def _put(self, job: CycleJob, delivery: Delivery) -> Path:
-        try:
-            return _outbox.put(self.outbox, delivery, self.logger.run, copy_max_bytes=self.copy_max_bytes)
-        except OSError as unwritable:
-            fallback = _outbox.fallback_folder()
-            self.reporter.problem(
-                "outbox_unwritable", f"outbox {self.outbox} is not writable ({one_line(unwritable)}); using {fallback} instead"
-            )
-            return _outbox.put(fallback, delivery, self.logger.run, copy_max_bytes=self.copy_max_bytes)
 
 
 def _cleanup(job: CycleJob) -> None:

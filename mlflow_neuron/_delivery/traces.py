@@ -6,10 +6,11 @@ Example::
     trace_id = log_timeline(client, run_id, experiment_id, timeline, device="neuron", run_name="naive")
 
 Exactly once per cycle. The trace id comes from the cycle key `<run_id>/<step>`, and the trace is
-tagged with that key; the tag `mlflow_neuron.timeline = complete` is set last. Before writing,
-the experiment's traces with that key are searched: a complete one means done (its id is
-returned); incomplete ones (a process died mid-write) are deleted, with any trace under the id,
-and the trace is written again. So retries, `sync` twice, or a replay after a partial one leave
+tagged with that key; the tag `mlflow_neuron.timeline = complete` is set last (a batch of
+cycles is linked to the run in one request first: `log_timelines`). Before writing, unless this
+is the cycle's first attempt (`fresh`), the experiment's traces with that key are searched: a
+complete one means done (its id is returned); incomplete ones (a process died mid-write) are
+deleted, with any trace under the id, and the trace is written again. So retries, `sync` twice, or a replay after a partial one leave
 one trace.
 
 Why not `MlflowClient.start_trace`/`start_span`/`end_span` (checked with MLflow 3.17 on sqlite):
@@ -79,6 +80,7 @@ def log_timeline(
     run_name: str | None = None,
     tags: Mapping[str, str] | None = None,
     span_storage: str = "artifact",
+    fresh: bool = False,
 ) -> str:
     """Logs `timeline` as a trace of `experiment_id` linked to `run_id`, once; returns its id.
 
@@ -88,15 +90,50 @@ def log_timeline(
 
     `span_storage`: "artifact" (default) writes the spans as the trace's data artifact, one file;
     "tracking_store" writes them into the store's span table (searchable by span content, but a
-    sqlite store takes ~0.7 ms a span: ~1.5 s for 2,000). The Traces tab draws either.
+    sqlite store takes ~0.7 ms a span: ~1.5 s for 2,000). The Traces tab draws either. `fresh`:
+    no earlier attempt can have written this cycle, so no search for its earlier traces.
     """
-    key = cycle_key(run_id, timeline.cycle_step)
-    trace_id = trace_id_for(key)
-    done = _complete_or_cleared(client, experiment_id, key, trace_id)
-    if done is not None:
-        return done
     if span_storage not in SPAN_STORAGE:
         raise ValueError(f"span_storage must be one of {', '.join(SPAN_STORAGE)}, got {span_storage!r}")
+    trace_id, written = _written_unless_complete(client, run_id, experiment_id, timeline, fresh, span_storage,
+                                                 device=device, run_name=run_name, tags=tags)  # fmt: skip
+    mark_complete(client, run_id, [trace_id] if written else [])
+    return trace_id
+
+
+def log_timelines(client: Any, run_id: str, experiment_id: str, timelines: list[Timeline], *, device: str | None = None,
+                  run_name: str | None = None, fresh: bool = False) -> list[str]:  # fmt: skip
+    """`log_timeline` for several cycles of one run, their links to the run in one request."""
+    done = [_written_unless_complete(client, run_id, experiment_id, timeline, fresh, "artifact", device=device,
+                                     run_name=run_name) for timeline in timelines]  # fmt: skip
+    mark_complete(client, run_id, [trace_id for trace_id, written in done if written])
+    return [trace_id for trace_id, _ in done]
+
+
+def _written_unless_complete(client: Any, run_id: str, experiment_id: str, timeline: Timeline, fresh: bool,
+                             span_storage: str, **tags: Any) -> tuple[str, bool]:  # fmt: skip
+    """(the cycle's trace id, whether it was written now): a complete trace of the cycle is kept."""
+    key = cycle_key(run_id, timeline.cycle_step)
+    trace_id = trace_id_for(key)
+    if not fresh and (done := _complete_or_cleared(client, experiment_id, key, trace_id)) is not None:
+        return done, False
+    _write_trace(client, run_id, experiment_id, timeline, trace_id, _trace_tags(timeline, key, run_id, **tags),
+                 span_storage)  # fmt: skip
+    return trace_id, True
+
+
+def mark_complete(client: Any, run_id: str, trace_ids: list[str]) -> None:
+    """Links written traces to the run (MLflow takes up to 100 a request), then tags each one
+    complete: only then does a later attempt take it as done."""
+    for first in range(0, len(trace_ids), 100):
+        client.link_traces_to_run(trace_ids[first : first + 100], run_id)
+    for trace_id in trace_ids:
+        client.set_trace_tag(trace_id, COMPLETE_TAG, COMPLETE)
+
+
+def _write_trace(client: Any, run_id: str, experiment_id: str, timeline: Timeline, trace_id: str,
+                 tags: dict[str, str], span_storage: str) -> None:  # fmt: skip
+    """The trace's info and spans, not linked nor complete yet."""
     shift = 0 if timeline.origin_ns else time.time_ns() - timeline.spans[0].end_ns
     dicts = span_dicts(timeline, trace_id, shift)
     tracing = TracingClient(client.tracking_uri)
@@ -115,7 +152,7 @@ def log_timeline(
         execution_duration=(root.end_ns - root.start_ns) // 1_000_000,
         state=TraceState.OK,
         trace_metadata={"mlflow.sourceRun": run_id, "mlflow.trace_schema.version": "3"},
-        tags=_trace_tags(timeline, key, run_id, device, run_name, tags),
+        tags=tags,
     )
     stored = tracing.start_trace(info)
     if not in_store or stored.tags.get(_SPANS_IN_STORE[0]) != _SPANS_IN_STORE[1]:
@@ -125,9 +162,6 @@ def log_timeline(
         # against it (MLflow's own `_upload_trace_data` takes the process-wide one).
         repo = get_artifact_repository(get_artifact_uri_for_trace(stored), tracking_uri=client.tracking_uri)
         repo.upload_trace_data(json.dumps({"spans": dicts}, separators=(",", ":")))
-    client.link_traces_to_run([trace_id], run_id)
-    client.set_trace_tag(trace_id, COMPLETE_TAG, COMPLETE)
-    return trace_id
 
 
 def _complete_or_cleared(client: Any, experiment_id: str, key: str, trace_id: str) -> str | None:
@@ -144,7 +178,7 @@ def _complete_or_cleared(client: Any, experiment_id: str, key: str, trace_id: st
 
 
 def _trace_tags(timeline: Timeline, key: str, run_id: str, device: str | None, run_name: str | None,
-                tags: Mapping[str, str] | None) -> dict[str, str]:  # fmt: skip
+                tags: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
     return {
         "mlflow.traceName": timeline.name,
         CYCLE_KEY_TAG: key,
