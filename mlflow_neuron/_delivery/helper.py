@@ -37,6 +37,7 @@ EXIT_GRACE_S = 30.0  # on top of the close budget: time to write what is left in
 # and 30 s was not enough to write three small cycles; its watchdog killed it and they were lost.
 ORPHAN_GRACE_S = 600.0
 STATE_POLL_S = 0.05
+QUEUED_JOBS = 10_000  # jobs the helper's sender may queue before the next goes to the outbox
 NICE = 19  # the lowest priority: when training and the helper want one core, training gets ~98% of it
 
 
@@ -96,8 +97,12 @@ class Helper:
         # takes it back if the helper dies, and the helper outlives a training process that dies.
         # A record written ahead would race that hand-back (a kill between the record's rename and
         # the staged folder's removal stores the cycle twice).
+        # Its queue holds jobs, not cycles (a job names a trace on disk: a few hundred bytes), so
+        # `max_pending`, which bounds the memory of cycles read in the training process, does not
+        # apply: a backlog is sent in batches, not spilled to the outbox and replayed one by one.
+        sending = {**init["sender"], "max_pending": max(init["sender"]["max_pending"], QUEUED_JOBS)}
         self.sender = Sender(RunLogger(RunRef(**init["run"])), self.reporter, self.preparer.prepare, background=True,
-                             write_ahead=False, **init["sender"])  # fmt: skip
+                             write_ahead=False, **sending)  # fmt: skip
         self.sender.warm()  # the store opens while training runs, not when the first cycle waits
         self._last_state: dict | None = None
         self._closed = threading.Event()
