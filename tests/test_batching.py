@@ -38,10 +38,11 @@ def server(tmp_path_factory):
         yield running.start(timeout=120)
 
 
-def profile_cycles(callback, first_alone: bool = False, steps_per_cycle: int = 4, cycles: int = CYCLES,
+def profile_cycles(callback, first_alone=None, steps_per_cycle: int = 4, cycles: int = CYCLES,
                    step_s: float = 0.0) -> int:
-    """`cycles` cycles of the reference loop. `first_alone`: the helper is up first, and the loop
-    pauses after the first cycle, so that it is sent alone and the others pile up behind it."""
+    """`cycles` cycles of the reference loop. `first_alone` (an `InTheBatch`): the helper is up
+    first, and the loop waits after the first cycle until that cycle's metrics are being held, so
+    that it is sent alone and the others pile up behind it, however slow the machine."""
     if first_alone:
         assert callback._sender.wait_ready(300)
     x, weight = inputs()
@@ -53,7 +54,9 @@ def profile_cycles(callback, first_alone: bool = False, steps_per_cycle: int = 4
             time.sleep(step_s)
             prof.step()
             if first_alone and step == steps_per_cycle:
-                time.sleep(0.5)
+                deadline = time.monotonic() + 300
+                while first_alone.log_batches < 2 and time.monotonic() < deadline:
+                    time.sleep(0.01)
     return steps
 
 
@@ -84,7 +87,7 @@ class InTheBatch:
     def __call__(self, index: int, method: str, path: str):
         if path.endswith("/runs/log-batch"):
             self.log_batches += 1
-            return Delay(1.5) if self.log_batches == 2 else None
+            return Delay(3.0) if self.log_batches == 2 else None
         if self.log_batches != 3 or self.hit is not None:
             return None
         if self.kind == "files" and method == "PUT" and step_of(path):
@@ -117,7 +120,7 @@ def test_a_batch_that_fails_half_way_is_sent_again_cycle_by_cycle_and_each_cycle
         warnings.simplefilter("ignore", MLflowNeuronWarning)
         callback = MLflowProfilerCallback(tracking_uri=proxy.uri, experiment_id="0", outbox=tmp_path / "outbox",
                                           retry_wait_s=0.05, flush_timeout_s=120)  # fmt: skip
-        assert profile_cycles(callback, first_alone=True) == 4 * CYCLES
+        assert profile_cycles(callback, first_alone=plan) == 4 * CYCLES
         callback.close()
     assert plan.hit is not None, f"no batch formed: {[(m, p) for _, m, p, _ in proxy.seen]}"
     assert len(proxy.refused()) == 1
@@ -145,7 +148,7 @@ def test_a_helper_killed_mid_batch_loses_nothing_and_sync_after_it_adds_nothing(
 
         killer = threading.Thread(target=kill_mid_batch, daemon=True)
         killer.start()
-        assert profile_cycles(callback, first_alone=True) == 4 * CYCLES
+        assert profile_cycles(callback, first_alone=plan) == 4 * CYCLES
         killer.join(300)
         callback.close()
         for _ in range(2):  # sync after it, twice: nothing left to send, nothing sent again

@@ -80,7 +80,8 @@ def test_proxied_server_on_postgres_stores_the_ntff_with_the_manifests_checksum(
     proxied, s3, neuron_double, tmp_path, monkeypatch, caplog, large_from_1_mib, strict
 ):
     with caplog.at_level(logging.INFO, logger="mlflow_neuron"):
-        callback = profile_with_ntff(neuron_double, monkeypatch, tmp_path, proxied.uri, 3 * MIB)
+        # In-process: `large_from_1_mib` patches this process only (the helper forwards its own lines).
+        callback = profile_with_ntff(neuron_double, monkeypatch, tmp_path, proxied.uri, 3 * MIB, process="inline")
         callback.close()
     entry = ntff_entry(MlflowClient(proxied.uri), callback.run_id, tmp_path)
     assert entry["uploaded"] and entry["size_bytes"] == 3 * MIB

@@ -33,6 +33,7 @@ from . import outbox as _outbox
 from .helper_process import HelperProcess, init_message, remote_error
 from .helper_records import LeftBehind, LeftBehinds
 from .job import CycleJob
+from .report import logger as _log
 
 HANG_TIMEOUT_S = 120.0  # a helper that took no job for this long is replaced
 RESTARTS = 1
@@ -338,6 +339,9 @@ class Handoff:
         kind = message.get("type")
         if kind == "problem":
             self._forward_problem(message)
+            return
+        if kind == "progress":
+            _log.info("%s", message.get("line", ""))
             return
         with self._lock:
             if proc is not self._proc:

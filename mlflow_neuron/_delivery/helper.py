@@ -12,7 +12,8 @@ torch: its imports are MLflow's, pandas' and numpy's.
 Protocol: JSON lines. Requests on stdin: `init` (first), `cycle`, `flush`, `spill`, `close`. Answers on
 the original stdout (fd 1 is pointed at stderr so that nothing else can write there):
 `ready`, `accepted` (a cycle was taken), `reply` (to flush and close, with the state),
-`state` (deliveries, outbox records, the run id), `problem` (for the training process's reporter).
+`state` (deliveries, outbox records, the run id), `problem` (for the training process's reporter),
+`progress` (a large upload's progress line, for the training process's log).
 
 The helper never outlives its parent by more than its budget: stdin EOF (the parent closed it or
 died) or a parent that went away closes the sender within `exit_budget_s`, and a watchdog ends
@@ -100,9 +101,11 @@ class Helper:
         # Its queue holds jobs, not cycles (a job names a trace on disk: a few hundred bytes), so
         # `max_pending`, which bounds the memory of cycles read in the training process, does not
         # apply: a backlog is sent in batches, not spilled to the outbox and replayed one by one.
-        sending = {**init["sender"], "max_pending": max(init["sender"]["max_pending"], QUEUED_JOBS)}
-        self.sender = Sender(RunLogger(RunRef(**init["run"])), self.reporter, self.preparer.prepare, background=True,
-                             write_ahead=False, **sending)  # fmt: skip
+        sending = {**init["sender"], "max_pending": max(init["sender"].get("max_pending", 8), QUEUED_JOBS)}
+        # A large file's progress lines go to the training process's log, where the user looks.
+        logger = RunLogger(RunRef(**init["run"]), progress=lambda line: channel.send(type="progress", line=line))
+        self.sender = Sender(logger, self.reporter, self.preparer.prepare, background=True, write_ahead=False,
+                             **sending)  # fmt: skip
         self.sender.warm()  # the store opens while training runs, not when the first cycle waits
         self._last_state: dict | None = None
         self._closed = threading.Event()
