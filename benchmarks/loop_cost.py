@@ -115,9 +115,8 @@ def callback_loop(ops, steps, uri, process, work) -> dict:
     sender = callback._sender
     result["spilled"] = callback.reporter.counts.get("stored_in_outbox", 0)
     result["behind"] = callback.reporter.counts.get("falling_behind", 0)
-    result["parser"] = getattr(sender, "parser", None)
-    result["jobs"] = getattr(sender, "jobs_sent", 0)
-    result["ready"] = getattr(sender, "ready_after_s", None)
+    if hasattr(sender, "ready_after_s"):  # the helper process: None if it was not ready before the exit
+        result.update(parser=sender.parser, jobs=sender.jobs_sent, ready=sender.ready_after_s)
     busy = getattr(sender, "delivery_busy_s", None)
     result["rate"] = callback.cycles_logged / busy if busy else None
     return result
@@ -268,8 +267,10 @@ def report(ops: int, steps: int, results: dict[str, list[dict]]) -> None:
             notes.append(f"{max(r['spilled'] for r in runs)} cycles spilled to the outbox (max_pending) and replayed")
         if sum(r.get("behind", 0) for r in runs):
             notes.append(f"'falling behind' warned in {sum(1 for r in runs if r['behind'])} of {len(runs)}")
-        if runs[0].get("ready") is not None:
-            notes.append(f"ready {statistics.median(r['ready'] for r in runs):.2f} s after creation, parser "
+        if "ready" in runs[0]:
+            ready = [r["ready"] for r in runs if r["ready"] is not None]
+            late = f" ({len(runs) - len(ready)} of {len(runs)} not ready before the exit)" if len(ready) < len(runs) else ""
+            notes.append(f"ready {statistics.median(ready or [float('nan')]):.2f} s after creation{late}, parser "
                          f"{runs[0]['parser']}, {min(r['jobs'] for r in runs)} of {cycles} cycles through it")
         rates = [r["rate"] for r in runs if r.get("rate")]
         if rates:

@@ -75,8 +75,9 @@ def step_of(path: str) -> str | None:
 class InTheBatch:
     """Holds the first cycles' metrics (`log-batch` number 2; number 1 holds the params) so that
     the cycles behind them pile up; then acts on the first request that belongs to the *second*
-    cycle after the next `log-batch`, before any further one: which proves that the cycles after
-    that one `log-batch` went together, and hits the batch after its first cycle is written."""
+    cycle after the batch's `log-batch` (number 4: number 3 marks the first cycle's trace
+    complete), before any further one: which proves that the cycles after that one `log-batch`
+    went together, and hits the batch after its first cycle is written."""
 
     def __init__(self, kind: str, fault) -> None:
         self.kind, self.fault = kind, fault
@@ -88,7 +89,7 @@ class InTheBatch:
         if path.endswith("/runs/log-batch"):
             self.log_batches += 1
             return Delay(3.0) if self.log_batches == 2 else None
-        if self.log_batches != 3 or self.hit is not None:
+        if self.log_batches != 4 or self.hit is not None:
             return None
         if self.kind == "files" and method == "PUT" and step_of(path):
             key = step_of(path)

@@ -313,7 +313,7 @@ def cycle_traces(client: MlflowClient, experiment_id: str, run_id: str) -> list:
 
 @pytest.mark.parametrize("span_storage", ["artifact", "tracking_store"])
 def test_the_trace_in_a_real_store_is_the_timeline_linked_to_the_run_once(tracking_uri, span_storage):
-    from mlflow_neuron._delivery.traces import COMPLETE_TAG, CYCLE_KEY_TAG, log_timeline
+    from mlflow_neuron._delivery.traces import CYCLE_KEY_TAG, marked_steps, log_timeline
 
     timeline, _, _ = profile_cpu_cycle(steps=2, record_shapes=True)
     client = MlflowClient(tracking_uri)
@@ -326,11 +326,15 @@ def test_the_trace_in_a_real_store_is_the_timeline_linked_to_the_run_once(tracki
     [trace] = cycle_traces(client, experiment_id, run_id)  # linked to the run, and only once
     assert trace.info.trace_id == trace_id
     assert {k: v for k, v in trace.info.tags.items() if k.startswith("mlflow_neuron.")} == {
-        CYCLE_KEY_TAG: f"{run_id}/3", COMPLETE_TAG: "complete", "mlflow_neuron.run_id": run_id,
+        CYCLE_KEY_TAG: f"{run_id}/3", "mlflow_neuron.run_id": run_id,
         "mlflow_neuron.step": "3", "mlflow_neuron.device": "cpu", "mlflow_neuron.run_name": "naive",
         "mlflow_neuron.spans": str(len(timeline.spans)), "mlflow_neuron.spans_dropped": "0",
     }  # fmt: skip
     assert trace.info.request_time == timeline.spans[0].start_ns // 1_000_000
+    # Complete: the run's mark at the cycle's step, once (the second call found it and wrote nothing).
+    assert [(p.step, p.value) for p in client.get_metric_history(run_id, "profiler/timeline/spans")] == [
+        (3, len(timeline.spans))]
+    assert marked_steps(client, run_id) == {3}
     in_store = trace.info.tags.get("mlflow.trace.spansLocation") == "TRACKING_STORE"
     assert in_store == (span_storage == "tracking_store")
     # Every span comes back with its times, its parent and its attributes.
@@ -351,7 +355,7 @@ def test_a_partial_write_is_replaced_and_other_processes_find_the_complete_trace
     from mlflow.tracing.client import TracingClient
 
     from conftest import run_python
-    from mlflow_neuron._delivery.traces import COMPLETE_TAG, CYCLE_KEY_TAG, mlflow_spans, trace_id_for
+    from mlflow_neuron._delivery.traces import CYCLE_KEY_TAG, marked_steps, mlflow_spans, trace_id_for
 
     timeline, _, _ = profile_cpu_cycle(steps=1)
     client = MlflowClient(tracking_uri)
@@ -384,10 +388,39 @@ print(log_timeline(MlflowClient({tracking_uri!r}), {run_id!r}, {experiment_id!r}
         assert result.returncode == 0, result.stderr[-3000:]
         assert result.stdout.strip().splitlines()[-1] == trace_id_for(key)
     [trace] = cycle_traces(client, experiment_id, run_id)
-    assert trace.info.trace_id == trace_id_for(key) and trace.info.tags[COMPLETE_TAG] == "complete"
+    assert trace.info.trace_id == trace_id_for(key) and marked_steps(client, run_id) == {timeline.cycle_step}
     assert len(trace.data.spans) == len(timeline.spans)
     everything = client.search_traces(locations=[experiment_id], flush=True)
     assert [t.info.trace_id for t in everything] == [trace_id_for(key)]
+
+
+def test_a_trace_linked_but_not_marked_is_written_again_and_an_earlier_versions_tag_still_counts(tracking_uri):
+    """A process killed between linking a batch's traces and marking them leaves traces that look
+    whole but were never marked: the next attempt writes them again, once. A trace that an earlier
+    version tagged complete is kept as it is."""
+    from mlflow_neuron._delivery import traces
+
+    timeline, _, _ = profile_cpu_cycle(steps=1)
+    client = MlflowClient(tracking_uri)
+    experiment_id = client.create_experiment("timeline")
+    run_id, old_run = (client.create_run(experiment_id).info.run_id for _ in range(2))
+    for run in (run_id, old_run):
+        key = traces.cycle_key(run, timeline.cycle_step)
+        traces._write_trace(client, run, experiment_id, timeline, traces.trace_id_for(key),
+                            traces._trace_tags(timeline, key, run, None, None), "artifact")  # fmt: skip
+        client.link_traces_to_run([traces.trace_id_for(key)], run)
+    client.set_trace_tag(traces.trace_id_for(traces.cycle_key(old_run, timeline.cycle_step)), traces.COMPLETE_TAG,
+                         traces.COMPLETE)  # fmt: skip
+
+    for run in (run_id, old_run):
+        for _ in range(2):
+            assert traces.log_timeline(client, run, experiment_id, timeline) == traces.trace_id_for(
+                traces.cycle_key(run, timeline.cycle_step))
+        [trace] = cycle_traces(client, experiment_id, run)
+        assert len(trace.data.spans) == len(timeline.spans)
+    # Written again and marked once; the earlier version's trace was not touched.
+    assert [p.step for p in client.get_metric_history(run_id, traces.MARK_METRIC)] == [timeline.cycle_step]
+    assert client.get_metric_history(old_run, traces.MARK_METRIC) == []
 
 
 def test_a_timeline_without_an_epoch_origin_ends_at_logging_time(tracking_uri):
@@ -542,7 +575,7 @@ def test_the_trace_through_a_real_tracking_server(tmp_path):
     server's proxied artifacts, the same exactly-once."""
     from servers import MlflowServer
 
-    from mlflow_neuron._delivery.traces import COMPLETE_TAG, log_timeline
+    from mlflow_neuron._delivery.traces import log_timeline, marked_steps
 
     timeline, _, _ = profile_cpu_cycle(steps=1)
     with MlflowServer(tmp_path / "server") as server:
@@ -558,7 +591,7 @@ def test_the_trace_through_a_real_tracking_server(tmp_path):
             [trace] = cycle_traces(client, experiment_id, run_id)
         finally:
             mlflow.set_tracking_uri(None)
-        assert trace.info.trace_id == trace_id and trace.info.tags[COMPLETE_TAG] == "complete"
+        assert trace.info.trace_id == trace_id and marked_steps(client, run_id) == {timeline.cycle_step}
         got = sorted(trace.data.spans, key=lambda s: int(s.span_id, 16))
         assert [(s.name, s.start_time_ns, s.end_time_ns) for s in got] == [
             (s.name, s.start_ns, s.end_ns) for s in timeline.spans

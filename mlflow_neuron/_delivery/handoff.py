@@ -15,9 +15,9 @@ process creates it. Trouble with the helper never reaches training:
   goes the in-process way;
 - when the profile stops, the callback retires the helper (`retire`): it finishes or stores its
   jobs and exits, so no helper outlives its profile;
-- `flush(timeout)` and `close(timeout)` wait for it within their timeout. A helper still busy when
-  `close`'s time is up is stopped, and its unsettled jobs are stored in the outbox here, so that
-  after `close` every cycle is delivered or in the outbox, as with the in-process sender.
+- `flush(timeout)` and `close(timeout)` wait for it within their timeout (one still starting: 5 s from
+  its start at most, then its jobs are sent here). One still busy when `close`'s time is up is stopped,
+  its unsettled jobs stored in the outbox here: after `close` each cycle is delivered or in the outbox.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from .job import CycleJob
 from .report import logger as _log
 
 HANG_TIMEOUT_S = 120.0  # a helper that took no job for this long is replaced
+START_WAIT_S = 5.0  # a helper starts in 1-2 s on an idle machine; at nice 19 beside busy cores, in minutes
 RESTARTS = 1
 
 
@@ -184,9 +185,8 @@ class Handoff:
                 proc.end_input()
 
     def retire(self, timeout: float) -> bool:
-        """Ends the helper when a profile stopped: it delivers or stores what it holds within
-        `timeout`; jobs it did not settle go to the in-process sender. A later cycle starts a new
-        helper. False if it had to be stopped."""
+        """Ends the helper when a profile stopped: it delivers or stores what it holds within `timeout`;
+        jobs it did not settle go in-process. A later cycle starts a new one. False: it was stopped."""
         return self._end_helper(time.monotonic() + max(timeout, 0.0))
 
     def close(self, timeout: float | None = None) -> None:
@@ -259,16 +259,12 @@ class Handoff:
         came first was settled then) and gives the jobs it did not settle to the in-process sender."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            if graceful:
-                proc.end_input()
-            else:
-                proc.kill()
+            proc.end_input() if graceful else proc.kill()
             # a killed helper is gone in a moment; one asked to finish goes on: no budget stretched
             self._settle_gone(proc, exit_wait_s=0.0 if graceful else 0.2)
         unsettled, self._sent = self._unsettled(), []
         for job in unsettled:
             job.tried = True  # the helper may have written part of it
-        for job in unsettled:
             self.inner.submit(job)
 
     def _fail(self, why: str) -> None:
@@ -281,8 +277,7 @@ class Handoff:
                                     "process from now on (as with process='inline')"),
         )  # fmt: skip
         if restart:
-            self._start()
-            return
+            return self._start()
         self._fallen_back = True
         self._cond.notify_all()
 
@@ -293,14 +288,11 @@ class Handoff:
         delivered = self._state.get("delivered", 0)
         self._done_delivered += delivered
         self._done_busy_s += self._state.get("busy_s", 0.0)
-        self._done_stored += sorted(stored)
-        self._done_rejected += sorted(rejected)
+        self._done_stored, self._done_rejected = self._done_stored + sorted(stored), self._done_rejected + sorted(rejected)
         if not self._final_state:
             self._left.add(LeftBehind(proc, self._given, self._started_ns, self._outboxes(), (stored, rejected, delivered)))
             self._count_left(exit_wait_s)
-        self._given, self._final_state = [], False
-        self._state = {}
-        self._ready = False
+        self._given, self._final_state, self._state, self._ready = [], False, {}, False
         self._unaccepted.clear()
         self._cond.notify_all()
 
@@ -308,6 +300,8 @@ class Handoff:
         """Sends flush or close to the helper; waits for its answer until `deadline`."""
         while True:
             with self._lock:
+                if self._gave_up_on_start(deadline):
+                    return True
                 proc = self._proc
                 if proc is None or self._fallen_back or not (self._ready or self._unsettled()):
                     return True  # a helper still starting, with no job: nothing to wait for
@@ -324,6 +318,20 @@ class Handoff:
                 if reply is not None:
                     return bool(reply.get("ok"))
             # the helper died meanwhile: its jobs went in-process; ask the new one, if it is up
+
+    def _gave_up_on_start(self, deadline: float | None) -> bool:
+        """A helper still starting at a flush or close gets `START_WAIT_S` from its start (at most half the time
+        left); then its jobs (untouched, in its pipe) are sent from here, where training waits anyway."""
+        left = float("inf") if deadline is None else _left(deadline)
+        until = min(self._started_at + START_WAIT_S, time.monotonic() + left / 2)
+        while self._proc is not None and not self._ready and not self._fallen_back and self._unsettled():
+            if until <= time.monotonic():
+                _log.info("mlflow-neuron: the helper process was not ready after %.1f s; its cycles are sent from "
+                          "the training process", time.monotonic() - self._started_at)  # fmt: skip
+                self._let_go(graceful=False)
+                return True
+            self._cond.wait(until - time.monotonic())
+        return False
 
     def _outboxes(self) -> set[Path]:
         return {Path(self.inner.outbox), _outbox.fallback_folder(), *(Path(f) for f in [self._helper_fallback] if f)}

@@ -6,12 +6,16 @@ Example::
     trace_id = log_timeline(client, run_id, experiment_id, timeline, device="neuron", run_name="naive")
 
 Exactly once per cycle. The trace id comes from the cycle key `<run_id>/<step>`, and the trace is
-tagged with that key; the tag `mlflow_neuron.timeline = complete` is set last (a batch of
-cycles is linked to the run in one request first: `log_timelines`). Before writing, unless this
-is the cycle's first attempt (`fresh`), the experiment's traces with that key are searched: a
-complete one means done (its id is returned); incomplete ones (a process died mid-write) are
-deleted, with any trace under the id, and the trace is written again. So retries, `sync` twice, or a replay after a partial one leave
-one trace.
+tagged with that key. Once a batch's traces are written and linked to the run (one request per
+100), one `log_batch` marks them complete: the run's metric `profiler/timeline/spans` gets a
+point at each cycle's step (its value: the trace's spans). That is one store write per batch,
+where a tag on each trace was one per cycle, each a commit of its own on sqlite. Before writing,
+unless this is the cycle's first attempt (`fresh`), the mark is looked for: a marked step means
+done (its id is returned). Otherwise the experiment's traces with the key are searched: one
+tagged `mlflow_neuron.timeline = complete` (earlier versions' mark, still read) is
+kept; incomplete ones (a process died mid-write) are deleted, with any trace under the id, and
+the trace is written again. So retries, `sync` twice, or a replay after a partial one leave one
+trace.
 
 Why not `MlflowClient.start_trace`/`start_span`/`end_span` (checked with MLflow 3.17 on sqlite):
 those spans go through the process-wide tracer, which exports to `mlflow.get_tracking_uri()`, not
@@ -33,15 +37,17 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mlflow.entities import Span, TraceInfo, TraceLocation, TraceState
+from mlflow.entities import Metric, Span, TraceInfo, TraceLocation, TraceState
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.tracing.client import TracingClient
 from mlflow.tracing.utils.artifact_utils import get_artifact_uri_for_trace
 
+from .._trace.json_text import compact
 from .._trace.timeline import Timeline
 
 CYCLE_KEY_TAG = "mlflow_neuron.cycle_key"
-COMPLETE_TAG = "mlflow_neuron.timeline"
+MARK_METRIC = "profiler/timeline/spans"  # a point at a cycle's step: its trace is complete (value: its spans)
+COMPLETE_TAG = "mlflow_neuron.timeline"  # the mark of earlier versions, on the trace: still read
 COMPLETE = "complete"
 _SPANS_IN_STORE = ("mlflow.trace.spansLocation", "TRACKING_STORE")
 SPAN_STORAGE = ("artifact", "tracking_store")
@@ -84,9 +90,10 @@ def log_timeline(
 ) -> str:
     """Logs `timeline` as a trace of `experiment_id` linked to `run_id`, once; returns its id.
 
-    Tags: `mlflow_neuron.run_id`, `.step`, `.device`, `.run_name`, `.cycle_key`, `.timeline`
-    (`complete` once everything is written), `.spans`, `.spans_dropped`, plus `tags`. A timeline
-    without an epoch origin (`origin_ns == 0`) is shifted to end now.
+    Tags: `mlflow_neuron.run_id`, `.step`, `.device`, `.run_name`, `.cycle_key`, `.spans`,
+    `.spans_dropped`, plus `tags`; the run's metric `profiler/timeline/spans` marks it complete at
+    its step once everything is written. A timeline without an epoch origin (`origin_ns == 0`) is
+    shifted to end now.
 
     `span_storage`: "artifact" (default) writes the spans as the trace's data artifact, one file;
     "tracking_store" writes them into the store's span table (searchable by span content, but a
@@ -97,38 +104,52 @@ def log_timeline(
         raise ValueError(f"span_storage must be one of {', '.join(SPAN_STORAGE)}, got {span_storage!r}")
     trace_id, written = _written_unless_complete(client, run_id, experiment_id, timeline, fresh, span_storage,
                                                  device=device, run_name=run_name, tags=tags)  # fmt: skip
-    mark_complete(client, run_id, [trace_id] if written else [])
+    mark_complete(client, run_id, [timeline] if written else [])
     return trace_id
 
 
 def log_timelines(client: Any, run_id: str, experiment_id: str, timelines: list[Timeline], *, device: str | None = None,
                   run_name: str | None = None, fresh: bool = False) -> list[str]:  # fmt: skip
-    """`log_timeline` for several cycles of one run, their links to the run in one request."""
-    done = [_written_unless_complete(client, run_id, experiment_id, timeline, fresh, "artifact", device=device,
-                                     run_name=run_name) for timeline in timelines]  # fmt: skip
-    mark_complete(client, run_id, [trace_id for trace_id, written in done if written])
+    """`log_timeline` for several cycles of one run: their links to the run and their marks in one
+    request each."""
+    marked = set() if fresh else marked_steps(client, run_id)
+    done = [_written_unless_complete(client, run_id, experiment_id, timeline, fresh, "artifact", marked=marked,
+                                     device=device, run_name=run_name) for timeline in timelines]  # fmt: skip
+    mark_complete(client, run_id, [timeline for timeline, (_, written) in zip(timelines, done) if written])
     return [trace_id for trace_id, _ in done]
 
 
 def _written_unless_complete(client: Any, run_id: str, experiment_id: str, timeline: Timeline, fresh: bool,
-                             span_storage: str, **tags: Any) -> tuple[str, bool]:  # fmt: skip
-    """(the cycle's trace id, whether it was written now): a complete trace of the cycle is kept."""
+                             span_storage: str, marked: set[int] | None = None, **tags: Any) -> tuple[str, bool]:  # fmt: skip
+    """(the cycle's trace id, whether it was written now): a complete trace of the cycle is kept.
+    `marked`: the run's marked steps, when the caller read them already."""
     key = cycle_key(run_id, timeline.cycle_step)
     trace_id = trace_id_for(key)
-    if not fresh and (done := _complete_or_cleared(client, experiment_id, key, trace_id)) is not None:
-        return done, False
+    if not fresh:
+        if timeline.cycle_step in (marked_steps(client, run_id) if marked is None else marked):
+            return trace_id, False
+        if (done := _complete_or_cleared(client, experiment_id, key, trace_id)) is not None:
+            return done, False
     _write_trace(client, run_id, experiment_id, timeline, trace_id, _trace_tags(timeline, key, run_id, **tags),
                  span_storage)  # fmt: skip
     return trace_id, True
 
 
-def mark_complete(client: Any, run_id: str, trace_ids: list[str]) -> None:
-    """Links written traces to the run (MLflow takes up to 100 a request), then tags each one
-    complete: only then does a later attempt take it as done."""
+def mark_complete(client: Any, run_id: str, timelines: list[Timeline]) -> None:
+    """Links the written traces of these cycles to the run (MLflow takes up to 100 a request),
+    then marks them complete in one `log_batch`: only then does a later attempt take one as done."""
+    trace_ids = [trace_id_for(cycle_key(run_id, t.cycle_step)) for t in timelines]
     for first in range(0, len(trace_ids), 100):
         client.link_traces_to_run(trace_ids[first : first + 100], run_id)
-    for trace_id in trace_ids:
-        client.set_trace_tag(trace_id, COMPLETE_TAG, COMPLETE)
+    now = int(time.time() * 1000)
+    marks = [Metric(MARK_METRIC, float(len(t.spans)), now, t.cycle_step) for t in timelines]
+    for first in range(0, len(marks), 1000):  # MLflow's limit of metrics per log_batch
+        client.log_batch(run_id, metrics=marks[first : first + 1000], synchronous=True)
+
+
+def marked_steps(client: Any, run_id: str) -> set[int]:
+    """The steps whose cycle trace is complete (written, linked, marked)."""
+    return {point.step for point in client.get_metric_history(run_id, MARK_METRIC)}
 
 
 def _write_trace(client: Any, run_id: str, experiment_id: str, timeline: Timeline, trace_id: str,
@@ -161,7 +182,7 @@ def _write_trace(client: Any, run_id: str, experiment_id: str, timeline: Timelin
         # The client's URI, not the process-wide one: an `mlflow-artifacts:` location resolves
         # against it (MLflow's own `_upload_trace_data` takes the process-wide one).
         repo = get_artifact_repository(get_artifact_uri_for_trace(stored), tracking_uri=client.tracking_uri)
-        repo.upload_trace_data(json.dumps({"spans": dicts}, separators=(",", ":")))
+        repo.upload_trace_data(compact({"spans": dicts}))
 
 
 def _complete_or_cleared(client: Any, experiment_id: str, key: str, trace_id: str) -> str | None:
@@ -200,13 +221,15 @@ def mlflow_spans(timeline: Timeline, trace_id: str, shift_ns: int = 0) -> list[S
 def span_dicts(timeline: Timeline, trace_id: str, shift_ns: int = 0) -> list[dict]:
     """The timeline's spans in the dict form `Span.from_dict` reads (attribute values JSON-encoded,
     as MLflow stores them; ids as hex)."""
-    request_id = json.dumps(trace_id)
+    request_id = _json_string(trace_id)
     out = []
+    append = out.append
     for i, s in enumerate(timeline.spans):
-        attributes = {"mlflow.traceRequestId": request_id, "mlflow.spanType": '"UNKNOWN"',
-                      "kind": _json_value(s.kind)}  # fmt: skip
-        attributes.update((k, _json_value(v)) for k, v in s.attributes.items())
-        out.append({
+        attributes = {"mlflow.traceRequestId": request_id, "mlflow.spanType": '"UNKNOWN"', "kind": _json_string(s.kind)}
+        for k, v in s.attributes.items():  # inline: ~16,000 values a cycle, most of them str or int
+            kind = type(v)
+            attributes[k] = _json_string(v) if kind is str else int.__repr__(v) if kind is int else _json_value(v)
+        append({
             "trace_id": trace_id,
             "span_id": f"{i + 1:016x}",
             "parent_span_id": f"{s.parent + 1:016x}" if s.parent >= 0 else "",
@@ -221,14 +244,8 @@ def span_dicts(timeline: Timeline, trace_id: str, shift_ns: int = 0) -> list[dic
 
 
 def _json_value(value: Any) -> str:
-    """`json.dumps(value)`, without its per-call overhead for the numbers and strings that almost
-    every attribute is (2,000 spans carry ~14,000 of them)."""
-    kind = type(value)
-    if kind is str:
-        return _json_string(value)
-    if kind is int:
-        return int.__repr__(value)
-    if kind is float and math.isfinite(value):
+    """`json.dumps(value)`, without its per-call overhead for the floats many attributes are."""
+    if type(value) is float and math.isfinite(value):
         return float.__repr__(value)
     return json.dumps(value)
 

@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .json_text import compact
+
 CYCLE, STEP, OP, STREAM, KERNEL, SUMMARY = "cycle", "step", "op", "stream", "kernel", "summary"
 DEFAULT_MAX_SPANS = 2000
 ELLIPSIS = "\u2026"
@@ -48,7 +50,7 @@ class Timeline:
         # `asdict` would deep-copy every span's attributes first: most of the time at 2,000 spans.
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["spans"] = [{k: getattr(span, k) for k in _SPAN_FIELDS} for span in self.spans]
-        return json.dumps(data, separators=(",", ":"), allow_nan=False)
+        return compact(data)
 
     @classmethod
     def from_json(cls, text: str) -> Timeline:

@@ -1,0 +1,42 @@
+"""Compact JSON text, fast: a cycle's timeline and its MLflow trace are written in the helper's
+loop, 2,000 spans each, where Python's `json` encoder was a fifth of the time. Pure.
+
+orjson (a dependency) writes it; Python's `json` keeps a broken install working and takes what
+orjson refuses (integers past 64 bits, keys that are not strings). Either way a NaN or an
+infinity is refused: the text must be JSON that any reader takes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+try:
+    import orjson
+except ImportError:  # pragma: no cover
+    orjson = None
+
+
+def compact(value: Any) -> str:
+    """`value` as JSON without spaces; ValueError for a NaN or an infinity anywhere in it."""
+    if orjson is not None:
+        try:
+            text = orjson.dumps(value)
+        except TypeError:  # orjson.JSONEncodeError is one
+            pass
+        else:
+            if b"null" not in text or not _has_non_finite(value):  # orjson writes NaN as null
+                return text.decode()
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def _has_non_finite(value: Any) -> bool:
+    kind = type(value)
+    if kind is float:
+        return not math.isfinite(value)
+    if kind is dict:
+        return any(_has_non_finite(v) for v in value.values())
+    if kind is list or kind is tuple:
+        return any(_has_non_finite(v) for v in value)
+    return False
