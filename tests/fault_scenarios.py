@@ -83,7 +83,7 @@ def new_callback(helper: bool, **options) -> MLflowProfilerCallback:
     if not helper:
         return MLflowProfilerCallback(process="inline", **options)
     callback = MLflowProfilerCallback(**options)
-    if not callback.start_helper(300):  # at nice 19 beside two nice-0 hogs it gets ~1.5% of a core
+    if not callback.start_helper(300):  # at nice 10 beside two nice-0 hogs it gets ~10% of a core
         raise RuntimeError("the helper process did not start")
     return callback
 

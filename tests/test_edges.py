@@ -144,7 +144,7 @@ def test_shutdown_waits_one_budget_in_all_against_a_hung_server(hung_server, tmp
     exited = time.time()
     assert result.returncode == 0, result.stderr
     times = moments(result.stdout)
-    if "helper_not_started" in times:  # at nice 19 beside two nice-0 CPU hogs it gets ~1.5% of a core
+    if "helper_not_started" in times:  # at nice 10 beside two nice-0 CPU hogs it gets ~10% of a core
         pytest.skip("the helper process did not start within 300 s on this busy machine: the helper path "
                     "was not measured (the in-process variants were)")
     loop_end, last_atexit = times["loop_end"], times["last_atexit"]

@@ -243,7 +243,7 @@ def test_kill_9_of_training_while_its_helper_holds_the_cycles_loses_none(server,
             proc.kill()
             proc.wait()
         handed += [int(line.split()[1]) for line in proc.stdout.read().splitlines() if line.startswith("handed")]
-        deadline = time.monotonic() + 20 + 30 + 300  # its budget, its grace; at nice 19 beside CPU hogs it crawls
+        deadline = time.monotonic() + 20 + 30 + 300  # its budget, its grace; at nice 10 beside CPU hogs it crawls
         while _alive(helper_pid) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not _alive(helper_pid), "the helper outlived its budget after its parent was killed"

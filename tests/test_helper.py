@@ -35,8 +35,8 @@ from mlflow_neuron.cli import sync
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
 NUMBERS = ["calls", "self_device_time_us", "device_time_us", "self_cpu_time_us", "cpu_time_us"]
 READY_S = 180  # the helper imports mlflow: seconds on a busy machine
-# The helper runs at nice 19: beside nice-0 work that fills the cores (a busy machine) it gets about
-# 1.5% of a core, and delivering a cycle takes it minutes, not the default budget's 10 s. Tests that
+# The helper runs at nice 10: beside nice-0 work that fills the cores (a busy machine) it gets about
+# 10% of a core, and delivering a cycle can take longer than the default budget's 10 s. Tests that
 # read back what the helper delivered give the stop that long to wait (it waits only until the
 # cycle is delivered); what is not delivered in a budget goes to the outbox, which other tests check.
 DELIVER_S = 300.0
@@ -350,7 +350,7 @@ sys.exit(_helper.main())
 def test_a_helper_stopped_before_it_said_what_it_did_has_each_cycle_counted_once(tracking_uri, dead_server,
                                                                                    tmp_path, monkeypatch, server):
     """A helper stopped at the end of the budget may have delivered or stored cycles after its last
-    state (on a busy machine, at nice 19, it is often so): each is counted once, as delivered or
+    state (on a busy machine, at nice 10, it is often so): each is counted once, as delivered or
     as kept, from what the helper left, and nothing it finished is sent again."""
     from mlflow_neuron._delivery import outbox as _outbox
 

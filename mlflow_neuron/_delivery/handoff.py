@@ -36,7 +36,7 @@ from .job import CycleJob
 from .report import logger as _log
 
 HANG_TIMEOUT_S = 120.0  # a helper that took no job for this long is replaced
-START_WAIT_S = 5.0  # a helper starts in 1-2 s on an idle machine; at nice 19 beside busy cores, in minutes
+START_WAIT_S = 5.0  # a helper starts in 1-3 s on an idle machine; beside busy cores, at nice 10, in ~20 s
 RESTARTS = 1
 
 

@@ -35,12 +35,15 @@ from typing import Any
 
 EXIT_GRACE_S = 30.0  # on top of the close budget: time to write what is left into the outbox
 # An orphan (its training process died) has nobody to hand its cycles back to and nobody waiting
-# on it: it takes this long to store them. At nice 19 beside busy cores it gets ~1.5% of a CPU,
+# on it: it takes this long to store them. At nice 19 beside busy cores it got ~1.5% of a CPU,
 # and 30 s was not enough to write three small cycles; its watchdog killed it and they were lost.
 ORPHAN_GRACE_S = 600.0
 STATE_POLL_S = 0.05
 QUEUED_JOBS = 10_000  # jobs the helper's sender may queue before the next goes to the outbox
-NICE = 19  # the lowest priority: when training and the helper want one core, training gets ~98% of it
+# When training and the helper want one core, training gets ~90% of it. Not 19: beside other busy
+# processes (DataLoader workers, a neighbour's job) a helper at 19 got ~1.5% of a core, took minutes
+# to start, and cycles waited out the budget and went to the outbox.
+NICE = 10
 
 
 class Channel:

@@ -99,7 +99,7 @@ class LeftBehind:
 
 
 class LeftBehinds:
-    """Helpers whose leftovers are not counted yet. A killed helper at nice 19 on a busy machine
+    """Helpers whose leftovers are not counted yet. A killed helper at low priority on a busy machine
     may take a while to exit, and no shutdown budget may wait for it: `count()` is asked again
     whenever the counts are read, and adds each helper once it is gone."""
 
