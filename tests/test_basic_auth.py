@@ -16,6 +16,9 @@ from mlflow_neuron._delivery.outbox import RECORD, pending
 from mlflow_neuron.cli import sync
 
 ADMIN, PASSWORD = "admin", "test-admin-password-5e1f"
+# These tests are about credentials, not speed: beside busy cores (the helper at nice 10) delivering
+# and ending the run took the default 10 s and left the run RUNNING, which strict mode raises.
+BUDGET_S = 120.0
 
 
 @pytest.fixture
@@ -38,7 +41,8 @@ def test_basic_auth_logging_outbox_without_password_and_sync_after_restart(auth_
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", ADMIN)
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", PASSWORD)
     outbox = tmp_path / "outbox"
-    live = MLflowProfilerCallback(tracking_uri=auth_server.uri, experiment_id="0", outbox=outbox, strict=True)
+    live = MLflowProfilerCallback(tracking_uri=auth_server.uri, experiment_id="0", outbox=outbox, strict=True,
+                                  flush_timeout_s=BUDGET_S)  # fmt: skip
     profile_rmsnorm(live)
     live.close()
     client = MlflowClient(auth_server.uri)
@@ -78,7 +82,7 @@ def test_a_password_in_the_tracking_uri_logs_without_the_environment(auth_server
     monkeypatch.delenv("MLFLOW_TRACKING_PASSWORD", raising=False)
     uri_with_password = auth_server.uri.replace("http://", f"http://{ADMIN}:{PASSWORD}@")
     callback = MLflowProfilerCallback(tracking_uri=uri_with_password, experiment_id="0", outbox=tmp_path / "outbox",
-                                      strict=True)  # fmt: skip
+                                      strict=True, flush_timeout_s=BUDGET_S)  # fmt: skip
     profile_rmsnorm(callback)
     callback.close()
     assert callback.outbox_records == []
