@@ -270,8 +270,9 @@ def report(ops: int, steps: int, results: dict[str, list[dict]]) -> None:
         if "ready" in runs[0]:
             ready = [r["ready"] for r in runs if r["ready"] is not None]
             late = f" ({len(runs) - len(ready)} of {len(runs)} not ready before the exit)" if len(ready) < len(runs) else ""
-            notes.append(f"ready {statistics.median(ready or [float('nan')]):.2f} s after creation{late}, parser "
-                         f"{runs[0]['parser']}, {min(r['jobs'] for r in runs)} of {cycles} cycles through it")
+            when = f"ready {statistics.median(ready):.2f} s after creation{late}" if ready else \
+                f"not ready before the exit in {len(runs)} of {len(runs)}"
+            notes.append(f"{when}, parser {runs[0]['parser']}, {min(r['jobs'] for r in runs)} of {cycles} cycles through it")
         rates = [r["rate"] for r in runs if r.get("rate")]
         if rates:
             notes.append(f"{statistics.median(rates):.0f} cycles/s delivered while busy")

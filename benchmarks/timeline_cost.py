@@ -106,7 +106,7 @@ def main() -> None:
     device = "neuron" if why_not is None else "cpu"
     if why_not:
         print(f"note: no fake device ({why_not}); CPU ops only")
-    from mlflow_neuron._trace.chrome_file import PARSER
+    from mlflow_neuron._trace.json_text import PARSER
 
     if PARSER != "orjson":
         print("note: no orjson; the chrome path parses with json.loads")

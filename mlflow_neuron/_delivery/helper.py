@@ -241,7 +241,7 @@ def main() -> int:
         try:
             request = json.loads(line)
             if request.get("op") == "init":
-                from .._trace.chrome_file import PARSER
+                from .._trace.json_text import PARSER
                 from .outbox import fallback_folder
 
                 helper = Helper(request, channel)

@@ -13,18 +13,13 @@ not a trace.
 from __future__ import annotations
 
 import gzip
-import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-try:  # a fast parser is a dependency; the standard one keeps a broken install working
-    import orjson
-except ImportError:  # pragma: no cover
-    orjson = None
+from .json_text import parse
 
-PARSER = "orjson" if orjson is not None else "json"
 PIECE_BYTES = 1024**2
 _KEY = b'"traceEvents"'
 _OPEN = re.compile(rb"\s*:\s*\[")
@@ -48,7 +43,7 @@ def read_pieces(path: str | Path, feed: Callable[[list], None], restart: Callabl
     except (OSError, EOFError) as error:
         raise ValueError(f"{path}: not a readable chrome trace ({type(error).__name__}: {error})") from error
     try:
-        trace = _loads(data)  # the whole file at once
+        trace = parse(data)  # the whole file at once
     except ValueError as error:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ValueError(f"{path}: not a readable chrome trace ({type(error).__name__}: {error})") from error
     if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
@@ -133,23 +128,12 @@ def _parse(data: bytes) -> Any:
     """A piece (or the header) parsed; `_Unexpected` if it is not JSON, or holds a non-object event
     (the whole-file read then reports it as the reader always has)."""
     try:
-        value = _loads(data)
+        value = parse(data)
     except ValueError as error:
         raise _Unexpected(str(error)) from error
     if isinstance(value, list) and not all(type(e) is dict for e in value):
         raise _Unexpected("an event of the trace is not an object")
     return value
-
-
-def _loads(data: bytes) -> Any:
-    """orjson, about three times as fast as `json`; Python's `json` takes what orjson refuses but
-    Python writes, such as NaN."""
-    if orjson is not None:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(data)
 
 
 def _open(path: Path):

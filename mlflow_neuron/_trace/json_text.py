@@ -1,5 +1,6 @@
-"""Compact JSON text, fast: a cycle's timeline and its MLflow trace are written in the helper's
-loop, 2,000 spans each, where Python's `json` encoder was a fifth of the time. Pure.
+"""JSON, fast, in the helper's loop: each cycle's trace is parsed (`parse`) and its timeline and
+MLflow trace are written (`compact`), 2,000 spans each, where Python's `json` was a fifth of the
+time. Pure.
 
 orjson (a dependency) writes it; Python's `json` keeps a broken install working and takes what
 orjson refuses (integers past 64 bits, keys that are not strings). Either way a NaN or an
@@ -16,6 +17,19 @@ try:
     import orjson
 except ImportError:  # pragma: no cover
     orjson = None
+
+PARSER = "orjson" if orjson is not None else "json"
+
+
+def parse(data: bytes) -> Any:
+    """orjson, about three times as fast as `json`; Python's `json` takes what orjson refuses but
+    Python writes, such as NaN."""
+    if orjson is not None:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
 
 
 def compact(value: Any) -> str:
