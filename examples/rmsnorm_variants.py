@@ -1,5 +1,10 @@
 """RMSNorm three ways, profiled into MLflow: naive ATen ops, fused `torch.rms_norm`, `torch.compile`.
 
+Each step is a small model step, linear -> RMSNorm -> linear, with the norm inside
+`record_function("rmsnorm")`: the comparison is of that region (the norm with everything it runs,
+not drowned by the linears), lists the ops inside it side by side, and shows each variant's
+achieved memory bandwidth (shapes are recorded; the memory each step needed is logged too).
+
 One parent run and one child run per variant (`naive`, `fused`, `compiled`) in experiment
 `rmsnorm-variants`. The parent is named for the device and the time it started, such as
 `rmsnorm-cpu-20250131-142501`, so that reruns are rows of their own in the MLflow UI. The variants
@@ -36,6 +41,7 @@ import torch
 from mlflow_neuron import attach_comparison, compare_runs, compile_backend, interleaved, load_timelines, pick_device, render
 
 EXPERIMENT = "rmsnorm-variants"
+REGION = "rmsnorm"
 EPS = 1e-6
 # Four cycles of 5 active steps per variant, in rotation: 20 samples in 4 cycles, enough for the
 # comparison to check the cycles against each other. warmup=2 keeps torch.compile's first calls
@@ -62,6 +68,15 @@ def variants(device: str) -> dict[str, Callable]:
     }
 
 
+def model_step(norm: Callable, x: torch.Tensor, w_in: torch.Tensor, weight: torch.Tensor,
+               w_out: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """linear -> the RMSNorm variant, as region `rmsnorm` -> linear."""
+    hidden = torch.nn.functional.linear(x, w_in)
+    with torch.profiler.record_function(REGION):
+        hidden = norm(hidden, weight)
+    return torch.nn.functional.linear(hidden, w_out)
+
+
 def profile_variants(args: argparse.Namespace, device: str) -> dict[str, str]:
     """Profiles the variants in rotation into one child run each; returns {variant: run id}."""
     shape = tuple(int(n) for n in args.shape.split(","))
@@ -69,13 +84,15 @@ def profile_variants(args: argparse.Namespace, device: str) -> dict[str, str]:
     torch.manual_seed(0)
     x = torch.randn(*shape, dtype=dtype).to(device)
     weight = torch.ones(shape[-1], dtype=dtype).to(device)
-    steps = {name: functools.partial(fn, x, weight) for name, fn in variants(device).items()}
+    w_in, w_out = (torch.randn(shape[-1], shape[-1], dtype=dtype).div(shape[-1] ** 0.5).to(device) for _ in range(2))
+    steps = {name: functools.partial(model_step, fn, x, w_in, weight, w_out) for name, fn in variants(device).items()}
     # background=False: each cycle goes to MLflow between the profiled windows, so none of this
     # script's own work runs while a step is recorded (its host time would carry it). A training
     # job keeps the default background sender: device time is not affected by it.
     with kineto_markers_dropped():
         runs = interleaved(steps, cycles=CYCLES, wait=WAIT, warmup=WARMUP, active=ACTIVE, device=device,
-                           profile_dir=args.profile_dir, background=False)  # fmt: skip
+                           profile_dir=args.profile_dir, background=False,
+                           profile_kwargs={"record_shapes": True, "profile_memory": True})  # fmt: skip
     client = mlflow.MlflowClient()
     for name, run_id in runs.run_ids.items():
         for key, value in {"variant": name, "shape": args.shape, "dtype": args.dtype}.items():
@@ -131,8 +148,8 @@ def garbage_collector_paused():
 
 
 def attach_comparison_to(parent_run_id: str, run_ids: dict[str, str]) -> pd.DataFrame:
-    """Compares the variants against naive and attaches table, PNG and HTML to the parent run."""
-    frame = compare_runs(list(run_ids.values()), baseline="naive", skip_steps=0)
+    """Compares the variants' `rmsnorm` region against naive and attaches table, PNG and HTML to the parent run."""
+    frame = compare_runs(list(run_ids.values()), baseline="naive", skip_steps=0, region=REGION)
     with tempfile.TemporaryDirectory() as tmp:
         chart = render.png(frame, Path(tmp, "comparison.png"))
         page = Path(tmp, "report.html")
@@ -188,12 +205,13 @@ def main(argv: list[str] | None = None) -> int:
         run_ids = profile_variants(args, device)
 
     frame = attach_comparison_to(parent.info.run_id, run_ids)
-    print(f"\nRMSNorm variants on {device}, shape {args.shape} {args.dtype}, {ACTIVE * CYCLES} profiled steps "
-          f"each in {CYCLES} interleaved cycles")
-    print(render.text(frame, top=8))
+    print(f"\nRMSNorm variants on {device}, shape {args.shape} {args.dtype}: region '{REGION}' of a linear -> "
+          f"RMSNorm -> linear step, {ACTIVE * CYCLES} profiled steps each in {CYCLES} interleaved cycles")
+    print(render.text(frame, top=10))
     print(f"\nParent run {parent.info.run_name} ({parent.info.run_id}) in experiment '{EXPERIMENT}' holds the "
           "comparison (table, PNG, HTML).")
-    print(f"Compare from the shell: mlflow-neuron compare --experiment {EXPERIMENT} --baseline naive")
+    print(f"Compare from the shell: mlflow-neuron compare --experiment {EXPERIMENT} --baseline naive --region {REGION}")
+    print("                (without --region: the whole step, with a sentence per region)")
     print("Open the MLflow UI with:")
     print(f"    mlflow ui --backend-store-uri {mlflow.get_tracking_uri()}")
     return 0

@@ -207,7 +207,7 @@ def test_the_chart_view_has_a_section_of_self_cpu_time_charts_one_per_op(ui, bro
            for name in VARIANTS}  # fmt: skip
     all_ops = set().union(*ops.values())
     shared_ops = set.intersection(*(set(o) for o in ops.values()))
-    assert shared_ops, "the three variants share no op (ProfilerStep* at least was expected)"
+    assert "ProfilerStep_" in shared_ops, "the three variants should share ProfilerStep*"
 
     open_chart_view(browser, ui)
     search = browser.find_element(By.CSS_SELECTOR, "input[placeholder='Search metric charts']")
@@ -224,11 +224,15 @@ def test_the_chart_view_has_a_section_of_self_cpu_time_charts_one_per_op(ui, bro
     assert cards == {f"{prefix}{op}": sorted(n for n in VARIANTS if op in ops[n]) for op in all_ops}
 
     # The ops all three ran: one chart holds the three, each at the cycle's step with its value.
-    for op in sorted(shared_ops):
+    # The search box filters by substring: an op whose key starts another's (aten.t, aten.transpose)
+    # never stands alone, so those are left to the cards check above.
+    for op in sorted(op for op in shared_ops if not any(o != op and o.startswith(op) for o in all_ops)):
         title = f"{prefix}{op}"
         search.send_keys(Keys.CONTROL, "a")  # clear() bypasses React's onChange: select and overwrite
         search.send_keys(title)
-        wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")) == 1, f"only {title}")
+        # typed a key at a time: a prefix of the title can leave another single chart on the way
+        wait_for(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".js-plotly-plot")) == 1
+                 and d.find_elements(By.XPATH, f"//*[normalize-space()='{title}']"), f"only {title}")  # fmt: skip
         drawn = fullscreen_chart(browser, title)
         assert set(drawn) - {"_plot", "_modebar"} == set(VARIANTS)
         for name in VARIANTS:
@@ -241,7 +245,8 @@ def test_the_chart_view_has_a_section_of_self_cpu_time_charts_one_per_op(ui, bro
                 assert inside(marker, drawn["_plot"]) and not overlaps(marker, drawn["_modebar"]), (name, marker, drawn)
         dialog = browser.find_element(By.CSS_SELECTOR, "[role='dialog']")
         assert dialog.text.split("\n", 1)[0] == title
-        browser.save_screenshot(str(screenshots / "ui-chart-all-variants.png"))
+        if op == "ProfilerStep_":  # the one docs/ui.md shows: every variant has the step op
+            browser.save_screenshot(str(screenshots / "ui-chart-all-variants.png"))
         dialog.find_element(By.CSS_SELECTOR, "button[aria-label='Close']").click()
         wait_for(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, "[role='dialog']"), "the dialog to close")
 

@@ -27,6 +27,7 @@ from .._delivery.prepare import Preparer
 from .._delivery.report import Reporter
 from .._delivery.sender import Sender
 from .._delivery.system_metrics import start_if_enabled
+from .._trace.peaks import PEAKS_ENV, load_peak
 from .._trace.profile import CycleProfile
 from .._trace.timeline import DEFAULT_MAX_SPANS
 from . import hooks, shutdown
@@ -301,6 +302,8 @@ def _validate(handlers: tuple, process: str, profile_output_dir: Any, timeline_m
                          f"got {timeline_max_spans!r}")  # fmt: skip
     if profile_output_dir is not None and not isinstance(profile_output_dir, (str, os.PathLike)):
         raise TypeError(f"profile_output_dir must be a path or None; got {profile_output_dir!r}")
+    if os.environ.get(PEAKS_ENV, "").strip():
+        load_peak(os.environ[PEAKS_ENV].strip())  # a ValueError that says what the file lacks
     for name, value in counts.items():
         if name == "max_file_bytes" and value is None:
             continue

@@ -83,12 +83,12 @@ def read_cycle(trace_file: Path, index: int, *, log_timeline: bool = True,
     """One trace file summarized: (the step it is logged at, its summary, how its device events
     were linked). Raises ValueError for a file that is not a trace, or one without host ops."""
     with cycle_collector_paused():
-        cycle = read_chrome_file(trace_file, shapes=log_timeline)
+        cycle = read_chrome_file(trace_file)  # shapes: the timeline's, and each op's bytes and FLOPs
     # The step the callback would have logged this cycle at: the last ProfilerStep + 1.
     step = cycle.last_step + 1 if cycle.last_step is not None else index
     settings = CycleSettings(cycle.device, cycle.device_profiled, default_step=max(step - 1, 0), max_spans=max_spans,
                              timeline_step=step if log_timeline else None)  # fmt: skip
-    summary = summarize(cycle.raw, settings, cycle.inputs if log_timeline else None)
+    summary = summarize(cycle.raw, settings, cycle.inputs)
     if not summary.profile.ops:
         raise ValueError(f"{trace_file}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
     return step, summary, cycle.linking

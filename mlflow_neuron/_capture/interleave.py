@@ -53,6 +53,7 @@ def interleaved(
     tracking_uri: str | None = None,
     pause_gc: bool = True,
     strict: bool | None = None,
+    profile_kwargs: Mapping[str, Any] | None = None,
     **callback_kwargs: Any,
 ) -> InterleavedRuns:
     """Profiles each variant for `cycles` cycles, in rotation, into one MLflow run per variant.
@@ -69,7 +70,8 @@ def interleaved(
     one profile with `repeat=cycles` would log it at. Four or more cycles let the comparison
     check the cycles against each other. `setup` gives each variant's `ProfilingSetup`
     (default `profiling_setup(device, <profile_dir>/<name>)`: Neuron files stay apart).
-    `pause_gc` collects before each cycle and pauses Python's collector during it (as `timeit`).
+    `pause_gc` collects before each cycle and pauses Python's collector during it (as `timeit`);
+    `profile_kwargs` go to each `torch.profiler.profile` (``record_shapes=True``, ...).
     A variant that raises ends FAILED with one warning, and the others go on; `strict` (default:
     env ``MLFLOW_NEURON_STRICT``) raises at once. `callback_kwargs` go to each variant's
     `MLflowProfilerCallback` (``background=False``, ``log_timeline=False``, ...).
@@ -79,12 +81,11 @@ def interleaved(
     setups = {name: (setup or _default_setup(device, profile_dir))(name) for name in variants}
     client = MlflowClient(tracking_uri)
     run_ids = _create_runs(client, list(variants), parent_run_id, experiment_id)
-    callbacks = {
-        name: MLflowProfilerCallback(*setups[name].handlers, run_id=run_ids[name], tracking_uri=tracking_uri,
-                                     profile_output_dir=setups[name].output_dir, **callback_kwargs)
-        for name in variants
-    }  # fmt: skip
-    rotation = _Rotation(device, (wait, warmup, active), pause_gc, strict_from_env() if strict is None else strict)
+    callbacks = {name: MLflowProfilerCallback(*setups[name].handlers, run_id=run_ids[name], tracking_uri=tracking_uri,
+                                              profile_output_dir=setups[name].output_dir, **callback_kwargs)
+                 for name in variants}  # fmt: skip
+    rotation = _Rotation(device, (wait, warmup, active), pause_gc, strict_from_env() if strict is None else strict,
+                         dict(profile_kwargs or {}))  # fmt: skip
     try:
         for cycle in range(cycles):
             for name, step in variants.items():
@@ -107,6 +108,7 @@ class _Rotation:
     window: tuple[int, int, int]  # wait, warmup, active
     pause_gc: bool
     strict: bool
+    profile_kwargs: dict
     failed: dict[str, str] = field(default_factory=dict)
     order: list[tuple[int, str]] = field(default_factory=list)
 
@@ -114,7 +116,7 @@ class _Rotation:
             cycle: int, run_id: str) -> None:  # fmt: skip
         self.order.append((cycle, name))
         try:
-            _one_cycle(step, callback, setup, self.device, cycle, self.window, self.pause_gc)
+            _one_cycle(step, callback, setup, self.device, cycle, self.window, self.pause_gc, self.profile_kwargs)
         except Exception as error:
             self.failed[name] = f"{type(error).__name__}: {error}"
             if self.strict:
@@ -124,7 +126,7 @@ class _Rotation:
 
 
 def _one_cycle(step: Callable[[], Any], callback: MLflowProfilerCallback, setup: ProfilingSetup, device: str,
-               cycle: int, window: tuple[int, int, int], pause_gc: bool) -> None:  # fmt: skip
+               cycle: int, window: tuple[int, int, int], pause_gc: bool, profile_kwargs: dict) -> None:  # fmt: skip
     """One profiled cycle of one variant, logged at the step its `cycle` has in the rotation."""
     wait, warmup, active = window
     length = wait + warmup + active
@@ -132,7 +134,7 @@ def _one_cycle(step: Callable[[], Any], callback: MLflowProfilerCallback, setup:
     plan = schedule(skip_first=earlier, wait=wait, warmup=warmup, active=active, repeat=1)
     with setup.context(), _gc_paused(pause_gc):
         callback.mark_window_start()
-        with profile(**setup.profiler_kwargs(), schedule=plan, on_trace_ready=callback) as prof:
+        with profile(**{**setup.profiler_kwargs(), **profile_kwargs}, schedule=plan, on_trace_ready=callback) as prof:
             for _ in range(earlier):  # steps of the schedule's skip_first: nothing is recorded
                 prof.step()
             for _ in range(length):

@@ -29,7 +29,7 @@ from .._delivery.keys import NEURON_SUMMARY_PREFIX
 from .._delivery.manifest import manifest
 from .._delivery.model import TRACE
 from .._neuron import layout
-from .._neuron.devices import neuron_settings, profiled_device
+from .._neuron.devices import device_peak, neuron_settings, profiled_device
 from .._neuron.output_files import UPLOAD, FoundFile, OutputFolderWatcher
 from .._trace.device_names import CPU
 from .._trace.function_events import extract_cycle
@@ -103,6 +103,8 @@ class CycleReader:
                 job.summary_tool, job.summary_sessions = self.summary_tool, _sessions(found)
                 if not primary:
                     job.summary_prefix = f"{NEURON_SUMMARY_PREFIX}/rank_{self.rank.rank}"
+        if logs_metrics:
+            job.peak = self._peak(device)
         if primary and not self._params_read:
             job.params = profiling_params(prof, device=device, output_dir=output_dir)
             self._params_read = True
@@ -151,6 +153,14 @@ class CycleReader:
         sort_by = "self_device_time_total" if profile.device_time == PRESENT else "self_cpu_time_total"
         table = events.key_averages().table(sort_by=sort_by, row_limit=-1, max_name_column_width=NAME_WIDTH)
         return Summarized(CycleSummary(profile, table))
+
+    def _peak(self, device: str) -> dict | None:
+        """The device's limits for ops.json's % of peak; a peaks file that cannot be read is reported once."""
+        try:
+            return device_peak(device)
+        except (ValueError, RuntimeError) as error:
+            self.reporter.problem("peaks", f"no % of peak in ops.json: {error}", error)
+            return None
 
     def _new_output_files(self, output_dir: str | None) -> list[FoundFile]:
         if not output_dir:

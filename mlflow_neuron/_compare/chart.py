@@ -13,6 +13,7 @@ run's artists carry `gid` "<run>: <op>", so a test can find what was drawn where
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,9 +86,12 @@ def figure(frame: pd.DataFrame, title: str, top: int = 8):
     layout = Layout.of(frame, ops, runs)
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, _ROW_INCHES * (layout.bottom + 2) + 2.5),
                                       width_ratios=[3, 2], sharey=True)  # fmt: skip
-    draw_samples(left, frame, layout, dict(zip(ops, short_names(ops))))
+    labels = dict(zip(ops, short_names(ops)))
+    if frame.attrs.get("region"):
+        labels[TOTAL] = f"region {frame.attrs['region']}"
+    draw_samples(left, frame, layout, labels)
     draw_ratios(right, frame, layout)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle("\n".join(textwrap.wrap(title, 130)), fontsize=10)  # a long heading fits the figure
     fig.tight_layout()
     return fig
 

@@ -46,6 +46,7 @@ from .._compare.model import (
     FIELDS,
     GONE,
     INCONCLUSIVE,
+    MEMORY_METRIC,
     METRICS,
     NEW,
     NO_CHANGE,
@@ -55,10 +56,16 @@ from .._compare.model import (
     TOTAL,
     RunProfile,
 )
+from .._compare.region import in_region, region_names
 from .._compare.samples import StepSamples, step_samples, wrapper_names
+from .._compare.throughput import throughput
 from .._compare.verdict import sentence
 
 PLOTTED_OPS = 12  # ops whose samples travel in attrs for the charts (plus the TOTAL)
+METHOD = ("Hodges-Lehmann ratio of per-step samples with Moses' distribution-free 95% interval; Welch's interval on "
+          f"per-cycle medians where the cycles differ (nested F test, p < {_cycles.CYCLE_ALPHA:g}; at least "
+          f"{_cycles.MIN_CYCLES} cycles per run)")  # fmt: skip
+SHOWN_REGIONS = 8  # regions whose sentence a whole-step comparison carries
 
 
 def compare(
@@ -69,6 +76,7 @@ def compare(
     skip_steps: int = 0,
     noise_pct: float = DEFAULT_NOISE_PCT,
     host_load_threshold: float = _weather.HOST_LOAD_THRESHOLD_CORES,
+    region: str | None = None,
 ) -> pd.DataFrame:
     """The comparison frame; `baseline` is a label or run id (default: the first run).
 
@@ -76,10 +84,11 @@ def compare(
 
         frame = compare([naive, fused], baseline="naive")
         frame.loc["TOTAL", ("fused", "verdict")], frame.attrs["sentences"]["fused"]
-    """
-    _check(profiles, metric, skip_steps, noise_pct)
-    if not host_load_threshold >= 0:
-        raise ValueError(f"host_load_threshold must be >= 0 cores; got {host_load_threshold}")
+
+    With `region`, the TOTAL row is that `record_function` region's inclusive time per step, the
+    op rows the ops inside it (`region.in_region`); else `attrs["regions"]` has each region's sentences."""
+    _check(profiles, metric, skip_steps, noise_pct, host_load_threshold, region)
+    whole, profiles = profiles, profiles if region is None else [in_region(p, region) for p in profiles]
     base = _find(profiles, baseline) if baseline else profiles[0]
     without_device = [p.label for p in profiles if p.device_time != "present"]
     used = CPU_METRIC if metric == DEVICE_METRIC and without_device else metric
@@ -89,41 +98,52 @@ def compare(
     order = list(medians.max(axis=1).sort_values(ascending=False, kind="stable").index)
     frame, noise = _table(samples, base.label, order, noise_pct)
     hosts = {p.label: dict(p.host) for p in profiles}
-    inconclusive = _weather_verdicts(frame, hosts, base.label, host_load_threshold) if used == CPU_METRIC else {}
     frame.attrs.update(
+        inconclusive=_weather_verdicts(frame, hosts, base.label, host_load_threshold) if used == CPU_METRIC else {},
         metric=used,
         requested_metric=metric,
-        fallback=(
-            f"compared on self CPU time: no device time in {', '.join(without_device)}" if used != metric else None
-        ),
+        fallback=f"compared on self CPU time: no device time in {', '.join(without_device)}" if used != metric else None,
         baseline=base.label,
         **_per_run(profiles, samples),
-        skip_steps=skip_steps,
-        noise_pct=noise_pct,
+        skip_steps=skip_steps, noise_pct=noise_pct,
         confidence=_stats.CONFIDENCE,
-        method="Hodges-Lehmann ratio of per-step samples with Moses' distribution-free 95% interval; "
-        "Welch's interval on per-cycle medians where the cycles differ (nested F test, p < "
-        f"{_cycles.CYCLE_ALPHA:g}; at least {_cycles.MIN_CYCLES} cycles per run)",
+        method=METHOD,
         wrappers=sorted(_wrappers(profiles) & set(order)),
         host=hosts,
         host_load_threshold_cores=host_load_threshold,
-        inconclusive=inconclusive,
         cycle_noise=noise,
     )
     others = [label for label in samples if label != base.label]
+    frame.attrs.update(region=region, launches={p.label: p.extra["launches"] for p in profiles} if region else {},
+                       throughput=throughput(whole, region, order))  # fmt: skip
     frame.attrs["verdicts"] = {label: frame.loc[TOTAL, (label, "verdict")] for label in others}
     frame.attrs["sentences"] = {label: sentence(frame, label) for label in others}
+    if region is None and used != MEMORY_METRIC:
+        frame.attrs["regions"] = _region_sentences(whole, base.label, metric, skip_steps, noise_pct, host_load_threshold)
     # Added last: pandas deep-copies attrs on every operation, so the bulky ones come after.
     frame.attrs.update(
         outliers=_outliers(samples, order),
-        samples={label: _plotted(s, order[:PLOTTED_OPS]) for label, s in samples.items()},
+        samples={label: _plotted(s, order[:PLOTTED_OPS], region) for label, s in samples.items()},
         sample_steps={label: [list(key) for key in s.steps] for label, s in samples.items()},
         op_sample_steps={label: [list(key) for key in s.op_keys] for label, s in samples.items()},
     )
     return frame
 
 
-def _check(profiles: list[RunProfile], metric: str, skip_steps: int, noise_pct: float) -> None:
+def _region_sentences(profiles: list[RunProfile], base: str, metric: str, skip_steps: int, noise_pct: float,
+                      host_load_threshold: float) -> dict[str, dict[str, str]]:  # fmt: skip
+    """The sentence of each region the runs share, per run: {region: {run: sentence}}."""
+    return {name: compare(profiles, base, metric, skip_steps=skip_steps, noise_pct=noise_pct,
+                          host_load_threshold=host_load_threshold, region=name).attrs["sentences"]
+            for name in region_names(profiles)[:SHOWN_REGIONS]}  # fmt: skip
+
+
+def _check(profiles: list[RunProfile], metric: str, skip_steps: int, noise_pct: float,
+           host_load_threshold: float, region: str | None) -> None:  # fmt: skip
+    if region is not None and metric == MEMORY_METRIC:
+        raise ValueError("a region compares time; its memory is the allocated_bytes of its rows in ops.json")
+    if not host_load_threshold >= 0:
+        raise ValueError(f"host_load_threshold must be >= 0 cores; got {host_load_threshold}")
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}; got {metric!r}")
     if not profiles:
@@ -294,9 +314,11 @@ def _outliers(samples: dict[str, StepSamples], order: list[str]) -> list[dict]:
     return found
 
 
-def _plotted(run: StepSamples, ops: list[str]) -> dict[str, list[float]]:
+def _plotted(run: StepSamples, ops: list[str], region: str | None) -> dict[str, list[float]]:
     plotted = {op: [round(float(v), 3) for v in run.ops[op]] for op in ops if op in run.ops}
     plotted[TOTAL] = [round(float(v), 3) for v in run.total]
+    if region is not None:  # the region's samples under its own name too (an op inside is never named so)
+        plotted[region] = plotted[TOTAL]
     return plotted
 
 

@@ -10,6 +10,8 @@ command line exit 4 for a CI job that wants to retry on a quieter host.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
@@ -26,6 +28,8 @@ def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tupl
         failed, lines = gate_lines(frame, 5.0)   # fail when a row is proven more than 5% slower
     """
     base, slower = frame.attrs["baseline"], regressions(frame, percent, min_us)
+    if frame.attrs.get("region"):  # the TOTAL row is the region's
+        slower = [replace(r, op=f"region {frame.attrs['region']}") if r.op == TOTAL else r for r in slower]
     lines = [f"REGRESSION {r.run}: {r.op} median {r.baseline_us:,.2f} -> {r.run_us:,.2f} us, ratio {r.ratio:.2f} "
              f"(95% CI {r.ratio_low:.2f}\u2013{r.ratio_high:.2f}) > +{percent:g}% vs {base}" for r in slower]  # fmt: skip
     not_checked: dict[str, list[Regression]] = {}

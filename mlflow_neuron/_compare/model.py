@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 DEVICE_METRIC, CPU_METRIC = "self_device_time_us", "self_cpu_time_us"
-METRICS = (DEVICE_METRIC, CPU_METRIC)
+MEMORY_METRIC = "peak_memory_bytes"  # per step: the peak above the step's starting level (profile_memory=True)
+METRICS = (DEVICE_METRIC, CPU_METRIC, MEMORY_METRIC)
 FIELDS = ("time_us", "calls", "share", "delta_us", "speedup", "n", "outliers", "ratio", "ratio_low", "ratio_high",
           "unit", "verdict")
 TOTAL = "TOTAL"
@@ -28,7 +29,7 @@ DEFAULT_NOISE_PCT = 2.0
 
 SAMPLES_FROM_STEPS, SAMPLES_FROM_METRICS, SAMPLES_FROM_CYCLES = "steps", "metrics", "cycles"
 SAMPLE_COLUMNS = ("cycle", "step", "name", "self_device_time_us", "self_cpu_time_us", "calls")
-STEP_TOTAL_COLUMNS = ("cycle", "step", "self_device_time_us", "self_cpu_time_us", "aten_calls")
+STEP_TOTAL_COLUMNS = ("cycle", "step", "self_device_time_us", "self_cpu_time_us", "aten_calls", MEMORY_METRIC)
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,10 @@ class RunProfile:
     step_totals: pd.DataFrame | None = None
     source: str | None = None
     host: dict[str, float] = field(default_factory=dict)  # the host while it was profiled (see `weather`)
+    # record_function regions per step (`region.REGION_COLUMNS`) and the ops inside them
+    # (`region.REGION_OP_COLUMNS`), from steps.json and region_ops.json; None: none logged.
+    regions: pd.DataFrame | None = None
+    region_ops: pd.DataFrame | None = None
 
 
 @dataclass(frozen=True)

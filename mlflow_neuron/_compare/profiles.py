@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from .._compare.frame import compare
 from .._compare.weather import HOST_LOAD_THRESHOLD_CORES, HOST_METRICS, run_host
 from .._compare.model import (
+    MEMORY_METRIC,
     SAMPLE_COLUMNS,
     SAMPLES_FROM_CYCLES,
     SAMPLES_FROM_METRICS,
@@ -29,6 +30,7 @@ from .._compare.model import (
     TOTAL,
     RunProfile,
 )
+from .._compare.region import REGION_COLUMNS, REGION_OP_COLUMNS
 from .._compare.runs import RunNotFound, labels, resolve_runs
 from .._compare.timeline_svg import StepTimeline, representative_step, step_durations_us
 from .._delivery.keys import PREFIX, readable_key
@@ -38,6 +40,8 @@ from .._delivery.model import (
     HOST_METRIC_PREFIX,
     OPS_TABLE,
     PER_OP_METRICS,
+    REGION,
+    REGION_OPS_TABLE,
     STEP_METRICS,
     STEP_TOTALS_TABLE,
     STEPS_TABLE,
@@ -60,6 +64,7 @@ def compare_runs(
     skip_steps: int = 0,
     noise_pct: float = 2.0,
     host_load_threshold: float = HOST_LOAD_THRESHOLD_CORES,
+    region: str | None = None,
 ) -> pd.DataFrame:
     """Per-op comparison of profiled runs as a DataFrame (see `frame.compare`).
 
@@ -72,14 +77,15 @@ def compare_runs(
     parent runs / `models:/NAME/VERSION`. A run's samples are its profiler steps, over all its
     cycles; `step` keeps one cycle only, `skip_steps` leaves out each run's first steps. Host
     time of runs whose hosts' load differed by more than `host_load_threshold` cores is
-    `inconclusive` (see `weather`).
+    `inconclusive` (see `weather`). `region` compares one `record_function` range: its inclusive
+    time per step, and the ops inside it as the rows.
     """
     client = MlflowClient(tracking_uri)
     if isinstance(runs, str):
         experiment, runs = runs, []
     resolved = resolve_runs(client, runs, experiment)
     return compare(load_profiles(client, resolved, step), baseline, metric, skip_steps=skip_steps, noise_pct=noise_pct,
-                   host_load_threshold=host_load_threshold)
+                   host_load_threshold=host_load_threshold, region=region)
 
 
 def load_profiles(client: MlflowClient, runs: list[Run], step: int | None = None) -> list[RunProfile]:
@@ -111,8 +117,10 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
     if step is not None and step not in cycles:
         raise RunNotFound(f"{name} has no profiler cycle at step {step}; it has steps {cycles}")
     chosen = cycles if step is None else [step]
-    loaded = [_load_cycle(client, run, cycle, histories) for cycle in chosen]
+    tables = {cycle: _cycle_tables(client, run_id, cycle) for cycle in chosen}
+    loaded = [_load_cycle(run, cycle, histories, tables[cycle]) for cycle in chosen]
     ops, totals, _, _, source = loaded[-1]
+    regions, region_ops = _regions(tables)
     names = _KEY_NAMES if any(c[0].attrs.get("names") == _KEY_NAMES for c in loaded) else None
     return RunProfile(
         label=label or run.info.run_name or run_id,
@@ -127,7 +135,22 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
         step_totals=pd.concat([c[3] for c in loaded], ignore_index=True),
         source=min((c[4] for c in loaded), key=_SOURCES.index),  # the weakest source used
         host=_host(run, chosen, histories),
+        regions=regions,
+        region_ops=region_ops,
     )
+
+
+def _regions(tables: dict[int, dict[str, pd.DataFrame]]) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """The cycles' region rows (steps.json, kind region) and the ops inside them (region_ops.json)."""
+    regions, inside = [], []
+    for cycle, files in tables.items():
+        steps = files.get(STEPS_TABLE)
+        if steps is not None and "kind" in steps and (steps["kind"] == REGION).any():
+            regions.append(steps[steps["kind"] == REGION].assign(cycle=cycle)[list(REGION_COLUMNS)])
+        if REGION_OPS_TABLE in files:
+            inside.append(files[REGION_OPS_TABLE].assign(cycle=cycle)[list(REGION_OP_COLUMNS)])
+    joined = [pd.concat(found, ignore_index=True) if found else None for found in (regions, inside)]
+    return joined[0], joined[1]
 
 
 def _host(run: Run, cycles: list[int], histories: _Histories) -> dict[str, float]:
@@ -159,17 +182,17 @@ class _Histories:
         return points[-1] if points else None
 
 
-def _load_cycle(client: MlflowClient, run: Run, cycle: int, histories: _Histories):
-    """(ops, totals, samples, step totals, source) of one cycle."""
+def _load_cycle(run: Run, cycle: int, histories: _Histories, files: dict[str, pd.DataFrame]):
+    """(ops, totals, samples, step totals, source) of one cycle, from its tables that still exist."""
     totals = {k: v for k in TOTAL_KEYS if (v := histories.at(f"{PREFIX}/total/{k}", cycle)) is not None}
-    files = _cycle_tables(client, run.info.run_id, cycle)
     ops = files.get(OPS_TABLE)
     if ops is None:
         ops = _ops_from_metrics(run, cycle, histories)
     if STEPS_TABLE in files and STEP_TOTALS_TABLE in files:
         steps = files[STEPS_TABLE]
         samples = steps[steps["kind"] == "op"].assign(cycle=cycle)[list(SAMPLE_COLUMNS)]
-        step_totals = files[STEP_TOTALS_TABLE].assign(cycle=cycle)[list(STEP_TOTAL_COLUMNS)]
+        table = files[STEP_TOTALS_TABLE]
+        step_totals = table.assign(cycle=cycle, **{MEMORY_METRIC: _peak_memory(table, run)})[list(STEP_TOTAL_COLUMNS)]
         return ops, totals, samples.reset_index(drop=True), step_totals, SAMPLES_FROM_STEPS
     active = max(int(totals.get("active_steps") or 1), 1)
     host = ops[ops["kind"] == "op"] if "kind" in ops else ops
@@ -185,13 +208,23 @@ def _load_cycle(client: MlflowClient, run: Run, cycle: int, histories: _Historie
         step_totals = pd.DataFrame({
             "cycle": cycle, "step": steps, "self_cpu_time_us": [logged["self_cpu_time_us"][s] for s in steps],
             "self_device_time_us": [logged["self_device_time_us"].get(s, 0.0) for s in steps], "aten_calls": aten,
+            MEMORY_METRIC: float("nan"),
         })[list(STEP_TOTAL_COLUMNS)]  # fmt: skip
         return ops, totals, samples, step_totals, SAMPLES_FROM_METRICS
     step_totals = pd.DataFrame([{
-        "cycle": cycle, "step": cycle - 1, "aten_calls": aten,
+        "cycle": cycle, "step": cycle - 1, "aten_calls": aten, MEMORY_METRIC: float("nan"),
         **{m: totals.get(m, 0.0) / active for m in STEP_METRICS},
     }])[list(STEP_TOTAL_COLUMNS)]  # fmt: skip
     return ops, totals, samples, step_totals, SAMPLES_FROM_CYCLES
+
+
+def _peak_memory(step_totals: pd.DataFrame, run: Run) -> pd.Series | float:
+    """Each step's peak memory on the run's device (its `peak_memory_bytes_<device>` column), else
+    on the host; NaN without memory records (profiled without profile_memory=True)."""
+    for device in (run.data.tags.get(DEVICE_TAG, ""), "cpu"):
+        if f"{MEMORY_METRIC}_{device}" in step_totals:
+            return step_totals[f"{MEMORY_METRIC}_{device}"]
+    return float("nan")
 
 
 def _cycle_tables(client: MlflowClient, run_id: str, cycle: int) -> dict[str, pd.DataFrame]:
@@ -200,7 +233,7 @@ def _cycle_tables(client: MlflowClient, run_id: str, cycle: int) -> dict[str, pd
     present = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run_id, folder)}
     tables = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for file in (OPS_TABLE, STEPS_TABLE, STEP_TOTALS_TABLE):
+        for file in (OPS_TABLE, STEPS_TABLE, STEP_TOTALS_TABLE, REGION_OPS_TABLE):
             if file in present:
                 path = client.download_artifacts(run_id, f"{folder}/{file}", tmp)
                 tables[file] = pd.read_json(Path(path), orient="split")

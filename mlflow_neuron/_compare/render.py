@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from .._compare.frame import flat
+from .._compare.throughput import throughput_lines
 from .._compare.model import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, TOO_FEW, TOO_FEW_CYCLES, TOTAL
 from .._compare.verdict import short_names
 from .._compare.weather import host_note
@@ -56,8 +57,13 @@ def _count(value) -> str:
 
 
 def heading(frame: pd.DataFrame) -> str:
-    what = "device" if frame.attrs["metric"] == "self_device_time_us" else "CPU"
-    text = f"median self {what} time per step (us) per op, baseline {frame.attrs['baseline']}"
+    what = {"self_device_time_us": "self device time", "self_cpu_time_us": "self CPU time"}.get(frame.attrs["metric"])
+    text = (f"median {what} per step (us) per op" if what else "median peak memory per step (bytes above the "
+            "step's starting level)") + f", baseline {frame.attrs['baseline']}"  # fmt: skip
+    if frame.attrs.get("region"):
+        kind = "device" if frame.attrs["metric"] == "self_device_time_us" else "CPU"
+        text = (f"region {frame.attrs['region']} (with all it runs) and the ops inside it: median {kind} time per "
+                f"step (us), baseline {frame.attrs['baseline']}")  # fmt: skip
     if frame.attrs.get("skip_steps"):
         text += f", first {frame.attrs['skip_steps']} step(s) of each run left out"
     return f"{text}; {frame.attrs['fallback']}" if frame.attrs.get("fallback") else text
@@ -70,15 +76,18 @@ def table(frame: pd.DataFrame, top: int | None = 15) -> pd.DataFrame:
     runs = list(frame.columns.get_level_values("run").unique())
     ops = [op for op in frame.index if op != TOTAL][:top]
     outliers = {run: sum(1 for o in frame.attrs.get("outliers", []) if o["run"] == run) for run in runs}
+    region = frame.attrs.get("region")
+    counts = frame.attrs["launches"] if region is not None else frame.attrs["aten_calls"]
     columns: dict[str, list[str]] = {}
     for run in runs:
         columns[run] = [_number(frame.loc[op, (run, "time_us")]) for op in [*ops, TOTAL]]
-        columns[run] += [_count(frame.attrs["n"][run]), str(outliers[run]), _count(frame.attrs["aten_calls"][run])]
+        columns[run] += [_count(frame.attrs["n"][run]), str(outliers[run]), _count(counts[run])]
         if run == base:
             continue
         columns[f"{run} ratio (95% CI)"] = [_ratio_cell(frame.loc[op, run]) for op in [*ops, TOTAL]] + ["", "", ""]
         columns[f"{run} verdict"] = [str(frame.loc[op, (run, "verdict")]) for op in [*ops, TOTAL]] + ["", "", ""]
-    index = [*short_names(ops), TOTAL, "n (steps)", "outliers", "ATen calls per step"]
+    last = ("region " + region, "launches per step") if region is not None else (TOTAL, "ATen calls per step")
+    index = [*short_names(ops), last[0], "n (steps)", "outliers", last[1]]
     return pd.DataFrame(columns, index=index)
 
 
@@ -113,9 +122,12 @@ def outlier_lines(frame: pd.DataFrame, limit: int = SHOWN_OUTLIERS) -> list[str]
     cost the most time first (a 6 ms stall before a 40x blip of a 0.04 us op)."""
     found = sorted(frame.attrs.get("outliers", []), key=lambda o: -abs(o["value_us"] - o["median_us"]))
     names = dict(zip(frame.index, short_names(list(frame.index))))
+    if frame.attrs.get("region"):
+        names[TOTAL] = f"region {frame.attrs['region']}"
+    unit = "bytes" if frame.attrs.get("metric") == "peak_memory_bytes" else "us"
     lines = [
-        f"{o['run']} step {o['step']} (cycle {o['cycle']}) {names.get(o['op'], o['op'])}: {o['value_us']:,.3f} us, "
-        + (f"{o['times_median']:g}x its median {o['median_us']:,.3f} us" if o["times_median"] else "median 0")
+        f"{o['run']} step {o['step']} (cycle {o['cycle']}) {names.get(o['op'], o['op'])}: {o['value_us']:,.3f} {unit}, "
+        + (f"{o['times_median']:g}x its median {o['median_us']:,.3f} {unit}" if o["times_median"] else "median 0")
         for o in found[:limit]
     ]
     if len(found) > limit:
@@ -133,6 +145,12 @@ def _notes(frame: pd.DataFrame) -> list[str]:
         notes += ["", host]
     if frame.attrs.get("sentences"):
         notes += ["", *frame.attrs["sentences"].values()]
+    if frame.attrs.get("throughput"):
+        notes += ["", "achieved bandwidth (the last cycle's ops.json, recorded shapes):"]
+        notes += [f"  {line}" for line in throughput_lines(frame.attrs["throughput"], frame.attrs.get("region"))]
+    if frame.attrs.get("regions"):
+        notes += ["", "regions (each record_function range with all it runs; --region NAME lists the ops inside):"]
+        notes += [f"  {line}" for lines in frame.attrs["regions"].values() for line in lines.values()]
     return notes
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .._compare.model import SAMPLES_FROM_METRICS, RunProfile
+from .._compare.model import MEMORY_METRIC, SAMPLES_FROM_METRICS, RunProfile
 
 WRAPPER_PREFIXES = ("ProfilerStep", "Torch-Compiled Region", "## ")
 
@@ -46,6 +46,9 @@ class StepSamples:
 
 
 def step_samples(profile: RunProfile, metric: str, skip_steps: int = 0) -> StepSamples:
+    if metric == MEMORY_METRIC and not _has_memory(profile):
+        raise ValueError(f"run {profile.label} has no memory samples: profile it with profile_memory=True "
+                         "(runs logged before peak memory per step have none)")  # fmt: skip
     if profile.samples is None:
         return _single_sample(profile, metric)
     table = profile.samples
@@ -70,7 +73,7 @@ def step_samples(profile: RunProfile, metric: str, skip_steps: int = 0) -> StepS
         )
         return wide.reindex(index).fillna(0.0)
 
-    ops = per_step(metric)
+    ops = per_step(metric) if metric in table else pd.DataFrame(index=index)  # memory: per step, not per op
     calls = per_step("calls").reindex(columns=ops.columns, fill_value=0.0)
     total = ops.sum(axis=1).to_numpy(float)
     aten = None
@@ -82,6 +85,11 @@ def step_samples(profile: RunProfile, metric: str, skip_steps: int = 0) -> StepS
         if "aten_calls" in by_step and by_step["aten_calls"].notna().all():
             aten = by_step["aten_calls"].to_numpy(float)
     return StepSamples(keys, ops, calls, total, aten, profile.source, None if op_keys is keys else op_keys)
+
+
+def _has_memory(profile: RunProfile) -> bool:
+    totals = profile.step_totals
+    return totals is not None and MEMORY_METRIC in totals and bool(totals[MEMORY_METRIC].notna().any())
 
 
 def _keys(table: pd.DataFrame) -> list[tuple[int, int]]:

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from .._compare.cycles import CYCLES, MIN_CYCLES
-from .._compare.model import CPU_METRIC, FASTER, INCONCLUSIVE, SLOWER, TOO_FEW, TOO_FEW_CYCLES, TOTAL
+from .._compare.model import CPU_METRIC, FASTER, MEMORY_METRIC, INCONCLUSIVE, SLOWER, TOO_FEW, TOO_FEW_CYCLES, TOTAL
+from .._compare.region import inside_change
 
 # Generated names carry long hashes (`## Call CompiledFxGraph f7xp...52 chars ##`): a token of 20+
 # lowercase letters and digits with at least one digit. Identifiers with underscores never match.
@@ -27,7 +28,10 @@ MINUS = "\u2212"
 def sentence(frame: pd.DataFrame, run: str) -> str:
     base = frame.attrs["baseline"]
     total = frame.loc[TOTAL, run]
-    what = "self CPU time" if frame.attrs["metric"] == CPU_METRIC else "self device time"
+    what = {CPU_METRIC: "self CPU time", MEMORY_METRIC: "peak memory"}.get(frame.attrs["metric"], "self device time")
+    region = frame.attrs.get("region")
+    if region is not None:
+        what = f"region {region} {'CPU' if frame.attrs['metric'] == CPU_METRIC else 'device'} time"
     verdict = total["verdict"]
     change = f"{what} {_percents(total['ratio'])[0]}%"
     noise = frame.attrs.get("cycle_noise", {}).get(run, {})
@@ -46,7 +50,10 @@ def sentence(frame: pd.DataFrame, run: str) -> str:
     calls = _calls(frame.attrs["aten_calls"].get(run), frame.attrs["aten_calls"].get(base))
     if calls:
         parts.append(f", {calls}")
-    if verdict in (FASTER, SLOWER, TOO_FEW, TOO_FEW_CYCLES):
+    replaced = inside_change(frame, run, frame.attrs["launches"], short_name) if region is not None else ""
+    if replaced:
+        parts.append(f"; {replaced}")
+    elif verdict in (FASTER, SLOWER, TOO_FEW, TOO_FEW_CYCLES):
         culprit = _largest_part_of_change(frame, run)
         if culprit:
             parts.append(f"; {culprit}")

@@ -39,6 +39,7 @@ class CycleJob:
     tags: dict[str, str] = field(default_factory=dict)  # besides the device tags
     table_note: str = ""  # a first line for key_averages.txt
     host: dict[str, float] = field(default_factory=dict)  # the host during the window (model.HOST_VALUES)
+    peak: dict | None = None  # the device's limits (`_trace.peaks.Peak.to_dict()`): ops.json's % of peak
     problems: list[tuple[str, str]] = field(default_factory=list)  # (kind, message), reported once sent
     delivery: Delivery | None = field(default=None, repr=False)  # set once prepared
     record: Path | None = field(default=None, repr=False)  # its outbox record, once written ahead of delivery

@@ -19,6 +19,7 @@ SOURCE_TAG = "mlflow_neuron.source"  # "ingest" for runs logged from traces made
 OPS_TABLE = "ops.json"  # every op: the log_table layout, a sortable table in the UI
 STEPS_TABLE = "steps.json"  # per-step samples: one row per (profiler step, op)
 STEP_TOTALS_TABLE = "step_totals.json"  # one row per profiler step: its totals and top-level ATen calls
+REGION_OPS_TABLE = "region_ops.json"  # per (profiler step, record_function region): the ops and kernels inside
 KEY_AVERAGES = "key_averages.txt"  # the op table in torch's text layout
 TIMELINE = "timeline.json"  # the cycle's span tree (`_trace.timeline.Timeline`): the MLflow trace, the report's SVG
 TRACE = "trace.json.gz"  # the framework trace, when no Neuron session folder holds one
@@ -34,6 +35,12 @@ NEURON_UTILIZATION = "neuron_utilization_percentage"  # only where neuron-monito
 
 PER_OP_METRICS = ("self_device_time_us", "self_cpu_time_us", "calls")  # profiler/<metric>/<op>
 STEP_METRICS = ("self_device_time_us", "self_cpu_time_us")  # profiler/step/<metric>, one point per step
+# profiler/<metric>/<region>: a record_function range's inclusive time, summed over the cycle's steps
+REGION_METRICS = ("region_device_time_us", "region_cpu_time_us")
+REGION = "region"  # the kind of a region's rows in ops.json and steps.json
+# profile_memory=True: profiler/step/peak_memory_bytes/<device> per step, and step_totals.json's
+# peak_memory_bytes_<device> columns (bytes above the step's starting level: `_trace.memory`)
+PEAK_MEMORY = "peak_memory_bytes"
 
 
 @dataclass(frozen=True)

@@ -107,7 +107,7 @@ class Preparer:
                 self._device_time_seen |= profile.device_time == PRESENT
                 seen = PRESENT if self._device_time_seen else profile.device_time
                 tags = {DEVICE_TAG: profile.device, DEVICE_TIME_TAG: seen}
-            return summary, ops_table(profile, self.keys), metrics, series, tags
+            return summary, ops_table(profile, self.keys, job.peak), metrics, series, tags
 
     def _summary(self, job: CycleJob) -> CycleSummary:
         try:

@@ -8,6 +8,7 @@ Where the Neuron profiler writes is `layout`'s; which device a saved trace came 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -21,6 +22,7 @@ from torch.profiler import ProfilerActivity
 
 from .._trace.device_names import CPU, CUDA, NEURON
 from .._trace.kineto import privateuse1_backend_name
+from .._trace.peaks import LNC_ENV, PEAKS_ENV, find_peak, load_peak
 
 # Documented NeuronConfig fields (Neuron 2.31-2.33); anything else is read only if present.
 NEURON_CONFIG_FIELDS = (
@@ -53,6 +55,30 @@ def profiled_device(prof: Any) -> str:
     if ProfilerActivity.PrivateUse1 in activities:
         return privateuse1_backend_name()
     return CPU
+
+
+def device_peak(device: str) -> dict | None:
+    """The limits of the device profiled (`_trace.peaks`): the user's file (MLFLOW_NEURON_PEAKS),
+    else the table's line for this EC2 instance type (Neuron) or GPU name; None when unknown (CPU).
+    Raises ValueError for a peaks file that cannot be read."""
+    override = os.environ.get(PEAKS_ENV, "").strip()
+    if override:
+        return load_peak(override).to_dict()
+    return _table_peak(device, os.environ.get(LNC_ENV, "").strip())
+
+
+@functools.lru_cache(maxsize=8)
+def _table_peak(device: str, logical_cores: str) -> dict | None:
+    if device == NEURON:
+        from .run_context import ec2_instance_type  # reads the DMI table: no request, no subprocess
+
+        peak = find_peak(ec2_instance_type().get("ec2_instance_type"))
+        group = int(logical_cores) if logical_cores.isdigit() and int(logical_cores) > 1 else 1
+        return (peak.per_logical_core(group) if group > 1 else peak).to_dict() if peak else None
+    if device == CUDA and torch.cuda.is_available():
+        peak = find_peak(torch.cuda.get_device_name(torch.cuda.current_device()))
+        return peak.to_dict() if peak else None
+    return None
 
 
 def activity_names(prof: Any) -> list[str]:

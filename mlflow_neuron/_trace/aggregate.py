@@ -19,17 +19,21 @@ import numpy as np
 from .event_tree import EventTree, event_tree
 from .events import RawEvents
 from .names import STEP_NAME
+from .memory import allocated_by_event, private_use1_name, step_peaks
+from .regions import region_rows
+from .traffic import traffic_by_name
 from .profile import ATEN_PREFIX, KINDS, CycleProfile, OpStats, cycle_profile
 from .steps import split_by_step, step_numbers
 
 
 def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_step: int = 0,
-              tree: EventTree | None = None) -> CycleProfile:  # fmt: skip
+              tree: EventTree | None = None, traffic: tuple[np.ndarray, ...] | None = None) -> CycleProfile:  # fmt: skip
     """The CycleProfile `extract_cycle(prof.events(), device=..., device_profiled=...,
     default_step=...)` gives for the same cycle: same rows, numbers, totals, aten_calls,
     active_steps, event_count, order and per-step samples.
 
     `tree`: `event_tree(raw)`, when the caller has it already (it draws the timeline from it too).
+    `traffic`: `traffic.event_traffic(raw, tree, ...)`, bytes and FLOPs per call (record_shapes=True).
     """
     if tree is not None and tree.raw is not raw:
         raise ValueError("tree is not the tree of these events: pass event_tree(raw)")
@@ -62,7 +66,12 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_ste
     aten = np.array([s.startswith(ATEN_PREFIX) for s in names], bool)[name]
     top_level = _top_level_aten(aten & survivor & ~device_rows, aten, parent)
 
-    per_step, step_totals = _per_step(raw, tree, counted, counted[is_step], ck, cd, top_level, default_step)
+    step_at = counted[is_step]
+    step_starts = tree.start_ns[step_at]
+    numbers = step_numbers([raw.names[i] for i in raw.name_id[tree.order][step_at]], len(step_at), default_step)
+    per_step, step_totals = _per_step(raw, tree, counted, step_starts, numbers, ck, cd, top_level, default_step)
+    extras = _ranges_memory_traffic(raw, tree, device, (step_at, step_starts, numbers, default_step),
+                                    counted[(ck == 0) & ~annotation[counted]], counted, traffic)  # fmt: skip
     return cycle_profile(
         device, device_profiled, ops,
         total_device_us=total_device,
@@ -74,18 +83,36 @@ def aggregate(raw: RawEvents, *, device: str, device_profiled: bool, default_ste
         steps=per_step,
         step_totals=step_totals,
         annotations=frozenset(names[i] for i in np.unique(name[survivor & sync_host & annotation]).tolist()),
+        **extras,
     )
 
 
-def _per_step(raw: RawEvents, tree: EventTree, counted: np.ndarray, step_at: np.ndarray, kind: np.ndarray,
-              self_device: np.ndarray, top_level: np.ndarray, default_step: int):  # fmt: skip
+def _ranges_memory_traffic(raw: RawEvents, tree: EventTree, device: str, steps: tuple, op_rows: np.ndarray,
+                           counted: np.ndarray, traffic: tuple[np.ndarray, ...] | None) -> dict:  # fmt: skip
+    """The profile's regions (`regions`), memory (`memory`) and bytes and FLOPs (`traffic`)."""
+    step_at, step_starts, numbers, default_step = steps
+    name, names = tree.name, tree.names
+    allocated = allocated_by_event(raw, tree)
+    regions, inside = region_rows(raw, tree, step_starts, numbers, default_step, allocated,
+                                  traffic[:2] if traffic is not None else None)  # fmt: skip
+    return {
+        "regions": regions,
+        "region_ops": inside,
+        "step_memory": step_peaks(raw.memory, step_starts, tree.end_ns[step_at], numbers, private_use1_name(device)),
+        "allocated": _allocated_by_name(allocated[counted], name[counted], names) if raw.memory is not None else None,
+        "traffic": traffic_by_name(traffic, op_rows, name, names) if traffic is not None else None,
+    }
+
+
+def _per_step(raw: RawEvents, tree: EventTree, counted: np.ndarray, step_starts: np.ndarray, numbers: list[int],
+              kind: np.ndarray, self_device: np.ndarray, top_level: np.ndarray, default_step: int):  # fmt: skip
     """The counted events split by the ProfilerStep range each belongs to (see `steps`)."""
     order, start = tree.order, tree.start_ns
     linked, own_id = raw.linked_correlation_id[order], raw.correlation_id[order]
     frontend = tree.survivor & tree.sync_host & (linked == 0)
     return split_by_step(
-        step_starts=start[step_at],
-        step_numbers=step_numbers([raw.names[i] for i in raw.name_id[order][step_at]], len(step_at), default_step),
+        step_starts=step_starts,
+        step_numbers=numbers,
         default_step=default_step,
         placed_at=_placed_at(start, linked, own_id, frontend, tree.device)[counted],
         name_id=tree.name[counted], names=tree.names, kind_id=kind, kinds=KINDS,
@@ -122,6 +149,11 @@ def _top_level_aten(candidates: np.ndarray, aten: np.ndarray, parent: np.ndarray
         jump[at] = jump[jump[at]]
         has = jump >= 0
     return candidates & ~above
+
+
+def _allocated_by_name(allocated: np.ndarray, name: np.ndarray, names: list[str]) -> tuple[tuple[str, int], ...]:
+    """(name, bytes) of each op that allocated memory itself (`memory.allocated_by_event`)."""
+    return tuple((names[k], int(allocated[name == k].sum())) for k in np.unique(name[allocated > 0]).tolist())
 
 
 def _sequential_sum(values: np.ndarray) -> float:

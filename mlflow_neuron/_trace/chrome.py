@@ -42,6 +42,7 @@ from .chrome_links import (
     linking_summary,
 )
 from .device_names import device_of
+from .traffic import OpInputs
 from .events import (
     DEVICE_KERNEL,
     DEVICE_OTHER,
@@ -50,6 +51,7 @@ from .events import (
     OUT_OF_MEMORY_EVENT_NAME,
     DeviceLanes,
     RawEvents,
+    memory_records,
     TimelineInputs,
     empty_events,
     uncovered_memory,
@@ -157,8 +159,8 @@ class ChromeReader:
         self.names: dict[str, int] = {}
         self.threads: dict[tuple, int] = {}  # (pid, tid) -> thread index
         self.pieces: list[dict[str, np.ndarray]] = []
-        self.memory: list[tuple] = []  # [memory] / [OutOfMemory] records: (name, ts, thread, index)
-        self.dims: dict[int, Any] = {}  # row -> its Input Dims
+        self.memory: list[tuple] = []  # [memory] / [OutOfMemory] records: (name, ts, thread, index, bytes, device)
+        self.dims: dict[int, Any] = {}  # row -> its Input Dims, Input type and Concrete Inputs
         self.rows = 0
         self.trace_start_us: float | None = None  # Kineto's profiler span starts at trace_start_ns
         self.categories: set = set()
@@ -177,7 +179,9 @@ class ChromeReader:
             categories.add(cat)
             if (name == MEMORY_EVENT_NAME or name == OUT_OF_MEMORY_EVENT_NAME) and phase in ("i", "I", "X"):
                 ts, _, name = _checked(event, index, "ts")  # Kineto writes instants, the Python exporter X
-                self.memory.append((name, ts, threads.setdefault((get("pid"), get("tid")), len(threads)), index))
+                args = get("args") if isinstance(get("args"), Mapping) else {}
+                self.memory.append((name, ts, threads.setdefault((get("pid"), get("tid")), len(threads)), index,
+                                    _int(args.get("Bytes")), _int(args.get("Device Type"))))  # fmt: skip
                 continue
             if phase != "X":
                 if phase == "M":
@@ -209,7 +213,8 @@ class ChromeReader:
                 if name_id is None:
                     name_id = names[name] = len(names)
                 if self.shapes and kind[0] == HOST and args.get("Input Dims"):
-                    self.dims[self.rows + len(rows)] = args["Input Dims"]
+                    self.dims[self.rows + len(rows)] = (args["Input Dims"], args.get("Input type") or (),
+                                                        args.get("Concrete Inputs") or ())  # fmt: skip
                 if cat in _HIP_CALL_CATEGORIES and name.startswith("hip"):
                     self.hip_calls = True
                 rows.append((name_id, ts, dur, thread, *kind, external, correlation, index))
@@ -269,7 +274,8 @@ class ChromeReader:
             columns = [np.concatenate([col, x]) for col, x in zip(columns, extra)]
         use_device = "device" if (device_class != HOST).any() else None
         linking = linking_summary(dialect, how, device_class, c["annotation"], c["dur"])
-        return RawEvents(tuple(raw_names), *columns[:-1], use_device=use_device, source_index=columns[-1]), linking
+        return RawEvents(tuple(raw_names), *columns[:-1], use_device=use_device, source_index=columns[-1],
+                         memory=_memory(memory, mem_start - origin)), linking
 
     def _inputs(self, raw: RawEvents, header: Mapping) -> TimelineInputs:
         """Origin, stream names and input shapes for the timeline. The device rows are split by
@@ -289,9 +295,13 @@ class ChromeReader:
         dims = self.dims
 
         def read_shapes(raw_rows: np.ndarray) -> list:
-            return [d if (d := dims.get(r)) and any(d) else None for r in raw_rows.tolist()]
+            return [d[0] if (d := dims.get(r)) and any(d[0]) else None for r in raw_rows.tolist()]
 
-        return TimelineInputs(origin, DeviceLanes(lane, tuple(names)), read_shapes if self.shapes else None)
+        def read_inputs(raw_rows: np.ndarray) -> list:
+            return [OpInputs(*d) if (d := dims.get(r)) else None for r in raw_rows.tolist()]
+
+        return TimelineInputs(origin, DeviceLanes(lane, tuple(names)), read_shapes if self.shapes else None,
+                              read_inputs if self.shapes else None)  # fmt: skip
 
 
 def _kinds() -> dict[str, tuple]:
@@ -347,6 +357,18 @@ def _int_arg(args: Any, key: str, index: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"traceEvents[{index}] args[{key!r}] is not an integer: {value!r}")
     return value
+
+
+def _memory(records: list[tuple], start_ns: np.ndarray):
+    """MemoryRecords of the `[memory]` instants (their args' Bytes and Device Type)."""
+    if not records:
+        return None
+    is_memory = np.array([r[0] == MEMORY_EVENT_NAME for r in records], bool)
+    return memory_records(is_memory, start_ns, *(np.array([r[k] for r in records], np.int64) for k in (4, 5, 2)))
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0
 
 
 def _ns(us: np.ndarray) -> np.ndarray:

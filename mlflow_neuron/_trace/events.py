@@ -19,6 +19,24 @@ MEMORY_EVENT_NAME, OUT_OF_MEMORY_EVENT_NAME = "[memory]", "[OutOfMemory]"
 
 
 @dataclass(frozen=True, eq=False)
+class MemoryRecords:
+    """A cycle's `[memory]` records (`profile_memory=True`), in recording order: when (ns, the events'
+    zero), how many bytes (negative: a free), and on which device (c10 `DeviceType` numbers)."""
+
+    start_ns: np.ndarray
+    nbytes: np.ndarray
+    device_type: np.ndarray
+    thread: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def __eq__(self, other: object) -> bool:  # the same records, read by either reader
+        return isinstance(other, MemoryRecords) and all(
+            np.array_equal(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
+
+@dataclass(frozen=True, eq=False)
 class RawEvents:
     """One cycle's events as torch turns them into `FunctionEvent`s, before linking, in columns.
 
@@ -44,6 +62,7 @@ class RawEvents:
     legacy_device_us: np.ndarray  # device time from legacy fallback stubs, 0 where none
     use_device: str | None
     source_index: np.ndarray | None = None
+    memory: MemoryRecords | None = None  # the `[memory]` records, with their bytes (None: none recorded)
 
     def __post_init__(self) -> None:
         n = len(self.name_id)
@@ -88,6 +107,14 @@ def uncovered_memory(memory: tuple, start: np.ndarray, end: np.ndarray, host: np
             np.zeros(k, bool), np.zeros(k, bool), np.zeros(k), source[order])  # fmt: skip
 
 
+def memory_records(is_memory: np.ndarray, start_ns: np.ndarray, nbytes: np.ndarray, device_type: np.ndarray,
+                   thread: np.ndarray) -> MemoryRecords | None:  # fmt: skip
+    """The `[memory]` rows among a reader's memory and OOM records; None when there are none."""
+    if not is_memory.any():
+        return None
+    return MemoryRecords(*(np.asarray(c, np.int64)[is_memory] for c in (start_ns, nbytes, device_type, thread)))
+
+
 def factorize(values: list) -> tuple[list, np.ndarray]:
     """(distinct values in first-seen order, each value's index into them)."""
     codes, uniques = pd.factorize(np.asarray(values, dtype=object))
@@ -114,3 +141,4 @@ class TimelineInputs:
     origin_ns: int | None = None
     lanes: DeviceLanes | None = None
     input_shapes: ShapesReader | None = None
+    op_inputs: Callable[[np.ndarray], Sequence[Any]] | None = None  # raw rows -> `traffic.OpInputs` (or None)

@@ -51,10 +51,12 @@ from .events import (
     TimelineInputs,
     empty_events,
     factorize,
+    memory_records,
     uncovered_memory,
 )
 from .function_events import DEVICE_ROW_TYPES
 from .summarize import CycleSettings, CycleSummary, summarize
+from .traffic import OpInputs
 
 _ATTACHED = frozenset(getattr(DeviceType, n) for n in ("CUDA", "PrivateUse1", "XPU") if hasattr(DeviceType, n))
 _FILTERED_NAMES = frozenset({
@@ -80,7 +82,7 @@ class KinetoCycle:
         if read is None:
             raise RuntimeError(f"this torch's Kineto results could not be read ({torch.__version__})")
         raw, inputs = read
-        return summarize(raw, self.settings, inputs if self.settings.timeline_step is not None else None)
+        return summarize(raw, self.settings, inputs)
 
 
 def kineto_cycle(prof: Any, settings: CycleSettings) -> KinetoCycle | None:
@@ -203,7 +205,18 @@ def _read_kineto(events: list, kind: Any, trace_start: int, use_device: str | No
     if memory is not None:
         extra = uncovered_memory(memory, start, end, host)
         columns = [np.concatenate([c, x]) for c, x in zip(columns, extra)]
-    return RawEvents(tuple(raw_names), *columns[:-1], use_device=use_device, source_index=columns[-1])
+    return RawEvents(tuple(raw_names), *columns[:-1], use_device=use_device, source_index=columns[-1],
+                     memory=_with_bytes(memory, events, kind, raw_names))
+
+
+def _with_bytes(memory: tuple | None, events: list, kind: Any, raw_names: list):
+    """MemoryRecords of the `[memory]` records: their bytes and device types."""
+    if memory is None:
+        return None
+    ids, start, thread, _, rows = memory
+    records = [events[i] for i in rows]
+    return memory_records(np.array([raw_names[i] == MEMORY_EVENT_NAME for i in ids], bool), start,
+                          [kind.nbytes(r) for r in records], [int(kind.device_type(r)) for r in records], thread)
 
 
 def _memory_records(events: list, kind: Any, raw_names: list, name_id: np.ndarray, trace_start: int):
@@ -282,7 +295,17 @@ def _inputs_from_events(events: list, raw: RawEvents, origin: int) -> TimelineIn
             out.append([list(s) for s in shapes] if any(shapes) else None)
         return out
 
-    return TimelineInputs(origin, lanes, read_shapes)
+    def read_inputs(raw_rows: np.ndarray) -> list:
+        return [_op_inputs(events[rows[r]]) for r in raw_rows.tolist()]
+
+    return TimelineInputs(origin, lanes, read_shapes, read_inputs)
+
+
+def _op_inputs(event: Any) -> OpInputs | None:
+    shapes = event.shapes()  # [] without record_shapes (a 0-d tensor's [] shape counts)
+    concrete = getattr(event, "concrete_inputs", list)()  # a torch without them: reductions stay unknown
+    return OpInputs([list(s) for s in shapes], list(event.dtypes()), ["" if v is None else str(v) for v in concrete]
+                    ) if shapes else None  # fmt: skip
 
 
 def _kineto_lanes(events: list, rows: np.ndarray, raw: RawEvents) -> DeviceLanes:

@@ -7,10 +7,12 @@ Both ways to a profile produce it: `aggregate(raw)` from a reader's `RawEvents`,
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import pandas as pd
 
+from .memory import StepMemory
+from .regions import RegionOp, RegionStep
 from .steps import StepOp, StepTotal
 
 PRESENT, MISSING, NOT_PROFILED = "present", "missing", "not_profiled"
@@ -48,6 +50,17 @@ class CycleProfile:
     steps: tuple[StepOp, ...] = ()  # the same events split by profiler step (see `steps`)
     step_totals: tuple[StepTotal, ...] = ()
     annotations: frozenset[str] = frozenset()  # host rows that are ranges (record_function), not ops
+    # Inclusive time of each record_function range per step, and what ran inside (see `regions`).
+    # Left out of ==: torch's own parse (`extract_cycle`, the fallback without Kineto access) has none.
+    regions: tuple[RegionStep, ...] = field(default=(), compare=False)
+    region_ops: tuple[RegionOp, ...] = field(default=(), compare=False)
+    # profile_memory=True: each step's peak per device, and (name, bytes) each op allocated itself;
+    # None: no memory records.
+    step_memory: tuple[StepMemory, ...] = field(default=(), compare=False)
+    allocated: tuple[tuple[str, int], ...] | None = field(default=None, compare=False)
+    # record_shapes=True: (name, bytes, FLOPs, dtype) of each op over its calls (NaN: a call's
+    # formula is unknown, see `traffic`); None: recorded without shapes.
+    traffic: tuple[tuple[str, float, float, str], ...] | None = field(default=None, compare=False)
 
     @property
     def ranking_metric(self) -> str:
@@ -63,14 +76,24 @@ class CycleProfile:
 
     def steps_frame(self) -> pd.DataFrame:
         """One row per (profiler step, op or kernel): the per-step samples."""
-        columns = [f.name for f in fields(StepOp)]
-        return pd.DataFrame([[getattr(row, c) for c in columns] for row in self.steps], columns=columns)
+        return _frame(StepOp, self.steps)
+
+    def regions_frame(self) -> pd.DataFrame:
+        """One row per (profiler step, region): inclusive times, launches, calls."""
+        return _frame(RegionStep, self.regions)
+
+    def region_ops_frame(self) -> pd.DataFrame:
+        """One row per (profiler step, region, op or kernel inside it)."""
+        return _frame(RegionOp, self.region_ops)
 
 
 def cycle_profile(device: str, device_profiled: bool, ops: Iterable[OpStats], *, total_device_us: float,
                   total_cpu_us: float, attributed_us: float, aten_calls: int, steps_seen: int, event_count: int,
                   steps: tuple[StepOp, ...] = (), step_totals: tuple[StepTotal, ...] = (),
-                  annotations: frozenset[str] = frozenset()) -> CycleProfile:
+                  annotations: frozenset[str] = frozenset(), regions: tuple[RegionStep, ...] = (),
+                  region_ops: tuple[RegionOp, ...] = (), step_memory: tuple[StepMemory, ...] = (),
+                  allocated: tuple[tuple[str, int], ...] | None = None,
+                  traffic: tuple[tuple[str, float, float, str], ...] | None = None) -> CycleProfile:
     """A `CycleProfile` from either reader's sums (`aggregate`, `function_events`): the device-time
     state, the ops ranked, and a cycle with ops but no step marker counted as one step."""
     device_time = _device_time_state(device_profiled, total_device_us)
@@ -88,7 +111,17 @@ def cycle_profile(device: str, device_profiled: bool, ops: Iterable[OpStats], *,
         steps=steps,
         step_totals=step_totals,
         annotations=annotations,
+        regions=regions,
+        region_ops=region_ops,
+        step_memory=step_memory,
+        allocated=allocated,
+        traffic=traffic,
     )
+
+
+def _frame(row_type: type, rows: tuple) -> pd.DataFrame:
+    columns = [f.name for f in fields(row_type)]
+    return pd.DataFrame([[getattr(row, c) for c in columns] for row in rows], columns=columns)
 
 
 def _ranked(ops: Iterable[OpStats], device_time: str) -> tuple[OpStats, ...]:

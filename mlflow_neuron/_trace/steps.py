@@ -79,14 +79,10 @@ def split_by_step(
     `in_device_total`: the event counts in the cycle's device total (device rows, and legacy host
     rows that carry their own kernel). `aten_starts`: start times of the top-level ATen calls.
     """
-    order = np.argsort(step_starts, kind="stable")
-    starts = np.asarray(step_starts, dtype=np.float64)[order]
-    numbers = np.asarray(step_numbers, dtype=np.int64)[order] if len(order) else np.array([default_step])
+    starts, numbers = _ordered(step_starts, step_numbers, default_step)
 
     def slot_of(times: np.ndarray) -> np.ndarray:
-        if not len(starts):
-            return np.zeros(len(times), np.int64)
-        return np.maximum(np.searchsorted(starts, np.asarray(times, np.float64), side="right") - 1, 0)
+        return _slots(starts, times)
 
     slot = slot_of(placed_at)
     device_ns = _whole_ns(self_device_us)
@@ -112,6 +108,25 @@ def split_by_step(
         StepTotal(int(numbers[i]), device_total[i] / 1000, cpu_total[i] / 1000, aten[i]) for i in range(steps)
     )
     return tuple(sorted(rows, key=lambda r: (r.step, r.kind, r.name))), totals
+
+
+def step_slots(step_starts: np.ndarray, step_numbers: list[int], default_step: int):
+    """A function from event start times to the numbers of the steps they belong to (the rules above)."""
+    starts, numbers = _ordered(step_starts, step_numbers, default_step)
+    return lambda times: numbers[_slots(starts, times)]
+
+
+def _ordered(step_starts, step_numbers, default_step: int) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(step_starts, kind="stable")
+    starts = np.asarray(step_starts, dtype=np.float64)[order]
+    numbers = np.asarray(step_numbers, dtype=np.int64)[order] if len(order) else np.array([default_step])
+    return starts, numbers
+
+
+def _slots(starts: np.ndarray, times: np.ndarray) -> np.ndarray:
+    if not len(starts):
+        return np.zeros(len(times), np.int64)
+    return np.maximum(np.searchsorted(starts, np.asarray(times, np.float64), side="right") - 1, 0)
 
 
 def _whole_ns(us: np.ndarray) -> np.ndarray:

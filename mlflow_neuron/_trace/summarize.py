@@ -32,6 +32,7 @@ from .profile import CycleProfile
 from .span_tree import build_timeline
 from .table import cycle_table
 from .timeline import DEFAULT_MAX_SPANS, Timeline
+from .traffic import event_traffic
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,9 @@ class CycleSummary:
 def summarize(raw: RawEvents, settings: CycleSettings, inputs: TimelineInputs | None = None) -> CycleSummary:
     """Links, aggregates and (with `settings.timeline_step`) draws one cycle's events."""
     tree = event_tree(raw)  # linked once, for the numbers and the timeline
+    traffic = event_traffic(raw, tree, inputs.op_inputs if inputs is not None else None)
     profile = aggregate(raw, device=settings.device, device_profiled=settings.device_profiled,
-                        default_step=settings.default_step, tree=tree)  # fmt: skip
+                        default_step=settings.default_step, tree=tree, traffic=traffic)  # fmt: skip
     timeline, error = None, None
     if settings.timeline_step is not None:
         try:
@@ -90,10 +92,9 @@ class ChromeTraceFile:
         path = Path(self.path)
         if not path.exists() and self.fallback and Path(self.fallback).exists():
             path = Path(self.fallback)
-        wanted = self.settings.timeline_step is not None
-        with cycle_collector_paused():
-            cycle = read_chrome_file(path, shapes=wanted)
-            return summarize(cycle.raw, self.settings, cycle.inputs if wanted else None)
+        with cycle_collector_paused():  # shapes: for the timeline's spans, and each op's bytes and FLOPs
+            cycle = read_chrome_file(path, shapes=True)
+            return summarize(cycle.raw, self.settings, cycle.inputs)
 
 
 @dataclass(frozen=True)

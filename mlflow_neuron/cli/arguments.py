@@ -111,9 +111,14 @@ def parser() -> CommandParser:
     cmp.add_argument("--experiment", help="experiment name: its latest variants, and where run names are looked up")
     cmp.add_argument("--runs", nargs="+", help="run ids, run names, parent runs, or models:/NAME/VERSION")
     cmp.add_argument("--baseline", help="run name or id to compare against (default: the first run)")
-    cmp.add_argument("--metric", default="self_device_time_us", choices=["self_device_time_us", "self_cpu_time_us"],
+    cmp.add_argument("--metric", default="self_device_time_us",
+                     choices=["self_device_time_us", "self_cpu_time_us", "peak_memory_bytes"],
                      help="what to compare: device time (default; every run is compared on self CPU time "
-                     "instead when one has no device time, and the output says so) or self CPU time")
+                     "instead when one has no device time, and the output says so), self CPU time, or each "
+                     "step's peak memory (profile_memory=True)")
+    cmp.add_argument("--region", metavar="NAME",
+                     help="compare this record_function range: its time with everything it runs, per step, with "
+                     "the same statistics and gate as the total; the rows are the ops inside it")
     cmp.add_argument("--step", type=non_negative_int,
                      help="only the profiler cycle logged at this step (default: the steps of every cycle)")
     cmp.add_argument("--skip-steps", type=non_negative_int, default=0, metavar="K",

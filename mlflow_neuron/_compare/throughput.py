@@ -1,0 +1,66 @@
+"""How close each run came to its device's limits, from ops.json's roofline columns (pure).
+
+Example::
+
+    found = throughput(profiles, "rmsnorm", order)   # {run: [{"name", "achieved_gbps", ...}]}
+    throughput_lines(found)  # ["region rmsnorm: naive 12.1 GB/s (9% of peak), fused 80.4 GB/s (61% of peak)"]
+
+The figures are the last compared cycle's (ops.json: bytes over the op's or region's inclusive
+time in that cycle), for the compared region, or else for the costliest ops that have them.
+Runs profiled without `record_shapes=True` have none, and are left out.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from .._compare.model import RunProfile
+
+SHOWN_OPS = 3
+FIELDS = ("achieved_gbps", "achieved_gflops", "pct_of_peak_bandwidth", "pct_of_peak_flops", "bound")
+
+
+def throughput(profiles: list[RunProfile], region: str | None, order: list[str]) -> dict[str, list[dict]]:
+    """Per run label, the roofline figures of the region, or of the first ops of `order` that have them."""
+    found = {}
+    for profile in profiles:
+        ops = profile.ops
+        if "achieved_gbps" not in ops or "kind" not in ops:
+            continue
+        if region is not None:
+            rows = ops[(ops["kind"] == "region") & (ops["name"] == region)]
+        else:
+            known = ops[(ops["kind"] == "op") & ops["achieved_gbps"].notna()].set_index("name")
+            names = [n for n in order if n in known.index][:SHOWN_OPS]
+            rows = known.loc[names].reset_index()
+        entries = [{"name": str(row["name"]), **{f: _value(row.get(f)) for f in FIELDS}} for _, row in rows.iterrows()]
+        found[profile.label] = [e for e in entries if e["achieved_gbps"] is not None]
+    return {label: entries for label, entries in found.items() if entries}
+
+
+def throughput_lines(found: dict[str, list[dict]], region: str | None) -> list[str]:
+    """One line per op or region: each run's achieved GB/s and its % of the peak where known."""
+    names: list[str] = []
+    for entries in found.values():
+        names += [e["name"] for e in entries if e["name"] not in names]
+    lines = []
+    for name in names:
+        parts = [f"{label} {_gbps(e)}" for label, entries in found.items() for e in entries if e["name"] == name]
+        lines.append(f"{'region ' if region is not None else ''}{name}: {', '.join(parts)}")
+    return lines
+
+
+def _gbps(entry: dict) -> str:
+    text = f"{entry['achieved_gbps']:,.1f} GB/s"
+    if entry.get("pct_of_peak_bandwidth") is not None:
+        bound = f", {entry['bound']}-bound" if entry.get("bound") else ""
+        text += f" ({entry['pct_of_peak_bandwidth']:,.0f}% of peak bandwidth{bound})"
+    return text
+
+
+def _value(value):
+    if value is None or (isinstance(value, float) and math.isnan(value)) or (not isinstance(value, str) and pd.isna(value)):
+        return None
+    return value if isinstance(value, str) else float(value)

@@ -1,0 +1,146 @@
+"""Bytes and FLOPs per op from recorded shapes (`_trace.traffic`), the peaks table, and the
+roofline columns of ops.json: formulas op by op, with the arithmetic written out here."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from mlflow_neuron._delivery.roofline import with_roofline
+from mlflow_neuron._trace import peaks as _peaks
+from mlflow_neuron._trace.chrome import read_chrome_cycle
+from mlflow_neuron._trace.kineto import read_kineto_cycle
+from mlflow_neuron._trace.summarize import CycleSettings, summarize
+from mlflow_neuron._trace.traffic import FAMILIES, OpInputs, op_traffic
+
+F, BF = "float", "c10::BFloat16"
+
+
+@pytest.mark.parametrize(("name", "inputs", "expected"), [
+    # elementwise, broadcasting: [8,1] + [1,4] -> [8,4]; reads 8 + 4 floats, writes 32
+    ("aten::add", OpInputs([[8, 1], [1, 4], []], [F, F, "Scalar"]), (4 * (8 + 4 + 32), 32)),
+    ("aten::mul", OpInputs([[2, 3, 4], [4]], [BF, BF]), (2 * (24 + 4 + 24), 24)),
+    ("aten::mul", OpInputs([[2, 3], [3, 2]], [F, F]), None),  # does not broadcast: unknown
+    ("aten::rsqrt", OpInputs([[16, 1]], [F]), (4 * (16 + 16), 16)),
+    ("aten::pow", OpInputs([[4, 8], []], [F, "Scalar"]), (4 * (32 + 32), 32)),
+    ("aten::add_", OpInputs([[4, 8], [8]], [F, F]), (4 * (32 + 8 + 32), 32)),  # in place: self read and written
+    ("aten::eq", OpInputs([[4, 8], [4, 8]], [F, F]), (4 * 64 + 32, 32)),  # a bool output
+    ("aten::copy_", OpInputs([[4, 8], [4, 8], []], [BF, F, "Scalar"]), (4 * 32 + 2 * 32, 0)),  # src read, dst written
+    ("aten::clone", OpInputs([[10]], [F], ["", ""]), (80, 0)),
+    # reductions: dims from the concrete inputs, keepdim kept as 1s
+    ("aten::mean", OpInputs([[8, 64], [], [], []], [F, "ScalarList", "Scalar", ""], ["", "[-1]", "True", ""]),
+     (4 * (512 + 8), 512)),
+    ("aten::sum", OpInputs([[8, 64], [], [], []], [F, "ScalarList", "Scalar", ""], ["", "[0]", "False", ""]),
+     (4 * (512 + 64), 512)),
+    ("aten::sum", OpInputs([[8, 64], [], [], [], [8, 1]], [F, "ScalarList", "Scalar", "Scalar", F],
+                           ["", "[-1]", "True", "6", ""]), (4 * (512 + 8), 512)),  # out=: written, not read
+    ("aten::sum", OpInputs([[8, 64], []], [F, ""], ["", ""]), (4 * (512 + 1), 512)),  # everything: a scalar
+    ("aten::sum", OpInputs([[8, 64], [], [], []], [F, "ScalarList", "Scalar", ""], ["", "[]", "False", ""]),
+     (4 * (512 + 1), 512)),
+    ("aten::mean", OpInputs([[8, 64], [], [], []], [F, "ScalarList", "Scalar", ""]), None),  # dims not recorded
+    # norms and softmax: the input's shape, FLOPs per element as written in the table
+    ("aten::rms_norm", OpInputs([[4, 512], [], [512], []], [BF, "ScalarList", BF, "Scalar"]),
+     (2 * (2048 + 512 + 2048), 4 * 2048)),
+    ("aten::softmax", OpInputs([[4, 10], [], []], [F, "Scalar", ""]), (4 * 80, 5 * 40)),
+    # matrix products
+    ("aten::mm", OpInputs([[8, 64], [64, 32]], [F, F]), (4 * (512 + 2048 + 256), 2 * 8 * 64 * 32)),
+    ("aten::bmm", OpInputs([[3, 8, 64], [3, 64, 32]], [BF, BF]), (2 * (1536 + 6144 + 768), 2 * 3 * 8 * 64 * 32)),
+    ("aten::matmul", OpInputs([[2, 1, 8, 16], [3, 16, 4]], [F, F]), (4 * (256 + 192 + 192), 2 * 6 * 8 * 16 * 4)),
+    ("aten::addmm", OpInputs([[32], [8, 64], [64, 32], [], []], [F, F, F, "Scalar", "Scalar"]),
+     (4 * (32 + 512 + 2048 + 256), 2 * 8 * 64 * 32)),
+    ("aten::linear", OpInputs([[2, 8, 64], [32, 64], [32]], [F, F, F]), (4 * (1024 + 2048 + 32 + 512), 2 * 16 * 64 * 32)),
+    ("aten::mm", OpInputs([[8, 64], [32, 16]], [F, F]), None),  # inner sizes differ
+    # never guessed
+    ("aten::_fused_rms_norm", OpInputs([[4, 512], [], [512], []], [F, "ScalarList", F, "Scalar"]), None),
+    ("aten::to", OpInputs([[4]], [F]), None),  # may change the dtype
+    ("aten::conv2d", OpInputs([[1, 3, 8, 8], [4, 3, 3, 3]], [F, F]), None),
+    ("rmsnorm", OpInputs([[4]], [F]), None),  # a range, not an ATen op
+    ("aten::add", OpInputs([[], []], ["Scalar", "Scalar"]), None),  # no tensor
+])  # fmt: skip
+def test_formulas_op_by_op(name, inputs, expected):
+    assert op_traffic(name, inputs) == expected
+
+
+def test_every_family_names_aten_ops_without_overlap():
+    seen = [op for family in FAMILIES.values() for op in family]
+    assert len(seen) == len(set(seen)) and all(op and not op.startswith("aten::") for op in seen)
+
+
+def test_both_readers_give_the_same_bytes_and_flops(tmp_path):
+    """A real CPU profile with record_shapes: Kineto's in-process results and the chrome export agree,
+    and aten::mm's numbers are the formula's for the shapes the test chose."""
+    path, box = tmp_path / "cycle.json", {}
+
+    def ready(prof):
+        prof.export_chrome_trace(str(path))
+        raw, inputs = read_kineto_cycle(prof)
+        box["kineto"] = summarize(raw, CycleSettings("cpu", False, default_step=2), inputs).profile
+
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=schedule(wait=0, warmup=1, active=2),
+                 on_trace_ready=ready) as prof:  # fmt: skip
+        for _ in range(3):
+            with record_function("block"):
+                (a @ b).relu().sum(-1)
+            prof.step()
+    cycle = read_chrome_cycle(json.loads(path.read_text()))
+    chrome = summarize(cycle.raw, CycleSettings("cpu", False, default_step=2), cycle.inputs).profile
+    as_text = [tuple(map(str, row)) for row in chrome.traffic]
+    assert as_text == [tuple(map(str, row)) for row in box["kineto"].traffic]
+    mm = {name: (nbytes, flops) for name, nbytes, flops, _ in chrome.traffic}["aten::mm"]
+    assert mm == (2 * 4 * (16 * 32 + 32 * 8 + 16 * 8), 2 * 2 * 16 * 32 * 8)  # two steps
+    assert [r.bytes for r in chrome.regions] == [4 * (16 * 32 + 32 * 8 + 16 * 8) + 4 * 2 * 128 + 4 * (128 + 16)] * 2
+
+
+def test_each_peak_names_its_source_and_devices_are_found_by_name():
+    for peak in _peaks.PEAKS:
+        assert peak.source and peak.memory_bytes_per_s > 0 and peak.flops_per_s.get("bf16", 0) > 0, peak.name
+        assert peak.matches, peak.name
+    trn2 = _peaks.find_peak("trn2.48xlarge")
+    assert trn2.name.startswith("Trainium2") and trn2.memory_bytes_per_s == pytest.approx(2.9e12 / 8)
+    assert trn2.flops_per_s["bf16"] == pytest.approx(667e12 / 8)
+    assert trn2.per_logical_core(2).flops_per_s["bf16"] == pytest.approx(667e12 / 4)
+    assert _peaks.find_peak("trn1n.32xlarge").name.startswith("Trainium NeuronCore")
+    assert _peaks.find_peak("inf2.xlarge").name.startswith("Inferentia2")
+    assert _peaks.find_peak("NVIDIA H100 80GB HBM3").name == "NVIDIA H100 SXM"
+    assert _peaks.find_peak("NVIDIA A100-SXM4-40GB").name == "NVIDIA A100 40GB"
+    assert _peaks.find_peak("AMD Instinct MI300X").name == "AMD Instinct MI300X"
+    assert _peaks.find_peak("Tesla T4") is None and _peaks.find_peak("m7i.large") is None and _peaks.find_peak("") is None
+
+
+def test_a_users_peak_file_and_its_errors(tmp_path):
+    good = tmp_path / "peak.json"
+    good.write_text(json.dumps({"name": "box", "memory_gbps": 100, "bf16_tflops": 10, "source": "spec sheet"}))
+    peak = _peaks.load_peak(good)
+    assert (peak.name, peak.memory_bytes_per_s, peak.flops_per_s, peak.source) == ("box", 1e11, {"bf16": 1e13}, "spec sheet")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "box"}))
+    with pytest.raises(ValueError, match="memory_gbps > 0"):
+        _peaks.load_peak(bad)
+    with pytest.raises(ValueError, match="cannot read it as JSON"):
+        _peaks.load_peak(tmp_path / "missing.json")
+
+
+def test_roofline_columns_against_a_known_peak():
+    import pandas as pd
+
+    from mlflow_neuron._trace.profile import CycleProfile, OpStats
+
+    ops = (OpStats("aten::mm", "op", 1, 0.0, 10.0, 0.0, 10.0), OpStats("aten::add", "op", 1, 0.0, 10.0, 0.0, 10.0),
+           OpStats("aten::weird", "op", 1, 0.0, 10.0, 0.0, 10.0))  # fmt: skip
+    profile = CycleProfile("neuron", "present", ops, 30.0, 30.0, 30.0, 3, 1, 3,
+                           traffic=(("aten::mm", 1e6, 1e9, "c10::BFloat16"), ("aten::add", 1e6, 1e5, "c10::BFloat16"),
+                                    ("aten::weird", math.nan, math.nan, "")))  # fmt: skip
+    peak = {"memory_bytes_per_s": 1e12, "flops_per_s": {"bf16": 1e14}}  # ridge: 100 FLOPs per byte
+    frame = with_roofline(profile.to_frame(), profile, peak, "region").set_index("name")
+    assert frame.loc["aten::mm", "achieved_gbps"] == pytest.approx(100.0)  # 1 MB in 10 us
+    assert frame.loc["aten::mm", "pct_of_peak_bandwidth"] == pytest.approx(10.0)
+    assert frame.loc["aten::mm", "achieved_gflops"] == pytest.approx(1e5)
+    assert frame.loc["aten::mm", "pct_of_peak_flops"] == pytest.approx(100.0)
+    assert frame.loc["aten::mm", "bound"] == "compute" and frame.loc["aten::add", "bound"] == "memory"
+    assert pd.isna(frame.loc["aten::weird", "bytes"]) and pd.isna(frame.loc["aten::weird", "achieved_gbps"])
+    assert pd.isna(frame.loc["aten::weird", "bound"])
