@@ -126,7 +126,8 @@ for name, kernels, fused in {variants!r}:
     with mlflow.start_run(run_name=name) as run:
         callback = MLflowProfilerCallback(strict=True, flush_timeout_s=120)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1],
-                     schedule=schedule(wait=1, warmup=1, active=4, repeat=2), on_trace_ready=callback) as prof:
+                     schedule=schedule(wait=1, warmup=1, active=4, repeat=2), on_trace_ready=callback,
+                     record_shapes=True, profile_memory=True) as prof:
             for _ in range(12):
                 y = x * 2
                 with record_function("rmsnorm"):
@@ -154,6 +155,13 @@ def test_fake_device_region_compare_and_gate(fake_profiler, tmp_path, capsys):
     assert [(r["step"], r["device_time_us"], r["launches"], r["calls"]) for r in regions] == \
         [(s, 3 * 10 + 4 + 3 + 5, 6, 1) for s in (2, 3, 4, 5)]  # fmt: skip
     assert client.get_run(ids["naive"]).data.metrics["profiler/region_device_time_us/rmsnorm"] == 4 * 42
+    assert client.get_metric_history(ids["naive"], "profiler/step/peak_memory_bytes/cpu")
+    ops = read_json_artifact(client, ids["fused"], "profiler/step_6/ops.json", tmp_path / "o")
+    rows = {(r[0], r[ops["columns"].index("kind")]): dict(zip(ops["columns"], r)) for r in ops["data"]}
+    norm = rows[("aten::rms_norm", "op")]  # 8x64 float in and out, a 64-float weight; 4 calls
+    assert norm["bytes"] == 4 * 4 * (2 * 8 * 64 + 64) and norm["calls"] == 4 and norm["device_time_us"] == 4 * 7
+    assert norm["achieved_gbps"] == pytest.approx(norm["bytes"] / (4 * 7e-6) / 1e9, rel=1e-3)
+    assert rows[("rmsnorm", "region")]["device_time_us"] == 4 * 7 and rows[("rmsnorm", "region")]["launches"] == 4
 
     def compare(*args: str) -> int:
         code = cli_main(["compare", "--tracking-uri", uri, "--experiment", "regions", "--region", "rmsnorm", *args])
