@@ -36,6 +36,7 @@ import pandas as pd
 from .._compare import cycles as _cycles
 from .._compare import stats as _stats
 from .._compare import weather as _weather
+from .._compare.explorer import summary_deltas
 from .._compare.model import (
     ABSENT,
     BASELINE,
@@ -114,8 +115,7 @@ def compare(
         cycle_noise=noise,
     )
     others = [label for label in samples if label != base.label]
-    frame.attrs.update(region=region, launches={p.label: p.extra["launches"] for p in profiles} if region else {},
-                       throughput=throughput(whole, region, order))  # fmt: skip
+    frame.attrs.update(_explanations(whole, profiles, region, order))
     frame.attrs["verdicts"] = {label: frame.loc[TOTAL, (label, "verdict")] for label in others}
     frame.attrs["sentences"] = {label: sentence(frame, label) for label in others}
     if region is None and used != MEMORY_METRIC:
@@ -128,6 +128,16 @@ def compare(
         op_sample_steps={label: [list(key) for key in s.op_keys] for label, s in samples.items()},
     )
     return frame
+
+
+def _explanations(whole: list[RunProfile], profiles: list[RunProfile], region: str | None, order: list[str]) -> dict:
+    """What says why: the region and its launches, achieved bandwidth, Neuron Explorer's summary fields."""
+    return {
+        "region": region,
+        "launches": {p.label: p.extra["launches"] for p in profiles} if region else {},
+        "throughput": throughput(whole, region, order),
+        "neuron_summary": summary_deltas({p.label: p.extra.get("neuron_summary") or {} for p in whole}),
+    }
 
 
 def _region_sentences(profiles: list[RunProfile], base: str, metric: str, skip_steps: int, noise_pct: float,

@@ -33,7 +33,7 @@ from .._compare.model import (
 from .._compare.region import REGION_COLUMNS, REGION_OP_COLUMNS
 from .._compare.runs import RunNotFound, labels, resolve_runs
 from .._compare.timeline_svg import StepTimeline, representative_step, step_durations_us
-from .._delivery.keys import PREFIX, readable_key
+from .._delivery.keys import NEURON_SUMMARY_PREFIX, PREFIX, readable_key
 from .._delivery.model import (
     DEVICE_TAG,
     DEVICE_TIME_TAG,
@@ -130,7 +130,8 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
         totals=totals,
         device=run.data.tags.get(DEVICE_TAG, ""),
         device_time=run.data.tags.get(DEVICE_TIME_TAG, ""),
-        extra={"torch_version": run.data.params.get("versions.torch", ""), "cycles": chosen, "names": names},
+        extra={"torch_version": run.data.params.get("versions.torch", ""), "cycles": chosen, "names": names,
+               "neuron_summary": {k: v for k, v in run.data.metrics.items() if k.startswith(NEURON_SUMMARY_PREFIX)}},
         samples=pd.concat([c[2] for c in loaded], ignore_index=True),
         step_totals=pd.concat([c[3] for c in loaded], ignore_index=True),
         source=min((c[4] for c in loaded), key=_SOURCES.index),  # the weakest source used

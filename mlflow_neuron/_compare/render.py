@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from .._compare.explorer import summary_lines
 from .._compare.frame import flat
-from .._compare.throughput import throughput_lines
 from .._compare.model import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, TOO_FEW, TOO_FEW_CYCLES, TOTAL
+from .._compare.throughput import throughput_lines
 from .._compare.verdict import short_names
 from .._compare.weather import host_note
 
@@ -148,6 +149,9 @@ def _notes(frame: pd.DataFrame) -> list[str]:
     if frame.attrs.get("throughput"):
         notes += ["", "achieved bandwidth (the last cycle's ops.json, recorded shapes):"]
         notes += [f"  {line}" for line in throughput_lines(frame.attrs["throughput"], frame.attrs.get("region"))]
+    if frame.attrs.get("neuron_summary"):
+        notes += ["", "Neuron Explorer's summary, the last cycle (percent):"]
+        notes += [f"  {line}" for line in summary_lines(frame.attrs["neuron_summary"])]
     if frame.attrs.get("regions"):
         notes += ["", "regions (each record_function range with all it runs; --region NAME lists the ops inside):"]
         notes += [f"  {line}" for lines in frame.attrs["regions"].values() for line in lines.values()]
