@@ -144,3 +144,32 @@ def test_roofline_columns_against_a_known_peak():
     assert frame.loc["aten::mm", "bound"] == "compute" and frame.loc["aten::add", "bound"] == "memory"
     assert pd.isna(frame.loc["aten::weird", "bytes"]) and pd.isna(frame.loc["aten::weird", "achieved_gbps"])
     assert pd.isna(frame.loc["aten::weird", "bound"])
+
+
+def test_the_callbacks_peaks_argument_reaches_ops_json(tracking_uri, tmp_path):
+    """A user's peak given to the callback: ops.json's % of peak is bytes / time against it; a bad
+    one is refused when the callback is created."""
+    from mlflow.tracking import MlflowClient
+
+    from mlflow_neuron import MLflowProfilerCallback
+
+    with pytest.raises(ValueError, match="memory_gbps > 0"):
+        MLflowProfilerCallback(peaks={"name": "no bandwidth"})
+    callback = MLflowProfilerCallback(run_name="peaks", peaks={"name": "box", "memory_gbps": 10, "fp32_tflops": 1,
+                                                               "source": "a test"}, flush_timeout_s=120)  # fmt: skip
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, on_trace_ready=callback,
+                 schedule=schedule(wait=0, warmup=1, active=2)) as prof:  # fmt: skip
+        for _ in range(3):
+            a @ b
+            prof.step()
+    callback.close()
+    client = MlflowClient(tracking_uri)
+    run = client.search_runs(["0"])[0]
+    path = client.download_artifacts(run.info.run_id, "profiler/step_3/ops.json", str(tmp_path))
+    table = json.loads(open(path).read())
+    mm = dict(zip(table["columns"], next(r for r in table["data"] if r[0] == "aten::mm")))
+    assert mm["bytes"] == 2 * 3 * 64 * 64 * 4  # two calls, two inputs and one output, 64x64 floats
+    assert mm["pct_of_peak_bandwidth"] == pytest.approx(mm["achieved_gbps"] / 10 * 100, rel=1e-2)
+    assert mm["pct_of_peak_flops"] == pytest.approx(mm["achieved_gflops"] / 1000 * 100, rel=1e-2)
+    assert mm["bound"] in ("memory", "compute")

@@ -97,6 +97,9 @@ class MLflowProfilerCallback:
             with the callback (one per callback; it imports no torch); if it fails twice, cycles go
             the inline way, with one warning. ``"inline"``: a background thread of the training
             process does that work (or, with ``background=False``, the training thread itself).
+        peaks: the device's limits for ops.json's % of peak (record_shapes=True): a JSON file or a
+            dict ``{"name", "memory_gbps", "bf16_tflops", ..., "source"}``; default env
+            ``MLFLOW_NEURON_PEAKS``, else the published figures of the instance type or GPU.
     """
 
     exit_wait_s: float | None = None  # seconds the last profiler stop waited for pending cycles
@@ -124,6 +127,7 @@ class MLflowProfilerCallback:
         log_timeline: bool = True,
         timeline_max_spans: int = DEFAULT_MAX_SPANS,
         process: str = "helper",
+        peaks: str | os.PathLike | dict | None = None,
     ) -> None:
         _validate(handlers, process, profile_output_dir, timeline_max_spans, top_k=top_k,
                   max_file_bytes=max_file_bytes, max_pending=max_pending, retries=retries)  # fmt: skip
@@ -154,6 +158,7 @@ class MLflowProfilerCallback:
             self.reporter, self.rank, all_ranks=all_ranks, max_file_bytes=max_file_bytes, export_trace=export_trace,
             profile_output_dir=os.fspath(profile_output_dir) if profile_output_dir else None,
             log_timeline=bool(log_timeline), timeline_max_spans=timeline_max_spans, created_ns=time.time_ns(),
+            peak=load_peak(peaks, "peaks").to_dict() if peaks is not None else None,
         )  # fmt: skip
         self._system_metrics = start_if_enabled(
             system_metrics, lambda: self.run_id, self.tracking_uri, self.reporter

@@ -48,7 +48,7 @@ class CycleReader:
 
     def __init__(self, reporter: Any, rank: Rank, *, all_ranks: bool, profile_output_dir: str | None,
                  max_file_bytes: int | None, export_trace: bool, log_timeline: bool, timeline_max_spans: int,
-                 created_ns: int) -> None:  # fmt: skip
+                 created_ns: int, peak: dict | None = None) -> None:  # fmt: skip
         self.reporter = reporter
         self.rank = rank
         self.all_ranks = all_ranks
@@ -58,6 +58,7 @@ class CycleReader:
         self.log_timeline = log_timeline
         self.timeline_max_spans = timeline_max_spans
         self.summary_tool = layout.neuron_summary_tool()
+        self.peak = peak  # the user's (the callback's `peaks`), else the device's (`device_peak`)
         self._created_ns = created_ns
         self._watcher: OutputFolderWatcher | None = None
         self._params_read = False
@@ -157,7 +158,7 @@ class CycleReader:
     def _peak(self, device: str) -> dict | None:
         """The device's limits for ops.json's % of peak; a peaks file that cannot be read is reported once."""
         try:
-            return device_peak(device)
+            return self.peak or device_peak(device)
         except (ValueError, RuntimeError) as error:
             self.reporter.problem("peaks", f"no % of peak in ops.json: {error}", error)
             return None

@@ -146,16 +146,23 @@ def _notes(frame: pd.DataFrame) -> list[str]:
         notes += ["", host]
     if frame.attrs.get("sentences"):
         notes += ["", *frame.attrs["sentences"].values()]
-    if frame.attrs.get("throughput"):
-        notes += ["", "achieved bandwidth (the last cycle's ops.json, recorded shapes):"]
-        notes += [f"  {line}" for line in throughput_lines(frame.attrs["throughput"], frame.attrs.get("region"))]
-    if frame.attrs.get("neuron_summary"):
-        notes += ["", "Neuron Explorer's summary, the last cycle (percent):"]
-        notes += [f"  {line}" for line in summary_lines(frame.attrs["neuron_summary"])]
-    if frame.attrs.get("regions"):
-        notes += ["", "regions (each record_function range with all it runs; --region NAME lists the ops inside):"]
-        notes += [f"  {line}" for lines in frame.attrs["regions"].values() for line in lines.values()]
+    for title, lines in explanations(frame):
+        notes += ["", f"{title}:", *(f"  {line}" for line in lines)]
     return notes
+
+
+def explanations(frame: pd.DataFrame) -> list[tuple[str, list[str]]]:
+    """(title, lines) of what says why: achieved bandwidth, Neuron Explorer's fields, each region's sentence."""
+    found = []
+    if frame.attrs.get("throughput"):
+        found.append(("achieved bandwidth (the last cycle's ops.json, recorded shapes)",
+                      throughput_lines(frame.attrs["throughput"], frame.attrs.get("region"))))  # fmt: skip
+    if frame.attrs.get("neuron_summary"):
+        found.append(("Neuron Explorer's summary, the last cycle (percent)", summary_lines(frame.attrs["neuron_summary"])))
+    if frame.attrs.get("regions"):
+        found.append(("regions (each record_function range with all it runs; --region NAME lists the ops inside)",
+                      [line for lines in frame.attrs["regions"].values() for line in lines.values()]))  # fmt: skip
+    return found
 
 
 def _ratio_cell(row: pd.Series) -> str:
@@ -218,6 +225,8 @@ img {{ max-width: 100%; }} .timeline {{ overflow-x: auto; }}
 {f'<p class="note">{html.escape(host)}</p>' if host else ""}
 {chart}
 <table class="compact">{header}{rows}</table>
+{"".join(f"<h3>{html.escape(title)}</h3><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>"
+         for title, lines in explanations(frame))}
 <h3>Outliers</h3>
 {f"<ul>{outliers}</ul>" if outliers else "<p>none</p>"}
 <h3>How to read this</h3>

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pandas as pd
 
 from .._trace.peaks import precision_of
@@ -64,4 +63,5 @@ def _row(nbytes: float, flops: float, dtype: str, time_us: float, peak: dict | N
 
 
 def _round(value: float) -> float:
-    return float(np.round(value, 3)) if math.isfinite(value) else math.nan
+    """Six significant digits: rates span 0.001 GB/s (a host op) to thousands."""
+    return float(f"{value:.6g}") if math.isfinite(value) else math.nan

@@ -92,20 +92,22 @@ def find_peak(device_name: str | None, table: tuple[Peak, ...] = PEAKS) -> Peak 
     return None
 
 
-def load_peak(path: str | os.PathLike) -> Peak:
-    """A user's peak: JSON `{"name", "memory_gbps", "bf16_tflops", "fp8_tflops"?, "fp32_tflops"?, "source"}`.
-    Raises ValueError naming what is wrong."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise ValueError(f"{PEAKS_ENV}={path}: cannot read it as JSON ({error})") from error
+def load_peak(path: str | os.PathLike | dict, where: str = PEAKS_ENV) -> Peak:
+    """A user's peak: a JSON file (or the dict) `{"name", "memory_gbps", "bf16_tflops", "fp8_tflops"?,
+    "fp32_tflops"?, "source"}`. Raises ValueError naming what is wrong."""
+    data = path
+    if not isinstance(path, dict):
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{where}={path}: cannot read it as JSON ({error})") from error
     if not isinstance(data, dict) or not isinstance(data.get("memory_gbps"), (int, float)) or data["memory_gbps"] <= 0:
-        raise ValueError(f"{PEAKS_ENV}={path}: expected an object with memory_gbps > 0 (and bf16_tflops, "
+        raise ValueError(f"{where}={path}: expected an object with memory_gbps > 0 (and bf16_tflops, "
                          "fp8_tflops, fp32_tflops, name, source)")  # fmt: skip
     flops = {k: float(data[f"{k}_tflops"]) * TFLOPS for k in ("bf16", "fp8", "fp32")
              if isinstance(data.get(f"{k}_tflops"), (int, float)) and data[f"{k}_tflops"] > 0}  # fmt: skip
     return Peak(str(data.get("name", "user's peak")), float(data["memory_gbps"]) * 1e9, flops,
-                str(data.get("source", f"{PEAKS_ENV}={path}")))  # fmt: skip
+                str(data.get("source", f"{where}={path}")))  # fmt: skip
 
 
 def precision_of(dtype: str) -> str | None:
