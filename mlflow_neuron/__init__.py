@@ -16,6 +16,7 @@ _HOME = {
     "interleaved": "_capture.interleave",
     "InterleavedRuns": "_capture.interleave",
     "compare_runs": "_compare.profiles",
+    "history_runs": "_compare.history",
     "attach_comparison": "_compare.publish",
     "load_timelines": "_compare.profiles",
     "annotate_model_version": "_compare.publish",

@@ -139,9 +139,7 @@ class MLflowProfilerCallback:
         self._budget = shutdown.ShutdownBudget(flush_timeout_s)
         run = current_run_ref(run_id, tracking_uri, experiment_id=experiment_id, run_name=run_name,
                               run_key=uuid.uuid4().hex)  # fmt: skip
-        if run.run_id is not None:  # a run given: no key, so its records never let sync end it
-            run = replace(run, run_key=None)
-        logger = RunLogger(run)
+        logger = RunLogger(run if run.run_id is None else replace(run, run_key=None))  # a given run: no key, no sync end
         self._owns_run = run.run_id is None
         if self._owns_run and self.rank.world_size > 1:
             logger.run = self._join_primary_run(logger)
@@ -160,9 +158,8 @@ class MLflowProfilerCallback:
             log_timeline=bool(log_timeline), timeline_max_spans=timeline_max_spans, created_ns=time.time_ns(),
             peak=load_peak(peaks, "peaks").to_dict() if peaks is not None else None,
         )  # fmt: skip
-        self._system_metrics = start_if_enabled(
-            system_metrics, lambda: self.run_id, self.tracking_uri, self.reporter
-        ) if self.rank.is_primary else None  # fmt: skip
+        self._system_metrics = (start_if_enabled(system_metrics, lambda: self.run_id, self.tracking_uri, self.reporter)
+                                if self.rank.is_primary else None)  # fmt: skip
         self._host = HostSampler(self.reporter, torch_threads=torch.get_num_threads, helper_pids=self._helper_pids,
                                  neuron_totals=self._neuron_totals)  # the first window starts now  # fmt: skip
         atexit.register(_close_at_exit, weakref.ref(self))

@@ -51,6 +51,15 @@ def attach_comparison(tracking_uri: str, run_id: str, frame: pd.DataFrame, files
     describe_run(tracking_uri, run_id, frame)
 
 
+def attach_files(tracking_uri: str, run_id: str, files: list[Path], folder: str) -> None:
+    """Logs `files` under `folder/` of the run, replacing what an earlier call put there."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in files:
+            shutil.copyfile(path, Path(tmp, Path(path).name))
+        RunLogger(RunRef(tracking_uri, run_id)).deliver(Delivery(step=0, timestamp_ms=0, artifact_dir=folder,
+                                                                 files_dir=tmp))  # fmt: skip
+
+
 def annotate_model_version(
     name: str,
     version: str | int,

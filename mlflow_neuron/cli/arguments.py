@@ -193,6 +193,7 @@ def parser() -> CommandParser:
                      help="leave out the first K profiled steps of each run (default: %(default)s)")
     ann.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
 
+    _history_parser(commands)
     for command in commands.choices.values():  # -v also after the command name
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="show MLflow's own INFO messages")  # fmt: skip
@@ -214,3 +215,32 @@ def usage_error(args: argparse.Namespace, root: CommandParser, extra: list[str])
         command.error("--retry-rejected and --retry-damaged go one at a time")
     if args.command == "ingest" and not Path(args.path).exists():
         command.error(f"{args.path} does not exist")
+
+
+def _history_parser(commands) -> None:
+    his = commands.add_parser(
+        "history",
+        help="an experiment's runs in start order, and where the series changed (a CI gate with --fail-on-change)",
+        description="Find the runs where a series of profiled runs (a nightly profile, one run per commit) got\n"
+        "slower or faster: change points of the runs' per-step samples, each confirmed by the ratio of\n"
+        "the two segments with its 95% interval.\n\n"
+        "example: mlflow-neuron history --experiment nightly --run-name llama-step --fail-on-change 10",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    his.add_argument("--experiment", required=True, help="the experiment holding the series")
+    his.add_argument("--run-name", help="only runs of this name")
+    his.add_argument("--filter", metavar="FILTER", help="an MLflow search filter, such as \"tags.branch = 'main'\"")
+    his.add_argument("--metric", default="self_device_time_us",
+                     choices=["self_device_time_us", "self_cpu_time_us", "peak_memory_bytes"],
+                     help="as in compare (default: %(default)s; self CPU time where a run has no device time)")
+    subject = his.add_mutually_exclusive_group()
+    subject.add_argument("--region", metavar="NAME", help="a record_function region's time, not the whole step's")
+    subject.add_argument("--op", metavar="NAME", help="one op's time (its name as ops.json has it)")
+    his.add_argument("--noise-pct", type=non_negative_float, default=2.0, metavar="PCT",
+                     help="a change must have its whole 95%% interval beyond +-PCT%% (default: %(default)s)")
+    his.add_argument("--fail-on-change", type=non_negative_float, metavar="PCT",
+                     help="exit 1 when the latest segment is slower than the one before, its whole 95%% interval "
+                     "above +PCT%%")
+    his.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"])
+    his.add_argument("--log-to", metavar="RUN_ID", help="attach history.png, history.html and history.json to this run")
+    his.add_argument("--tracking-uri", help=TRACKING_URI_HELP)

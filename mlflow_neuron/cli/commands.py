@@ -158,5 +158,44 @@ def open_session(args: argparse.Namespace, out=None) -> int:
     return open_in_explorer(opened_profile(args.run, step, neuron_dir), launch=not args.no_launch, out=out)
 
 
+def history(args: argparse.Namespace, out=None) -> int:
+    """The series, its changes, and the gate: exit 1 when the latest change made it slower beyond +PCT."""
+    import tempfile
+
+    import mlflow
+
+    from .._compare import history_report as report
+    from .._compare.history import history_runs
+
+    out = out or sys.stdout
+    frame = history_runs(args.experiment, run_name=args.run_name, filter_string=args.filter, metric=args.metric,
+                         region=args.region, op=args.op, tracking_uri=args.tracking_uri, noise_pct=args.noise_pct)  # fmt: skip
+    rendered = {"table": report.text, "markdown": report.markdown, "csv": lambda f: f.to_csv(index=False),
+                "json": report.as_json}[args.format](frame)  # fmt: skip
+    print(rendered, file=out)
+    if args.log_to:
+        from .._compare.publish import attach_files
+
+        with tempfile.TemporaryDirectory() as tmp:
+            chart = report.png(frame, Path(tmp, "history.png"))
+            Path(tmp, "history.html").write_text(report.html_page(frame, chart), encoding="utf-8")
+            Path(tmp, "history.json").write_text(report.as_json(frame), encoding="utf-8")
+            attach_files(args.tracking_uri or mlflow.get_tracking_uri(), args.log_to,
+                         [Path(tmp, name) for name in ("history.png", "history.html", "history.json")], "history")
+        print(f"attached history/history.png, history.html and history.json to run {args.log_to}", file=out)
+    if args.fail_on_change is None:
+        return EXIT_OK
+    latest = frame.attrs["changes"][-1] if frame.attrs["changes"] else None  # the one the latest segment starts with
+    if latest and latest["verdict"] == "slower" and latest["ratio_low"] > 1 + args.fail_on_change / 100:
+        print(f"CHANGE {latest['before_commit'] or latest['before_run_name']} -> "
+              f"{latest['after_commit'] or latest['after_run_name']}: ratio {latest['ratio']:.2f} (95% CI "
+              f"{latest['ratio_low']:.2f}\u2013{latest['ratio_high']:.2f}) > +{args.fail_on_change:g}%", file=out)  # fmt: skip
+        return EXIT_FAILED
+    print(f"no change in the latest segment is proven more than {args.fail_on_change:g}% slower (95% interval)",
+          file=out)  # fmt: skip
+    return EXIT_OK
+
+
 # Each command: a function (args) -> exit code. Errors they raise are mapped to exit codes in main().
-COMMANDS = {"sync": sync_command, "compare": compare, "annotate": annotate, "ingest": ingest, "open": open_session}
+COMMANDS = {"sync": sync_command, "compare": compare, "annotate": annotate, "ingest": ingest, "open": open_session,
+            "history": history}

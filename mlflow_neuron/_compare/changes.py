@@ -1,0 +1,108 @@
+"""Change points in a series of runs: where a nightly profile got slower or faster (pure).
+
+Example::
+
+    found = change_points([run1_steps, run2_steps, ...])   # one array of per-step samples per run
+    [(c.at, c.ratio, c.low, c.high, c.verdict) for c in found]
+
+Two stages, as Apache Otava and asv do it (candidates, then a test), with one statistic shared
+with `compare`:
+
+1. **Candidates.** PELT (`ruptures`, Killick et al. 2012) splits the series of the runs' log
+   medians where its mean shifts, with the L2 cost and the penalty `PENALTY` × σ² × log(n): σ
+   is the run-to-run noise, estimated robustly from successive differences (MAD / √2), so a
+   stall or an outlier run does not widen it. PELT is exact for its cost, and fast.
+2. **Confirmation.** Each candidate is judged by the two segments it separates: their runs'
+   steps pooled, each run one cluster, with `cycles.judge` (the ratio and 95% interval that
+   `compare` uses: Hodges–Lehmann over steps, or Welch's interval over the runs where the runs
+   differ beyond their steps' noise). It stays only when the whole interval lies outside
+   ±`noise_pct`; otherwise it is dropped, the two segments merge, and the rest are judged again.
+
+A change is named by the first run after it (`at`, an index into the series).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._compare.cycles import judge
+from .._compare.model import DEFAULT_NOISE_PCT, FASTER, SLOWER
+from .._compare.stats import without_outliers
+
+# × σ² log(n). `python benchmarks/history_calibration.py --penalty P` (400 series a kind): 2 let 6.5%
+# of flat series report a change, 2.5 3.0%, 3.5 1.5% while finding fewer +10% steps (65% -> 55%).
+PENALTY = 2.5
+MIN_RUNS = 3  # a segment holds at least this many runs: two-run segments at the ends were chosen by noise
+_SIGMA_FLOOR = 0.002  # log-scale noise below this (0.2%) is the profiler's resolution, not the runs'
+
+
+@dataclass(frozen=True)
+class Change:
+    """A confirmed change between run `at - 1` and run `at` (indices into the series)."""
+
+    at: int
+    ratio: float  # the segment after / the segment before
+    low: float
+    high: float
+    unit: str  # "steps" or "cycles" (here: runs), as in compare
+    before: tuple[int, int]  # the segments' run ranges [start, end)
+    after: tuple[int, int]
+
+    @property
+    def verdict(self) -> str:
+        return SLOWER if self.ratio > 1 else FASTER
+
+    @property
+    def percent(self) -> float:
+        return (self.ratio - 1) * 100
+
+
+def change_points(runs: list[np.ndarray], noise_pct: float = DEFAULT_NOISE_PCT,
+                  penalty: float = PENALTY) -> list[Change]:  # fmt: skip
+    """The confirmed changes of a series of runs (each an array of per-step samples, in run order)."""
+    runs = [np.asarray(r, float) for r in runs]
+    if len(runs) < 2 * MIN_RUNS or any(len(r) == 0 or (r <= 0).any() for r in runs):
+        return []
+    breaks = candidates(np.array([np.log(without_outliers(r)).mean() for r in runs]), penalty)
+    while True:
+        judged = [_judge(runs, start, at, end, noise_pct) for start, at, end in _segments(breaks, len(runs))]
+        kept = [change for change in judged if change is not None]
+        if len(kept) == len(judged):
+            return kept
+        dropped = next(i for i, change in enumerate(judged) if change is None)
+        breaks = breaks[:dropped] + breaks[dropped + 1:]
+
+
+def candidates(levels: np.ndarray, penalty: float = PENALTY) -> list[int]:
+    """Indices where PELT starts a new segment of `levels` (one value per run; none for a flat series)."""
+    import ruptures  # loaded only when a history is read
+
+    n = len(levels)
+    sigma = max(float(np.median(np.abs(np.diff(levels))) / 0.6745 / math.sqrt(2)), _SIGMA_FLOOR)
+    signal = levels.reshape(-1, 1)
+    ends = ruptures.Pelt(model="l2", min_size=MIN_RUNS, jump=1).fit(signal).predict(pen=penalty * sigma**2 * math.log(n))
+    return [int(e) for e in ends[:-1]]
+
+
+def _segments(breaks: list[int], n: int) -> list[tuple[int, int, int]]:
+    bounds = [0, *breaks, n]
+    return [(bounds[i - 1], bounds[i], bounds[i + 1]) for i in range(1, len(bounds) - 1)]
+
+
+def _judge(runs: list[np.ndarray], start: int, at: int, end: int, noise_pct: float) -> Change | None:
+    before, after = runs[start:at], runs[at:end]
+    judged = judge(np.concatenate(before), _labels(before), np.concatenate(after), _labels(after))
+    estimate = judged.estimate
+    if not estimate.has_interval:
+        return None
+    margin = noise_pct / 100
+    if estimate.low <= 1 + margin and estimate.high >= 1 - margin:
+        return None
+    return Change(at, estimate.ratio, estimate.low, estimate.high, judged.unit, (start, at), (at, end))
+
+
+def _labels(runs: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.full(len(r), i) for i, r in enumerate(runs)])

@@ -1,0 +1,125 @@
+"""`history`: change points across an experiment's runs. The change-point layer on synthetic series
+(the noise of `synthetic_steps`: ±30% jitter, 2% stalls), then the command on real profiled runs:
+the fake device's kernels take 10 us for eight nightly runs, then 13 us for eight."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import run_python
+from mlflow.tracking import MlflowClient
+from synthetic_steps import Noise, steps
+
+from mlflow_neuron._compare.changes import change_points
+from mlflow_neuron._compare.history import environment_changes, median_interval
+from mlflow_neuron.cli import main as cli_main
+
+
+def series(seed: int, scales: list[float], n: int = 10) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [steps(rng, n, Noise(), scale) for scale in scales]
+
+
+def test_a_step_is_found_at_its_run_with_its_ratio():
+    for seed in range(5):
+        found = change_points(series(seed, [1.0] * 8 + [1.3] * 8))
+        assert [(c.at, c.verdict) for c in found] == [(8, "slower")], seed
+        assert found[0].low > 1.1 and found[0].ratio == pytest.approx(1.3, rel=0.1)
+
+
+def test_two_steps_and_a_faster_one():
+    found = change_points(series(1, [1.0] * 10 + [1.3] * 10 + [1.0] * 10))
+    assert [(c.at, c.verdict) for c in found] == [(10, "slower"), (20, "faster")]
+
+
+def test_flat_series_and_one_outlier_run_report_nothing():
+    assert all(change_points(series(seed, [1.0] * 20)) == [] for seed in range(10))
+    assert change_points(series(3, [1.0] * 9 + [1.6] + [1.0] * 10)) == []
+    assert change_points(series(0, [1.0] * 3)) == []  # too short for two segments
+
+
+def test_a_change_inside_the_noise_band_is_not_reported():
+    scales = [1.0] * 10 + [1.01] * 10  # +1%, below the 2% noise band
+    assert change_points(series(0, scales, n=200), noise_pct=2.0) == []
+
+
+def test_the_median_interval_and_the_environment_lines():
+    assert median_interval(np.arange(1.0, 11.0)) == (2.0, 9.0)  # order statistics 2 and 9 of 10: 97.9%
+    assert median_interval(np.arange(5.0)) == (None, None)
+    run = lambda params, tags: SimpleNamespace(data=SimpleNamespace(params=params, tags=tags))  # noqa: E731
+    before = run({"versions.torch": "2.13.0"}, {"mlflow_neuron.env.ec2_instance_type": "trn2.48xlarge"})
+    after = run({"versions.torch": "2.14.0"}, {"mlflow_neuron.env.ec2_instance_type": "trn2.48xlarge"})
+    assert environment_changes(before, after) == ["torch 2.13.0 \u2192 2.14.0"]
+    assert environment_changes(before, before) == []
+
+
+SERIES = """
+import json, os, pathlib, torch
+import fake_device
+fake_device.activate(pathlib.Path({so!r}))
+import mlflow
+from torch.profiler import ProfilerActivity, profile, schedule
+from mlflow_neuron import MLflowProfilerCallback
+
+mlflow.set_tracking_uri({uri!r})
+x = torch.randn(8, 64)
+for experiment, kernels in (("nightly", ["10"] * 8 + ["13"] * 8), ("flat", ["10"] * 12)):
+    mlflow.set_experiment(experiment)
+    for night, mul_us in enumerate(kernels, start=1):
+        os.environ.update(FAKE_NEURON_KERNELS=f"aten::mul={{mul_us}},aten::add=5", FAKE_NEURON_SEED=str(night))
+        with mlflow.start_run(run_name="step"):
+            mlflow.set_tag("mlflow.source.git.commit", f"c{{night:02d}}")
+            callback = MLflowProfilerCallback(process="inline", background=False, log_timeline=False)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], on_trace_ready=callback,
+                         schedule=schedule(wait=1, warmup=1, active=10)) as prof:
+                for _ in range(12):
+                    (x * 2) + 1
+                    prof.step()
+            callback.close()
+print("done")
+"""
+
+
+@pytest.fixture(scope="module")
+def nightly(fake_profiler, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("history")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    result = run_python(SERIES.format(so=str(fake_profiler), uri=uri), tmp, env={"FAKE_NEURON_JITTER": "0.1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    return uri
+
+
+def test_history_names_the_commit_that_made_it_slower(nightly, capsys):
+    assert cli_main(["history", "--tracking-uri", nightly, "--experiment", "nightly", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["runs"]) == 16 and [r["commit"] for r in report["runs"]] == [f"c{i:02d}" for i in range(1, 17)]
+    [change] = report["changes"]
+    assert (change["before_commit"], change["after_commit"], change["verdict"]) == ("c08", "c09", "slower")
+    # mul 10 -> 13 us and add 5 us a step: (13 + 5) / (10 + 5)
+    assert change["ratio"] == pytest.approx(18 / 15, rel=0.03) and change["ratio_low"] > 1.1
+    assert "aten::mul accounts for" in change["sentence"]
+    assert cli_main(["history", "--tracking-uri", nightly, "--experiment", "nightly"]) == 0
+    table = capsys.readouterr().out
+    assert "commit c08" in table and "commit c09" in table and "SLOWER +20%" in table
+
+    args = ["history", "--tracking-uri", nightly, "--experiment", "nightly", "--fail-on-change"]
+    assert cli_main([*args, "10"]) == 1
+    assert "CHANGE c08 -> c09: ratio 1.20" in capsys.readouterr().out
+    assert cli_main([*args, "60"]) == 0
+
+
+def test_a_flat_series_the_picture_and_a_wrong_experiment(nightly, capsys):
+    assert cli_main(["history", "--tracking-uri", nightly, "--experiment", "flat", "--format", "json",
+                     "--fail-on-change", "10"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert json.loads(out[: out.rindex("}") + 1])["changes"] == []
+    client = MlflowClient(nightly)
+    target = client.create_run(client.get_experiment_by_name("flat").experiment_id).info.run_id
+    assert cli_main(["history", "--tracking-uri", nightly, "--experiment", "nightly", "--log-to", target]) == 0
+    assert {a.path for a in client.list_artifacts(target, "history")} == {
+        "history/history.png", "history/history.html", "history/history.json"}
+    assert cli_main(["history", "--tracking-uri", nightly, "--experiment", "nightlyy"]) == 2
+    assert "no experiment named 'nightlyy'" in capsys.readouterr().err
