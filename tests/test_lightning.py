@@ -17,8 +17,9 @@ from lightning.pytorch.loggers import MLFlowLogger  # noqa: E402
 
 from mlflow_neuron.lightning import ProfilerCallback  # noqa: E402
 
+# region_ops.json: Lightning wraps its hooks in record_function ranges, which are regions
 CYCLE_FILES = {"ops.json", "steps.json", "step_totals.json", "timeline.json", "key_averages.txt", "manifest.json",
-               "trace.json.gz"}
+               "trace.json.gz", "region_ops.json"}
 
 
 class TinyRegression(L.LightningModule):

@@ -25,8 +25,9 @@ from transformers.integrations import MLflowCallback  # noqa: E402
 
 from mlflow_neuron.transformers import ProfilerCallback  # noqa: E402
 
+# region_ops.json: the profiled steps hold record_function ranges (regions) of the Trainer or the model
 CYCLE_FILES = {"ops.json", "steps.json", "step_totals.json", "timeline.json", "key_averages.txt", "manifest.json",
-               "trace.json.gz"}
+               "trace.json.gz", "region_ops.json"}
 VOCAB, SEQ = 64, 16
 
 
