@@ -181,5 +181,6 @@ def test_fake_device_region_compare_and_gate(fake_profiler, tmp_path, capsys):
     assert compare("--runs", "naive", "fused") == 0
     table = capsys.readouterr().out
     assert "region rmsnorm" in table and "aten::rsqrt" in table and "launches per step" in table
+    assert "neuron_kernel::aten::rms_norm" in table  # the kernels inside, beside the ops that launched them
     assert cli_main(["compare", "--tracking-uri", uri, "--experiment", "regions", "--region", "nope"]) == 2
     assert "has no region 'nope'; its regions: rmsnorm" in capsys.readouterr().err

@@ -135,6 +135,7 @@ def _explanations(whole: list[RunProfile], profiles: list[RunProfile], region: s
     return {
         "region": region,
         "launches": {p.label: p.extra["launches"] for p in profiles} if region else {},
+        "kernels": sorted(set().union(*(p.extra.get("kernels", ()) for p in profiles))) if region else [],
         "throughput": throughput(whole, region, order),
         "neuron_summary": summary_deltas({p.label: p.extra.get("neuron_summary") or {} for p in whole}),
     }

@@ -69,25 +69,28 @@ def in_region(profile: RunProfile, name: str) -> RunProfile:
         MEMORY_METRIC: np.nan,  # a region's memory is its allocated bytes (ops.json), not a peak
     })[list(STEP_TOTAL_COLUMNS)]  # fmt: skip
     inside = _inside(profile, name)
-    samples = inside[inside["kind"] == "op"][list(SAMPLE_COLUMNS)].reset_index(drop=True)
+    # ops and the kernels they launched: a kernel's row is its device time, its op's row the same time again
+    samples = inside[list(SAMPLE_COLUMNS)].reset_index(drop=True)
     last = inside[inside["cycle"] == profile.step]
     ops = last.groupby(["name", "kind"], as_index=False)[["calls", DEVICE_METRIC, CPU_METRIC]].sum()
     active = max(len([s for s in steps if s[0] == profile.step]), 1)
     totals = {DEVICE_METRIC: float(mine.loc[[k for k in steps if k[0] == profile.step], "device_time_us"].sum()),
               CPU_METRIC: float(mine.loc[[k for k in steps if k[0] == profile.step], "cpu_time_us"].sum()),
               "active_steps": active}  # fmt: skip
-    extra = {**profile.extra, "region": name, "launches": float(np.median(mine["launches"])) if len(mine) else 0.0}
+    extra = {**profile.extra, "region": name, "launches": float(np.median(mine["launches"])) if len(mine) else 0.0,
+             "kernels": sorted(set(inside.loc[inside["kind"] == "kernel", "name"]))}  # fmt: skip
     return replace(profile, ops=ops, totals=totals, samples=samples, step_totals=step_totals,
                    source=SAMPLES_FROM_STEPS, extra=extra)  # fmt: skip
 
 
 def inside_change(frame: pd.DataFrame, run: str, launches: dict[str, float], shorten=str) -> str:
-    """What the region of `run` runs instead of the baseline's: the ops one has and the other has
-    not, costliest first, with launches per step where there are any. "" when both run the same ops."""
+    """What the region of `run` runs instead of the baseline's: the ops (not kernels) one has and the
+    other has not, costliest first, with launches per step where there are any. "" when both run the same ops."""
     base = frame.attrs["baseline"]
     verdicts = frame[(run, "verdict")]
-    gone = [op for op, v in verdicts.items() if v == GONE]
-    new = [op for op, v in verdicts.items() if v == NEW]
+    kernels = set(frame.attrs.get("kernels", ()))
+    gone = [op for op, v in verdicts.items() if v == GONE and op not in kernels]
+    new = [op for op, v in verdicts.items() if v == NEW and op not in kernels]
     if not gone and not new:
         return ""
     counted = any(launches.get(label) for label in (run, base))
