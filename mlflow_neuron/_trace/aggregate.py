@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .event_tree import EventTree, event_tree
+from .event_tree import EventTree, event_tree, first_op_with_id
 from .events import RawEvents
 from .names import STEP_NAME
 from .memory import allocated_by_event, private_use1_name, step_peaks
@@ -129,11 +129,8 @@ def _placed_at(start: np.ndarray, linked: np.ndarray, own_id: np.ndarray, fronte
     placed = start.copy()
     ops = np.flatnonzero(frontend)
     launched = np.flatnonzero(device_rows & (linked > 0))
-    if len(ops) and len(launched):
-        ids, first = np.unique(own_id[ops], return_index=True)
-        at = np.minimum(np.searchsorted(ids, linked[launched]), len(ids) - 1)
-        found = ids[at] == linked[launched]
-        placed[launched[found]] = start[ops[first[at[found]]]]
+    found, by = first_op_with_id(ops, own_id[ops], linked[launched])
+    placed[launched[found]] = start[by]
     return placed
 
 

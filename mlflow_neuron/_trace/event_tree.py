@@ -101,6 +101,17 @@ def event_tree(raw: RawEvents) -> EventTree:
                      cpu_total, self_cpu, device_total, self_device)  # fmt: skip
 
 
+def first_op_with_id(op_rows: np.ndarray, op_ids: np.ndarray, linked: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each linked id, the first of `op_rows` (in their order) whose own id it is, as torch
+    attaches a device event to its launching op: (which linked ids were found, their op rows)."""
+    if not len(op_rows) or not len(linked):
+        return np.zeros(len(linked), bool), np.zeros(0, np.int64)
+    ids, first = np.unique(op_ids, return_index=True)
+    at = np.minimum(np.searchsorted(ids, linked), len(ids) - 1)
+    found = ids[at] == linked
+    return found, op_rows[first[at[found]]]
+
+
 def _display_names(raw_names: tuple[str, ...]) -> tuple[list[str], np.ndarray]:
     """Names as FunctionEvent.name has them (demangled, ProfilerStep#N -> ProfilerStep*), as ids."""
     return factorize([display_name(s) for s in raw_names])

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .event_tree import EventTree
+from .event_tree import EventTree, first_op_with_id
 from .events import DEVICE_KERNEL, RawEvents
 from .names import STEP_NAME
-from .steps import step_slots
+from .steps import step_slots, whole_ns
 
 
 @dataclass(frozen=True)
@@ -83,10 +83,10 @@ def region_rows(raw: RawEvents, tree: EventTree, step_starts: np.ndarray, step_n
     step_of[counted] = step_slots(step_starts, step_numbers, default_step)(tree.start_ns[counted])
 
     n = len(tree)
-    device_ns, cpu_ns = _ns(tree.self_device_us), _ns(tree.self_cpu_us)
+    device_ns, cpu_ns = whole_ns(tree.self_device_us), whole_ns(tree.self_cpu_us)
     live = tree.survivor[members]  # merged events' time is their parent's; their launches count
     legacy = tree.is_legacy[members]
-    legacy_ns = _ns(raw.legacy_device_us[order]) if raw.use_device else np.zeros(n, np.int64)
+    legacy_ns = whole_ns(raw.legacy_device_us[order]) if raw.use_device else np.zeros(n, np.int64)
     device = (np.bincount(kernel_regions, weights=device_ns[kernel_at], minlength=n)
               + np.bincount(regions[legacy], weights=legacy_ns[members[legacy]], minlength=n))  # fmt: skip
     launches = np.bincount(kernel_regions, minlength=n) + np.bincount(regions[legacy], minlength=n)
@@ -96,7 +96,7 @@ def region_rows(raw: RawEvents, tree: EventTree, step_starts: np.ndarray, step_n
     if op_traffic is not None:  # the ops right under a range: their children's traffic is theirs
         top = live & annotation[np.maximum(tree.parent[members], 0)] & (tree.parent[members] >= 0)
         traffic = [np.bincount(regions[top], weights=column[members[top]], minlength=n) for column in op_traffic]
-    rows = [(int(step_of[r]), tree.names[tree.name[r]], int(round(device[r])), int(_ns(tree.cpu_total_us[r])),
+    rows = [(int(step_of[r]), tree.names[tree.name[r]], int(round(device[r])), int(whole_ns(tree.cpu_total_us[r])),
              int(launches[r]), int(memory[r]), float(traffic[0][r]), float(traffic[1][r])) for r in counted.tolist()]  # fmt: skip
     live_members, live_regions = members[live], regions[live]
     inside = [
@@ -142,12 +142,8 @@ def _launches(raw: RawEvents, tree: EventTree, host: np.ndarray) -> tuple[np.nda
     kernel = (raw.device_class[order] == DEVICE_KERNEL) & ~raw.is_user_annotation[order] & (linked > 0)
     kernel &= ~raw.is_async[order]
     ops, kernels = np.flatnonzero(host & (linked == 0)), np.flatnonzero(kernel)
-    if not len(ops) or not len(kernels):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    ids, first = np.unique(own[ops], return_index=True)
-    at = np.minimum(np.searchsorted(ids, linked[kernels]), len(ids) - 1)
-    found = ids[at] == linked[kernels]
-    return kernels[found], ops[first[at[found]]]
+    found, by = first_op_with_id(ops, own[ops], linked[kernels])
+    return kernels[found], by
 
 
 def _inside(events: np.ndarray, above: np.ndarray, counted: np.ndarray,
@@ -197,7 +193,3 @@ def _inside_rows(parts: list[tuple], names: list[str]) -> tuple[RegionOp, ...]:
     rows = [RegionOp(int(s), names[r], names[n], ("op", "kernel")[k], int(calls[i]), round(device_sum[i]) / 1000,
                      round(cpu_sum[i]) / 1000) for i, (s, r, n, k) in enumerate(groups.tolist())]  # fmt: skip
     return tuple(sorted(rows, key=lambda row: (row.step, row.region, row.kind, row.name)))
-
-
-def _ns(us: np.ndarray) -> np.ndarray:
-    return np.rint(np.asarray(us, dtype=np.float64) * 1000).astype(np.int64)

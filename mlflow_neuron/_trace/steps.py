@@ -85,8 +85,8 @@ def split_by_step(
         return _slots(starts, times)
 
     slot = slot_of(placed_at)
-    device_ns = _whole_ns(self_device_us)
-    cpu_ns = _whole_ns(self_cpu_us)
+    device_ns = whole_ns(self_device_us)
+    cpu_ns = whole_ns(self_cpu_us)
 
     width = len(kinds) * max(len(names), 1)
     group = slot * width + np.asarray(name_id, np.int64) * len(kinds) + np.asarray(kind_id, np.int64)
@@ -129,7 +129,7 @@ def _slots(starts: np.ndarray, times: np.ndarray) -> np.ndarray:
     return np.maximum(np.searchsorted(starts, np.asarray(times, np.float64), side="right") - 1, 0)
 
 
-def _whole_ns(us: np.ndarray) -> np.ndarray:
+def whole_ns(us: np.ndarray) -> np.ndarray:
     return np.rint(np.asarray(us, dtype=np.float64) * 1000).astype(np.int64)
 
 
