@@ -167,11 +167,21 @@ def event_traffic(raw: RawEvents, tree: EventTree, read_inputs) -> tuple[np.ndar
         return None
     nbytes, flops, dtype = np.zeros(len(tree)), np.zeros(len(tree)), np.full(len(tree), "", object)
     for row, call in zip(ops.tolist(), calls):
-        cost = op_traffic(tree.names[tree.name[row]], call) if call is not None else None
+        cost = _cost(tree.names[tree.name[row]], call)
         nbytes[row], flops[row] = cost if cost is not None else (np.nan, np.nan)
         if call is not None:
             dtype[row] = next((d for d in call.dtypes if d in ELEMENT_BYTES), "")
     return nbytes, flops, dtype
+
+
+def _cost(name: str, call: OpInputs | None) -> tuple[int, int] | None:
+    """`op_traffic`, with recorded arguments it cannot read (another torch's layout) as unknown."""
+    if call is None:
+        return None
+    try:
+        return op_traffic(name, call)
+    except (TypeError, ValueError, IndexError):
+        return None
 
 
 def traffic_by_name(traffic: tuple[np.ndarray, ...], rows: np.ndarray,
