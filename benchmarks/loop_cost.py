@@ -11,12 +11,15 @@ repeat=0): one cycle every 7 steps. In one run it times, median of `--repeats`:
   (`process="helper"`), each against a local sqlite store and a real `mlflow server` (127.0.0.1).
 
 The callback is used with a user's defaults: created just before the loop (no `start_helper()`),
-into a run the user started. `flush_timeout_s` is raised to 300 s so that every cycle is delivered
+into a run the user started. Where the exit waits (inline, and the helper with
+`deliver_after_exit=False`), `flush_timeout_s` is raised to 300 s so that every cycle is delivered
 before `close()` returns: the whole cost is paid inside the figure, none of it left to the outbox.
 
-"loop" is the wall time of the steps; "exit" the profiler's exit (the callback waits there for the
-cycles still pending) plus `close()`; "whole" is loop + exit: what the user pays from the profile's
-start until the run is closed. "vs tb" compares medians with `tensorboard_trace_handler`'s;
+"loop" is the wall time of the steps; "exit" the profiler's exit plus `close()`; "whole" is loop +
+exit: what the user pays from the profile's start until the run is closed. With the helper's
+default (`deliver_after_exit`), the exit does not wait for queued cycles: the helper delivers them
+afterwards, and the notes say how long after `close()` every cycle was in MLflow (checked in the
+store after each run). "exit waits" is `deliver_after_exit=False`: the exit waits for every cycle. "vs tb" compares medians with `tensorboard_trace_handler`'s;
 "repeats" is the lowest and highest ratio of one repeat's whole run to tensorboard's in the same
 round. "in-flight" compares the median step while a cycle is being processed (handed off, not yet
 delivered) with the median step with none; the steps that end a cycle (the trace save) are counted
@@ -101,24 +104,35 @@ def run_loop(ops: int, steps: int, handler=None, callback=None) -> dict:
     return {"loop": loop, "drain": time.perf_counter() - drain_start + (start - entered), "times": times, "kinds": kinds}
 
 
-def callback_loop(ops, steps, uri, process, work) -> dict:
+def callback_loop(ops, steps, uri, process, work, after_exit=True) -> dict:
     client = mlflow.MlflowClient(uri)
     run_id = client.create_run("0").info.run_id
+    # The user's defaults, except where the exit waits: a budget long enough that every cycle is
+    # delivered before close() returns (none of the cost left to the outbox).
+    waits = process == "inline" or not after_exit
     callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, process=process, outbox=work / "outbox",
-                                      flush_timeout_s=300)  # fmt: skip
+                                      deliver_after_exit=after_exit, **({"flush_timeout_s": 300} if waits else {}))
     result = run_loop(ops, steps, callback, callback)
     t = time.perf_counter()
     callback.close()
-    result["drain"] += time.perf_counter() - t
-    if callback.cycles_logged != result["kinds"].count("cycle"):
-        raise RuntimeError(f"{callback.cycles_logged} cycles logged, {result['kinds'].count('cycle')} profiled")
+    closed = time.perf_counter()
+    result["drain"] += closed - t
+    if not callback.wait_delivered(600):
+        raise RuntimeError("the helper did not deliver within 600 s after the exit")
+    result["after"] = time.perf_counter() - closed  # delivered after the exit (the helper alone)
+    logged = len(client.get_metric_history(run_id, "profiler/total/self_cpu_time_us"))
+    if logged != result["kinds"].count("cycle") or callback.outbox_records:
+        raise RuntimeError(f"{logged} cycles in MLflow, {result['kinds'].count('cycle')} profiled")
     sender = callback._sender
     result["spilled"] = callback.reporter.counts.get("stored_in_outbox", 0)
     result["behind"] = callback.reporter.counts.get("falling_behind", 0)
     if hasattr(sender, "ready_after_s"):  # the helper process: None if it was not ready before the exit
         result.update(parser=sender.parser, jobs=sender.jobs_sent, ready=sender.ready_after_s)
     busy = getattr(sender, "delivery_busy_s", None)
-    result["rate"] = callback.cycles_logged / busy if busy else None
+    result["rate"] = callback.cycles_logged / busy if busy and callback.cycles_logged else None
+    handed = getattr(getattr(sender, "handed", None), "cycles", 0)
+    result["handed"] = handed
+    result["rate_after"] = handed / result["after"] if handed and result["after"] > 0 else None
     return result
 
 
@@ -212,6 +226,8 @@ def main(argv: list[str] | None = None) -> None:
         for process in ("inline", "helper"):
             paths[f"callback {process} ({store})"] = (
                 lambda ops, steps, uri=uri, process=process: callback_loop(ops, steps, uri, process, work))
+        paths[f"callback helper, exit waits ({store})"] = (
+            lambda ops, steps, uri=uri: callback_loop(ops, steps, uri, "helper", work, after_exit=False))
     if args.only:
         wanted = args.only.split(",")
         paths = {name: run for name, run in paths.items()
@@ -272,10 +288,17 @@ def report(ops: int, steps: int, results: dict[str, list[dict]]) -> None:
             late = f" ({len(runs) - len(ready)} of {len(runs)} not ready before the exit)" if len(ready) < len(runs) else ""
             when = f"ready {statistics.median(ready):.2f} s after creation{late}" if ready else \
                 f"not ready before the exit in {len(runs)} of {len(runs)}"
-            notes.append(f"{when}, parser {runs[0]['parser']}, {min(r['jobs'] for r in runs)} of {cycles} cycles through it")
+            parser = next((r["parser"] for r in runs if r["parser"]), None)
+            notes.append(f"{when}{f', parser {parser}' if parser else ''}, {min(r['jobs'] for r in runs)} of {cycles} "
+                         "cycles through it")  # fmt: skip
         rates = [r["rate"] for r in runs if r.get("rate")]
         if rates:
             notes.append(f"{statistics.median(rates):.0f} cycles/s delivered while busy")
+        if any(r.get("handed") for r in runs):
+            after = [r["rate_after"] for r in runs if r.get("rate_after")]
+            notes.append(f"{statistics.median(r['handed'] for r in runs):.0f} cycles delivered after the exit, all in "
+                         f"MLflow {statistics.median(r['after'] for r in runs):.2f} s after close() returned"
+                         + (f" ({statistics.median(after):.0f} cycles/s)" if after else ""))
         flight = f"{ratio:.2f}x" if ratio is not None else "-"
         print(f"  {name:<32}{loop:>8.2f}{loop / tb_loop:>7.2f}x{drain:>8.2f}{whole:>9.2f}{whole / tb_whole:>7.2f}x"
               f"{spread:>13}{flight:>11}  {', '.join(notes)}")

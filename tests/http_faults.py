@@ -34,7 +34,13 @@ class Delay:
     seconds: float  # the request is held this long, then forwarded
 
 
-Plan = Callable[[int, str, str], "Refuse | Reset | Delay | None"]  # (request index, method, path) -> fault
+@dataclass(frozen=True)
+class Hold:
+    release: threading.Event  # the request is held until this is set (at most limit_s), then forwarded
+    limit_s: float = 120.0
+
+
+Plan = Callable[[int, str, str], "Refuse | Reset | Delay | Hold | None"]  # (request index, method, path) -> fault
 
 
 class FaultProxy:
@@ -89,7 +95,7 @@ class FaultProxy:
                 index = len(self.seen)
                 fault = self.plan(index, method, path)
                 done = ("forwarded" if fault is None else f"refused {fault.status}" if isinstance(fault, Refuse)
-                        else "delayed" if isinstance(fault, Delay) else "reset")  # fmt: skip
+                        else "delayed" if isinstance(fault, (Delay, Hold)) else "reset")  # fmt: skip
                 self.seen.append((time.monotonic(), method, path, done))
             try:
                 if isinstance(fault, Refuse):
@@ -100,6 +106,8 @@ class FaultProxy:
                     return
                 if isinstance(fault, Delay):
                     time.sleep(fault.seconds)
+                if isinstance(fault, Hold):  # outside the lock: other requests go on meanwhile
+                    fault.release.wait(fault.limit_s)
                 with socket.create_connection((HOST, self.target_port), timeout=30) as upstream:
                     if isinstance(fault, Reset):  # part of the body, never all of it
                         cut = min(fault.after_body_bytes, int(_headers(head).get("content-length", "1")) // 2)

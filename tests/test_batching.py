@@ -190,6 +190,9 @@ def test_pace_says_how_much_less_often_to_profile(monkeypatch):
     assert "10.0 cycles/s in, 2.0 out" in said
     assert "wait about 3.0 s" in said  # 6 waiting at 2 cycles/s
     assert "a cycle comes every 7 steps" in said and "a cycle every 44 steps" in said  # 7 * 10 / 2 * 1.25
+    clock.after_exit = True  # deliver_after_exit: nothing waits at the exit; the helper goes on after it
+    said = clock.behind(waiting=6)
+    assert "go on delivering them for about 3.0 s after training ends" in said and "exit would wait" not in said
     clock.delivered(32, 1.0)  # now it keeps up: 34 cycles in 2 s of sending
     assert clock.behind(waiting=6) is None
 

@@ -92,3 +92,16 @@ def test_bad_settings_are_refused_before_anything_is_created(tracking_uri, kwarg
     with pytest.raises(TypeError, match="must be a callable"):
         interleaved({"a": 3}, device="cpu")
     assert MlflowClient(tracking_uri).search_runs(["0"]) == []
+
+
+def test_with_the_helper_delivering_after_the_exit_every_cycle_is_in_when_interleaved_returns(tracking_uri,
+                                                                                          monkeypatch):
+    monkeypatch.setenv("MLFLOW_NEURON_DELIVER_AFTER_EXIT", "1")  # the default a user has (conftest turns it off)
+    calls = []
+    with mlflow.start_run(run_name="parent"):
+        runs = interleaved({name: recording(calls, name) for name in ("a", "b")}, cycles=2, wait=WAIT,
+                           warmup=WARMUP, active=ACTIVE, device="cpu", strict=True)  # fmt: skip
+    client = MlflowClient(tracking_uri)
+    for run_id in runs.run_ids.values():  # read at once, as compare_runs does next
+        assert cycle_steps(client, run_id) == [LENGTH, 2 * LENGTH]
+        assert client.get_run(run_id).info.status == "FINISHED"

@@ -22,7 +22,6 @@ import torch
 from .._delivery.outbox import DEFAULT_OUTBOX
 from .._delivery.handoff import Handoff
 from .._delivery.mlflow_io import RunLogger, current_run_ref
-from .._delivery.model import RunRef
 from .._delivery.prepare import Preparer
 from .._delivery.report import Reporter
 from .._delivery.sender import Sender
@@ -31,12 +30,13 @@ from .._trace.peaks import PEAKS_ENV, load_peak
 from .._trace.profile import CycleProfile
 from .._trace.timeline import DEFAULT_MAX_SPANS
 from . import hooks, shutdown
-from .distributed import broadcast_from_primary, current_rank
+from .distributed import current_rank, join_primary_run
 from .host import HostSampler
 from .reader import CycleReader
 
 DEFAULT_MAX_FILE_BYTES = None  # no cap: NTFFs of gigabytes are streamed (see _delivery/uploads.py)
 PROCESSES = ("helper", "inline")
+DELIVER_AFTER_EXIT_ENV = "MLFLOW_NEURON_DELIVER_AFTER_EXIT"
 
 
 class MLflowProfilerCallback:
@@ -97,6 +97,13 @@ class MLflowProfilerCallback:
             with the callback (one per callback; it imports no torch); if it fails twice, cycles go
             the inline way, with one warning. ``"inline"``: a background thread of the training
             process does that work (or, with ``background=False``, the training thread itself).
+        deliver_after_exit: with the helper process, the profiler's exit and ``close()`` do not wait
+            for queued cycles: the helper delivers them afterwards, even after training's process
+            has ended, then ends the run it created. Each is staged with its job in the outbox
+            until delivered, so a helper killed meanwhile leaves them to ``mlflow-neuron sync``.
+            ``wait_delivered()`` waits for them. False: the exit waits up to ``flush_timeout_s``
+            and stores the rest in the outbox. Default: env ``MLFLOW_NEURON_DELIVER_AFTER_EXIT``
+            (``0`` turns it off), else True.
         peaks: the device's limits for ops.json's % of peak (record_shapes=True): a JSON file or a
             dict ``{"name", "memory_gbps", "bf16_tflops", ..., "source"}``; default env
             ``MLFLOW_NEURON_PEAKS``, else the published figures of the instance type or GPU.
@@ -128,6 +135,7 @@ class MLflowProfilerCallback:
         timeline_max_spans: int = DEFAULT_MAX_SPANS,
         process: str = "helper",
         peaks: str | os.PathLike | dict | None = None,
+        deliver_after_exit: bool | None = None,
     ) -> None:
         _validate(handlers, process, profile_output_dir, timeline_max_spans, top_k=top_k,
                   max_file_bytes=max_file_bytes, max_pending=max_pending, retries=retries)  # fmt: skip
@@ -142,16 +150,13 @@ class MLflowProfilerCallback:
         logger = RunLogger(run if run.run_id is None else replace(run, run_key=None))  # a given run: no key, no sync end
         self._owns_run = run.run_id is None
         if self._owns_run and self.rank.world_size > 1:
-            logger.run = self._join_primary_run(logger)
+            logger.run, self._owns_run = join_primary_run(logger, self.rank, self.reporter)
         self._preparer = Preparer(self.reporter, top_k=top_k, rank=self.rank.rank, primary=self.rank.is_primary,
                                   all_ranks=all_ranks)  # fmt: skip
         self._sender = Sender(logger, self.reporter, self._preparer.prepare, background=background,
                               max_pending=max_pending, retries=retries, retry_wait_s=retry_wait_s, outbox=outbox)  # fmt: skip
         if process == "helper" and background:  # background=False: everything on the training thread
-            self._sender = Handoff(self._sender, self.reporter, self._preparer, exit_budget_s=flush_timeout_s)
-            self._sender.start()  # now: it is ready by the first cycle, and no cycle is read in this process
-            # A callback dropped unclosed leaves no helper behind; at exit, close() does it all.
-            weakref.finalize(self, self._sender.release).atexit = False
+            self._start_helper_process(flush_timeout_s, deliver_after_exit)
         self._reader = CycleReader(
             self.reporter, self.rank, all_ranks=all_ranks, max_file_bytes=max_file_bytes, export_trace=export_trace,
             profile_output_dir=os.fspath(profile_output_dir) if profile_output_dir else None,
@@ -163,6 +168,13 @@ class MLflowProfilerCallback:
         self._host = HostSampler(self.reporter, torch_threads=torch.get_num_threads, helper_pids=self._helper_pids,
                                  neuron_totals=self._neuron_totals)  # the first window starts now  # fmt: skip
         atexit.register(_close_at_exit, weakref.ref(self))
+
+    def _start_helper_process(self, flush_timeout_s: float, deliver_after_exit: bool | None) -> None:
+        self._sender = Handoff(self._sender, self.reporter, self._preparer, exit_budget_s=flush_timeout_s,
+                               hands_over=_delivers_after_exit(deliver_after_exit))  # fmt: skip
+        self._sender.start()  # now: it is ready by the first cycle, and no cycle is read in this process
+        # A callback dropped unclosed leaves no helper behind; at exit, close() does it all.
+        weakref.finalize(self, self._sender.release).atexit = False
 
     @property
     def last_profile(self) -> CycleProfile | None:
@@ -195,7 +207,7 @@ class MLflowProfilerCallback:
             exported = hooks.run_handlers(prof, self.handlers, self.reporter)
             self.cycles_read += 1
             hand_off = isinstance(self._sender, Handoff) and self._sender.accepts_jobs()
-            job = self._reader.read(prof, exported, hand_off)
+            job = self._reader.read(prof, exported, hand_off, self._sender.new_staged_folder() if hand_off else None)
             job.host = host
             self._budget.renew()  # training went on: a later stop gets a whole budget again
             self._sender.submit(job)
@@ -227,6 +239,11 @@ class MLflowProfilerCallback:
         self._sender.start()
         return self._sender.wait_ready(timeout)
 
+    def wait_delivered(self, timeout: float | None = None) -> bool:
+        """Waits until the cycles left to the helper at the profiler's exit (``deliver_after_exit``)
+        are delivered (or stored in the outbox) and the helper has ended; False if `timeout` ran out."""
+        return self._sender.wait_delivered(timeout) if isinstance(self._sender, Handoff) else True
+
     def flush(self, timeout: float | None = None) -> bool:
         """Waits for pending cycles; False if `timeout` ran out first (they keep going)."""
         try:
@@ -244,7 +261,12 @@ class MLflowProfilerCallback:
             try:
                 if self._system_metrics is not None:
                     self._system_metrics.stop()
-                self._sender.close(self._budget.left() if timeout is None else timeout)
+                ends_run = self._owns_run and self.rank.is_primary
+                if isinstance(self._sender, Handoff):  # a helper delivering after the exit ends it then
+                    self._owns_run &= not self._sender.close(self._budget.left() if timeout is None else timeout,
+                                                             end_run=ends_run)  # fmt: skip
+                else:
+                    self._sender.close(self._budget.left() if timeout is None else timeout)
                 if self._owns_run and self.rank.is_primary and self.run_id is not None:
                     seconds = self._budget.left(started) if timeout is None else max(timeout, 1.0)
                     if shutdown.end_run(self._sender.logger, seconds, self.reporter, self.flush_timeout_s):
@@ -268,25 +290,17 @@ class MLflowProfilerCallback:
     def _flush_at_stop(self) -> None:
         self.exit_wait_s = shutdown.flush_at_stop(self._sender, self._budget, self.reporter)
 
-    def _join_primary_run(self, logger: RunLogger) -> RunRef:
-        """Under torch.distributed, every rank takes rank 0's run (created now, collectively)."""
-        shared = broadcast_from_primary(logger.ensure_run)
-        if shared is not None:
-            self._owns_run = self.rank.is_primary
-            return logger.run if self.rank.is_primary else RunRef(logger.run.tracking_uri, shared)
-        if not self.rank.is_primary:
-            self.reporter.problem(
-                "no_shared_run",
-                f"rank {self.rank.rank} has no run id (pass run_id=, set MLFLOW_RUN_ID, or initialize "
-                "torch.distributed before creating the callback); it logs into a run of its own",
-            )
-        return logger.run
-
 
 def _close_at_exit(ref: weakref.ref) -> None:
     callback = ref()
     if callback is not None:
         callback.close()
+
+
+def _delivers_after_exit(setting: bool | None) -> bool:
+    if setting is not None:
+        return bool(setting)
+    return os.environ.get(DELIVER_AFTER_EXIT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def _validate(handlers: tuple, process: str, profile_output_dir: Any, timeline_max_spans: Any, **counts: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -44,3 +45,18 @@ def _initialized_dist():
     except ImportError:
         return None
     return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def join_primary_run(logger: Any, rank: Rank, reporter: Any) -> tuple[Any, bool]:
+    """Under torch.distributed, every rank takes rank 0's run (created now, collectively). Returns
+    the run to log into and whether this rank owns it (rank 0 ends it)."""
+    shared = broadcast_from_primary(logger.ensure_run)
+    if shared is not None:
+        return (logger.run if rank.is_primary else type(logger.run)(logger.run.tracking_uri, shared)), rank.is_primary
+    if not rank.is_primary:
+        reporter.problem(
+            "no_shared_run",
+            f"rank {rank.rank} has no run id (pass run_id=, set MLFLOW_RUN_ID, or initialize "
+            "torch.distributed before creating the callback); it logs into a run of its own",
+        )
+    return logger.run, True

@@ -92,12 +92,20 @@ def interleaved(
                 if name not in rotation.failed:
                     rotation.run(name, step, callbacks[name], setups[name], cycle, run_ids[name])
     finally:
-        for name, callback in callbacks.items():
-            callback.close()
-            client.set_terminated(run_ids[name], "FAILED" if name in rotation.failed else "FINISHED")
+        _close(client, callbacks, run_ids, rotation.failed)
     if len(rotation.failed) == len(variants):
         raise RuntimeError(f"every variant raised: {rotation.failed}")
     return InterleavedRuns(run_ids, rotation.failed, tuple(rotation.order))
+
+
+def _close(client: MlflowClient, callbacks: dict, run_ids: dict, failed: dict) -> None:
+    """Closes every variant's callback, waits until their cycles are in (the runs are compared next;
+    a helper delivers after the exit), and ends each run."""
+    for callback in callbacks.values():
+        callback.close()
+    for name, callback in callbacks.items():
+        callback.wait_delivered()
+        client.set_terminated(run_ids[name], "FAILED" if name in failed else "FINISHED")
 
 
 @dataclass

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from .._delivery.job import CycleJob
 from .._delivery.keys import NEURON_SUMMARY_PREFIX
 from .._delivery.manifest import manifest
 from .._delivery.model import TRACE
+from .._delivery.staging import discard
 from .._neuron import layout
 from .._neuron.devices import device_peak, neuron_settings, profiled_device
 from .._neuron.output_files import UPLOAD, FoundFile, OutputFolderWatcher
@@ -64,18 +64,19 @@ class CycleReader:
         self._params_read = False
         self._events_seen = 0  # for acc_events profiles, whose event list keeps earlier cycles
 
-    def read(self, prof: Any, exported: list[str], hand_off: bool) -> CycleJob:
-        """The cycle as a job; `hand_off`: the helper process takes it, so save its trace now."""
+    def read(self, prof: Any, exported: list[str], hand_off: bool, staged_dir: Path | None = None) -> CycleJob:
+        """The cycle as a job; `hand_off`: the helper process takes it, so save its trace now (into
+        `staged_dir`, its job folder in the outbox; default: a temporary folder)."""
         step = int(getattr(prof, "step_num", 0))
         step_dir = f"profiler/step_{step}"
         job = CycleJob(step=step, timestamp_ms=int(time.time() * 1000),
                        artifact_dir=step_dir if self.rank.is_primary else f"{step_dir}/rank_{self.rank.rank}",
-                       staged_dir=Path(tempfile.mkdtemp(prefix="mlflow-neuron-")),
+                       staged_dir=staged_dir or Path(tempfile.mkdtemp(prefix="mlflow-neuron-")),
                        register_table=self.rank.is_primary)  # fmt: skip
         try:
             return self._fill(job, prof, exported, hand_off)
         except BaseException:
-            shutil.rmtree(job.staged_dir, ignore_errors=True)  # a cycle that could not be read leaves nothing
+            discard(job.staged_dir)  # a cycle that could not be read leaves nothing
             raise
 
     def _fill(self, job: CycleJob, prof: Any, exported: list[str], hand_off: bool) -> CycleJob:

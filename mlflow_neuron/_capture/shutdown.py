@@ -48,6 +48,17 @@ def flush_at_stop(sender: Any, budget: ShutdownBudget, reporter: Any) -> float:
     the helper process, if any, ends: its profile is over. Returns the seconds this stop waited
     (logged at INFO level: what the profiler's exit cost the user)."""
     started, pending = time.monotonic(), sender.pending
+    if isinstance(sender, Handoff) and sender.hands_over:  # the helper goes on; close() lets it go
+        with budget.spending():
+            try:
+                if not sender.inner.flush(budget.left()):  # cycles read in this process, if any
+                    sender.inner.spill(f"it was not sent within flush_timeout_s={budget.seconds:g} s")
+            except Exception as error:  # noqa: BLE001
+                reporter.problem("flush", "a pending cycle failed", error)
+        waited = time.monotonic() - started
+        _log.info("mlflow-neuron: the profiler's stop waited %.2f s; the helper goes on delivering %d cycle(s)",
+                  waited, sender.pending)  # fmt: skip
+        return waited
     with budget.spending():
         try:
             flushed = sender.flush(budget.left())

@@ -13,24 +13,28 @@ process creates it. Trouble with the helper never reaches training:
   settled (a job is settled when its staged folder is gone: delivered, or stored in the outbox) go
   to the in-process sender, and the helper is restarted once; after a second failure every job
   goes the in-process way;
-- when the profile stops, the callback retires the helper (`retire`): it finishes or stores its
-  jobs and exits, so no helper outlives its profile;
-- `flush(timeout)` and `close(timeout)` wait for it within their timeout (one still starting: 5 s from
-  its start at most, then its jobs are sent here). One still busy when `close`'s time is up is stopped,
-  its unsettled jobs stored in the outbox here: after `close` each cycle is delivered or in the outbox.
+- with `hands_over` (the default), the helper serves every profile, and `close` lets it go to deliver
+  what it holds after the exit (`handed_over`); else, when a profile stops, the callback retires it
+  (`retire`: it finishes or stores its jobs within the budget and exits; a later profile starts a
+  new one);
+- `flush(timeout)` waits for it (one still starting: 5 s from its start at most, then its jobs are
+  sent here); so does `close(timeout)` without hand-over: after it each cycle is delivered or stored.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from . import outbox as _outbox
-from .helper_process import HelperProcess, init_message, remote_error
+from . import staging
+from .handed_over import HandedOver
+from .helper_messages import HelperMessages
+from .helper_process import HelperProcess, init_message
 from .helper_records import LeftBehind, LeftBehinds
 from .job import CycleJob
 from .report import logger as _log
@@ -40,17 +44,20 @@ START_WAIT_S = 5.0  # a helper starts in 1-3 s on an idle machine; beside busy c
 RESTARTS = 1
 
 
-class Handoff:
+class Handoff(HelperMessages):
     """Sender-compatible front: portable jobs to the helper process, the rest to the in-process sender."""
 
     def __init__(self, inner, reporter, preparer, *, exit_budget_s: float, command: tuple[str, ...] | None = None,
-                 hang_timeout_s: float | None = None) -> None:  # fmt: skip
+                 hang_timeout_s: float | None = None, hands_over: bool = False) -> None:  # fmt: skip
         self.inner = inner  # the in-process Sender: fallback, and jobs read in-process
         self.reporter = reporter
         self.preparer = preparer  # the in-process sender's: its op keys go to each new helper and back
         self.exit_budget_s = exit_budget_s
         self.command = command
         self.hang_timeout_s = HANG_TIMEOUT_S if hang_timeout_s is None else hang_timeout_s
+        self.hands_over = hands_over  # the exit lets the helper deliver afterwards (`handed_over`)
+        self.handed = HandedOver()
+        self._job_header = ""  # what `sync` needs to finish a staged job (`staging.write_job`)
         self.parser: str | None = None  # what the helper parses traces with, once it is ready
         self.helper_pid: int | None = None
         self.jobs_sent = 0  # cycles handed to a helper process
@@ -130,7 +137,7 @@ class Handoff:
         """The helper processes running now, the current one and one retiring. Read without the
         lock: the training thread asks at each profiled window and must not wait on a restart."""
         procs = (self._proc, self._retiring)
-        return tuple(p.proc.pid for p in procs if p is not None)
+        return tuple(p.proc.pid for p in procs if p is not None) + self.handed.pids()
 
     def accepts_jobs(self) -> bool:
         """Whether the next cycle should be a job for the helper: it is up, or starting (then the
@@ -183,19 +190,52 @@ class Handoff:
             if proc is not None:  # an explicit close: a forked child of training may hold the pipe open
                 proc.send({"op": "close", "seq": 0, "timeout": None})
                 proc.end_input()
+        self.handed.finish(end_run=False)
+
+    def new_staged_folder(self) -> Path:
+        """Where a cycle for the helper is staged: a job folder in the outbox (`staging`)."""
+        return staging.new_staged_folder(self.inner.outbox)
+
+    def hand_over(self, timeout: float | None) -> bool:
+        """Lets the helper deliver what it holds after the exit (`handed_over`); waits only until its
+        pipe took the last messages, and for the in-process sender. False: time ran out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            proc, self._proc = self._proc, None
+            if proc is not None:
+                self.handed.add(proc, len(self._unsettled()))
+                self._done_delivered += self._state.get("delivered", 0)
+                self._done_busy_s += self._state.get("busy_s", 0.0)
+                self._sent, self._given, self._state, self._ready = [], [], {}, False
+                self._unaccepted.clear()
+        written = self.handed.wait_written(deadline)
+        return self.inner.flush(_left(deadline)) and written
+
+    def wait_delivered(self, timeout: float | None = None) -> bool:
+        """Waits until the helpers let go at an exit delivered what they held and ended."""
+        return self.handed.wait_exited(timeout)
 
     def retire(self, timeout: float) -> bool:
         """Ends the helper when a profile stopped: it delivers or stores what it holds within `timeout`;
         jobs it did not settle go in-process. A later cycle starts a new one. False: it was stopped."""
         return self._end_helper(time.monotonic() + max(timeout, 0.0))
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self, timeout: float | None = None, *, end_run: bool = False) -> bool:
+        """Ends the helper (hands it over, or waits for it) and the in-process sender. With hand-over
+        and `end_run`, the helper ends the run after its last cycle: True when it will."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._closing = True
-        self._end_helper(deadline)  # what it did not settle, inner.close() below stores: the time is up
+        if self.hands_over:
+            self.hand_over(_left(deadline))
+            ends_run = self.handed.finish(end_run=end_run)
+            self.handed.wait_written(deadline)
+        else:
+            ends_run = False
+            self._end_helper(deadline)  # what it did not settle, inner.close() below stores: the time is up
         self.inner.close(_left(deadline))
         self.raise_worker_errors()
+        return ends_run
 
     def raise_worker_errors(self) -> None:
         if self._errors:
@@ -215,7 +255,10 @@ class Handoff:
         self._started_ns = time.time_ns()
         self._given, self._helper_fallback, self._final_state = [], None, False
         try:
-            init = init_message(self.inner, self.preparer, self.exit_budget_s, self.reporter.strict)
+            init = {**init_message(self.inner, self.preparer, self.exit_budget_s, self.reporter.strict),
+                    "hands_over": self.hands_over}
+            run = {**init["run"], "tracking_uri": _outbox.without_credentials(init["run"]["tracking_uri"])}
+            self._job_header = staging.job_header(run, init["preparer"])
             self._proc = HelperProcess(init, self._on_message, self.command)
         except Exception as error:  # noqa: BLE001 - no helper: the in-process path takes over
             self._fail(f"could not start the helper process ({type(error).__name__}: {error})")
@@ -226,8 +269,10 @@ class Handoff:
         self._sent = self._unsettled()
         self._sent.append(job)
         self._given.append(job)
+        message = job.to_message()
+        staging.write_job(job.staged_dir, self._job_header, message, (os.getpid(), self._proc.proc.pid))  # ahead
         self._unaccepted[seq] = time.monotonic()
-        self._proc.send({"op": "cycle", "seq": seq, "job": job.to_message()})
+        self._proc.send({"op": "cycle", "seq": seq, "job": message})
 
     def _unsettled(self) -> list[CycleJob]:
         """Jobs handed to the helper whose staged folder is still there: not delivered nor stored."""
@@ -340,61 +385,6 @@ class Handoff:
         delivered, stored, rejected = self._left.count(wait_s)
         self._done_delivered, self._done_stored, self._done_rejected = (
             self._done_delivered + delivered, self._done_stored + stored, self._done_rejected + rejected)
-
-    # -- messages from the helper (reader thread) ------------------------------------------------
-
-    def _on_message(self, proc: HelperProcess, message: dict) -> None:
-        kind = message.get("type")
-        if kind == "problem":
-            self._forward_problem(message)
-            return
-        if kind == "progress":
-            _log.info("%s", message.get("line", ""))
-            return
-        with self._lock:
-            if proc is not self._proc:
-                return  # a replaced helper's last words
-            if kind == "ready":
-                self.parser, self.helper_pid = message.get("parser"), message.get("pid")
-                self._helper_fallback = message.get("fallback")
-                self._ready = True
-                if self.ready_after_s is None:
-                    self.ready_after_s = time.monotonic() - self._started_at
-            elif kind == "accepted":
-                self._unaccepted.pop(message.get("seq"), None)
-            elif kind in ("state", "reply"):
-                self._take_state(message.get("state") or {})
-                if kind == "reply":
-                    self._replies[message["seq"]] = message
-                    self._final_state = self._final_state or "known" in message  # close's reply
-                    if message.get("known"):
-                        self.preparer.absorb(message["known"])
-            elif kind == "eof":
-                if self._closing or proc is self._retiring:
-                    self._settle_gone(proc)
-                    self._proc = None
-                else:
-                    self._fail(f"the helper process ended (exit code {proc.proc.wait()})")
-            self._cond.notify_all()
-
-    def _take_state(self, state: dict) -> None:
-        if not state:
-            return
-        self._state = state
-        rss = state.get("peak_rss_kb")
-        if rss:
-            self.helper_peak_rss_kb = max(rss, self.helper_peak_rss_kb or 0)
-        run_id = state.get("run_id")
-        if run_id and self.inner.logger.run.run_id is None:
-            self.inner.logger.run = replace(self.inner.logger.run, run_id=run_id)
-
-    def _forward_problem(self, message: dict) -> None:
-        error = remote_error(*message["error"]) if message.get("error") else None
-        try:
-            self.reporter.problem(message.get("kind", "helper"), message.get("message", ""), error)
-        except BaseException as raised:  # noqa: BLE001 - strict mode: raised on the training thread
-            self._errors.append(raised)
-
 
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)

@@ -9,13 +9,15 @@ with orjson by `_trace.summarize`, equal to `extract_cycle(prof.events())` on ev
 retries and the outbox, so the training process keeps its GIL for training. It never imports
 torch: its imports are MLflow's, pandas' and numpy's.
 
-Protocol: JSON lines. Requests on stdin: `init` (first), `cycle`, `flush`, `spill`, `close`. Answers on
+Protocol: JSON lines. Requests on stdin: `init` (first), `cycle`, `flush`, `spill`, `close`, `detach`
+(deliver everything, however long it takes, and exit at EOF; see `handed_over`), `end_run`. Answers on
 the original stdout (fd 1 is pointed at stderr so that nothing else can write there):
 `ready`, `accepted` (a cycle was taken), `reply` (to flush and close, with the state),
 `state` (deliveries, outbox records, the run id), `problem` (for the training process's reporter),
 `progress` (a large upload's progress line, for the training process's log).
 
-The helper never outlives its parent by more than its budget: stdin EOF (the parent closed it or
+Its pipe is read from its first moment, before its imports: training never waits on a full pipe.
+Until it detaches, the helper never outlives its parent by more than its budget: stdin EOF (the parent closed it or
 died) or a parent that went away closes the sender within `exit_budget_s`, and a watchdog ends
 the process if that close itself hangs. An orphan (its parent died) gets longer (ORPHAN_GRACE_S):
 nobody else can store the cycles it holds.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import queue
 import signal
 import sys
 import threading
@@ -39,6 +42,7 @@ EXIT_GRACE_S = 30.0  # on top of the close budget: time to write what is left in
 # and 30 s was not enough to write three small cycles; its watchdog killed it and they were lost.
 ORPHAN_GRACE_S = 600.0
 STATE_POLL_S = 0.05
+DETACHED_BUDGET_S = 600.0  # a detached helper delivers its backlog; what is left then goes to the outbox
 QUEUED_JOBS = 10_000  # jobs the helper's sender may queue before the next goes to the outbox
 # When training and the helper want one core, training gets ~90% of it. Not 19: beside other busy
 # processes (DataLoader workers, a neighbour's job) a helper at 19 got ~1.5% of a core, took minutes
@@ -72,10 +76,15 @@ class ForwardingReporter:
         self.channel = channel
         self.counts: dict[str, int] = {}
 
+    detached = False  # the training process may be gone: problems also go to stderr (its terminal)
+
     def problem(self, kind: str, message: str, error: BaseException | None = None) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         detail = None if error is None else [type(error).__name__, str(error)]
         self.channel.send(type="problem", kind=kind, message=message, error=detail)
+        if self.detached and self.counts[kind] == 1:
+            print(f"mlflow-neuron helper: {message}" + (f" ({detail[0]}: {detail[1]})" if detail else ""),
+                  file=sys.stderr, flush=True)  # fmt: skip
 
 
 class Helper:
@@ -110,11 +119,13 @@ class Helper:
         logger = RunLogger(RunRef(**init["run"]), progress=lambda line: channel.send(type="progress", line=line))
         self.sender = Sender(logger, self.reporter, self.preparer.prepare, background=True, write_ahead=False,
                              **sending)  # fmt: skip
+        self.sender.pace.after_exit = bool(init.get("hands_over"))  # what its "falling behind" warning says
         # What the imports made lives as long as the helper: out of the cycle collector's sight,
         # each cycle's thousands of parsed events no longer make it walk all of MLflow again.
         gc.freeze()
         self.sender.warm()  # the store opens while training runs, not when the first cycle waits
         self._last_state: dict | None = None
+        self.end_run = False  # asked to end the run (FINISHED) after its last cycle
         self._closed = threading.Event()
         self._closing = threading.Lock()
         self._state_thread = threading.Thread(target=self._report_state, name="mlflow-neuron-helper-state",
@@ -143,6 +154,11 @@ class Helper:
         elif op == "flush":
             ok = self._guarded(lambda: self.sender.flush(request.get("timeout")))
             self.channel.send(type="reply", seq=request["seq"], ok=bool(ok), state=self.state())
+        elif op == "detach":  # the profiler's exit does not wait: deliver everything, then exit at EOF
+            self.reporter.detached = True
+            self.exit_budget_s = max(self.exit_budget_s, DETACHED_BUDGET_S)
+        elif op == "end_run":
+            self.end_run = True
         elif op == "close":
             self.close(request.get("timeout"))
             self.channel.send(type="reply", seq=request["seq"], ok=True, state=self.state(),
@@ -159,6 +175,8 @@ class Helper:
             budget = self.exit_budget_s if timeout is None else float(timeout)
             _exit_after(budget + EXIT_GRACE_S, "close", parent=self.parent)
             self._guarded(lambda: self.sender.close(budget))
+            if self.end_run:
+                self._guarded(self.sender.logger.end_run)
             self._closed.set()
         self._state_thread.join(1.0)  # no state older than the reply may follow it
 
@@ -204,18 +222,33 @@ def _exit_after(seconds: float, why: str, parent: int | None = None) -> None:
     threading.Thread(target=watchdog, name="mlflow-neuron-helper-watchdog", daemon=True).start()
 
 
-def _watch_parent(parent: int, helper: Helper) -> None:
-    """Ends the helper when its parent is gone and stdin did not say so (a forked child of the
-    training process, such as a DataLoader worker, still holds the pipe): what it holds is
-    delivered or stored first."""
+def _watch_parent(parent: int, lines: queue.SimpleQueue) -> None:
+    """Closes the helper when its parent is gone and stdin did not say so (a forked child of the
+    training process, such as a DataLoader worker, still holds the pipe): a close request goes in
+    after the requests already read, so the cycles they hand over are delivered or stored first."""
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(1.0)
-        helper.close(None)  # with its own watchdog
-        os._exit(0)
+        lines.put(json.dumps({"op": "close", "seq": 0, "timeout": None}).encode() + b"\n")
 
     threading.Thread(target=watch, name="mlflow-neuron-helper-parent", daemon=True).start()
+
+
+def _read_ahead(fd: int) -> queue.SimpleQueue:
+    """Reads the pipe from now on, whatever the main thread is doing (importing MLflow: seconds), so
+    that the training process never finds it full; b"" at EOF."""
+    from .helper_process import lines_of
+
+    lines: queue.SimpleQueue = queue.SimpleQueue()
+
+    def read() -> None:
+        for line in lines_of(fd):
+            lines.put(line)
+        lines.put(b"")
+
+    threading.Thread(target=read, name="mlflow-neuron-helper-stdin", daemon=True).start()
+    return lines
 
 
 def main() -> int:
@@ -228,11 +261,11 @@ def main() -> int:
     except (AttributeError, OSError):
         pass
     channel = Channel(protocol)
-    stdin = sys.stdin.buffer
+    lines = _read_ahead(sys.stdin.fileno())
     parent = os.getppid()
     helper: Helper | None = None
     while True:
-        line = stdin.readline()
+        line = lines.get()
         if not line:  # EOF: the parent closed the pipe, or died
             if helper is not None:
                 helper.close(None)
@@ -245,7 +278,7 @@ def main() -> int:
                 from .outbox import fallback_folder
 
                 helper = Helper(request, channel)
-                _watch_parent(parent, helper)
+                _watch_parent(parent, lines)
                 channel.send(type="ready", pid=os.getpid(), parser=PARSER, fallback=str(fallback_folder()))
                 continue
             if helper is None:

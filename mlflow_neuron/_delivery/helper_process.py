@@ -13,6 +13,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -40,6 +41,7 @@ class HelperProcess:
             list(command or HELPER_COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
         )  # fmt: skip
         self._outgoing: queue.Queue[bytes | None] = queue.Queue()
+        self._input_ended = False
         self._on_message = on_message
         self.send(init)
         threading.Thread(target=self._write, name="mlflow-neuron-handoff-writer", daemon=True).start()
@@ -50,10 +52,22 @@ class HelperProcess:
         return self.proc.poll() is None
 
     def send(self, message: dict) -> None:
-        self._outgoing.put((json.dumps(message) + "\n").encode())
+        if not self._input_ended:  # after the end, nobody would write it
+            self._outgoing.put((json.dumps(message) + "\n").encode())
 
     def end_input(self) -> None:
-        self._outgoing.put(None)
+        if not self._input_ended:
+            self._input_ended = True
+            self._outgoing.put(None)
+
+    def wait_written(self, timeout: float | None = None) -> bool:
+        """Waits until every message so far is in the pipe (or the helper is gone); False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._outgoing.unfinished_tasks and self.alive:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+        return True
 
     def kill(self) -> None:
         try:
@@ -74,15 +88,30 @@ class HelperProcess:
                 stdin.flush()
             except (OSError, ValueError):
                 return  # the helper is gone: the reader reports it
+            finally:
+                self._outgoing.task_done()
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
+        for line in lines_of(self.proc.stdout.fileno()):
             try:
                 message = json.loads(line)
             except ValueError:
                 continue
             self._on_message(self, message)
         self._on_message(self, {"type": "eof"})
+
+
+def lines_of(fd: int):
+    """The lines read from `fd` until EOF, by raw reads. A daemon thread blocked in a buffered
+    file's read holds that file's lock, and the interpreter's exit then waits for it (until the
+    other end closes: for a helper that delivers after training's exit, seconds) or aborts."""
+    rest = b""
+    while chunk := os.read(fd, 1 << 16):
+        *complete, rest = (rest + chunk).split(b"\n")
+        for line in complete:
+            yield line + b"\n"
+    if rest:
+        yield rest
 
 
 def init_message(sender, preparer, exit_budget_s: float, strict: bool = False) -> dict:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import outbox as _outbox
+from . import staging
 
 
 def records_of(pid: int, started_ns: int,
@@ -56,7 +57,7 @@ def settle_jobs(given: Iterable, recorded_steps: set) -> int:
     given = list(given)
     for job in given:
         if job.staged_dir.exists() and job.step in recorded_steps:
-            shutil.rmtree(job.staged_dir, ignore_errors=True)
+            staging.discard(job.staged_dir)
     return sum(not job.staged_dir.exists() for job in given)
 
 

@@ -151,7 +151,7 @@ def abandoned_partials(folder: str | os.PathLike) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(PARTIAL)
-                  and p.is_dir() and not _alive(_writer_pid(p.name)))  # fmt: skip
+                  and p.is_dir() and not alive(_writer_pid(p.name)))  # fmt: skip
 
 
 def finish_partial(partial: Path) -> Path:
@@ -333,7 +333,7 @@ def _writer_pid(partial_name: str) -> int | None:
         return None
 
 
-def _alive(pid: int | None) -> bool:
+def alive(pid: int | None) -> bool:
     if pid is None:
         return False
     try:

@@ -26,6 +26,7 @@ class Pace:
         self._deliveries: deque[tuple[int, float]] = deque(maxlen=DELIVERIES)  # (cycles, seconds)
         self._first = True
         self.busy_s = 0.0  # all the time spent delivering (cycles/s = delivered / busy_s)
+        self.after_exit = False  # the helper delivers after the exit (`deliver_after_exit`): nothing waits
 
     def arrived(self, step: int) -> None:
         self._arrivals.append((time.monotonic(), step))
@@ -55,10 +56,13 @@ class Pace:
         (_, first), (_, last) = self._arrivals[0], self._arrivals[-1]
         every = max((last - first) / (len(self._arrivals) - 1), 1.0)  # steps from one cycle to the next
         needed = math.ceil(every * rate_in / rate_out * HEADROOM)
+        later = (f"the helper would go on delivering them for about {waiting / rate_out:.1f} s after training "
+                 "ends (the exit does not wait; wait_delivered() does)") if self.after_exit else (
+                 f"the profiler's exit would wait about {waiting / rate_out:.1f} s for them (at most "
+                 "flush_timeout_s; the rest goes to the outbox)")  # fmt: skip
         return (
             f"profiler cycles arrive faster than they are delivered: {rate_in:.1f} cycles/s in, "
-            f"{rate_out:.1f} out; {waiting} are waiting, so the profiler's exit would wait about "
-            f"{waiting / rate_out:.1f} s for them (at most flush_timeout_s; the rest goes to the outbox). "
+            f"{rate_out:.1f} out; {waiting} are waiting, so {later}. "
             f"Profile less often: a cycle comes every {every:g} steps; with schedule(wait=...) "
             f"{needed - every:g} steps longer (a cycle every {needed} steps) delivery keeps up"
         )

@@ -19,7 +19,6 @@ where `mlflow-neuron sync` leaves it unless asked (`--retry-rejected`).
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections import deque
@@ -28,6 +27,7 @@ from pathlib import Path
 from collections.abc import Callable
 
 from . import outbox as _outbox
+from . import staging
 from .failures import is_permanent, reason
 from .http_budget import remember_retry_after, retry_after_s
 from .job import CycleJob
@@ -395,4 +395,4 @@ class Sender:
 
 
 def _cleanup(job: CycleJob) -> None:
-    shutil.rmtree(job.staged_dir, ignore_errors=True)
+    staging.discard(job.staged_dir)

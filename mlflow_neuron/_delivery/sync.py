@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from . import locks, outbox
+from . import locks, outbox, staging
 from .failures import is_permanent, is_unreachable, reason
 from .files import human_size, sent_files
 from .model import Delivery, RunRef
@@ -182,6 +182,16 @@ def _tidy(folder: str, result: SyncResult, out) -> None:
         else:
             print(f"{placed.name}: written whole by a process that ended before putting it in place; "
                   "put in place", file=out, flush=True)  # fmt: skip
+    for job_folder in staging.abandoned(folder):
+        try:
+            placed = staging.finish(job_folder, _Notes(out, job_folder.name))
+        except (OSError, ValueError) as unfinished:
+            why = f"a cycle staged for a helper that ended, which could not be prepared: {unfinished}"
+            _set_aside(result, job_folder.name, why, outbox.set_aside(job_folder, why, into=outbox.DAMAGED), out)
+            continue
+        if placed is not None:
+            print(f"{job_folder.name}: staged for a helper that ended before delivering it; prepared as "
+                  f"{placed.name}", file=out, flush=True)  # fmt: skip
     for stray in outbox.not_records(folder):
         why = "it has no record.json"
         _set_aside(result, stray.name, why, outbox.set_aside(stray, why, into=outbox.DAMAGED), out)
@@ -190,6 +200,18 @@ def _tidy(folder: str, result: SyncResult, out) -> None:
 def _set_aside(result: SyncResult, name: str, why: str, moved: Path, out) -> None:
     result.damaged += 1
     print(f"{name}: damaged, not sent: {why}; set aside in {moved.parent}", file=out, flush=True)
+
+
+class _Notes:
+    """The reporter of a staged cycle prepared here: its problems are printed under its name."""
+
+    strict = False
+
+    def __init__(self, out, name: str) -> None:
+        self.out, self.name = out, name
+
+    def problem(self, kind: str, message: str, error: BaseException | None = None) -> None:
+        print(f"{self.name}: {message}" + (f" ({error})" if error else ""), file=self.out, flush=True)
 
 
 class _Loggers:

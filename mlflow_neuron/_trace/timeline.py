@@ -7,11 +7,10 @@ exactly (the outbox keeps it as `timeline.json`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .json_text import compact
+from .json_text import compact, parse
 
 CYCLE, STEP, OP, STREAM, KERNEL, SUMMARY = "cycle", "step", "op", "stream", "kernel", "summary"
 DEFAULT_MAX_SPANS = 2000
@@ -54,7 +53,7 @@ class Timeline:
 
     @classmethod
     def from_json(cls, text: str) -> Timeline:
-        data = json.loads(text)
+        data = parse(text)
         spans = tuple(TimelineSpan(**s) for s in data.pop("spans"))
         return cls(spans=spans, **data)
 
