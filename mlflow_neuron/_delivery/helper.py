@@ -76,13 +76,14 @@ class ForwardingReporter:
         self.channel = channel
         self.counts: dict[str, int] = {}
 
-    detached = False  # the training process may be gone: problems also go to stderr (its terminal)
+    detached = False  # let go at the exit: once the training process is gone, problems go to stderr
+    parent: int | None = None
 
     def problem(self, kind: str, message: str, error: BaseException | None = None) -> None:
         self.counts[kind] = self.counts.get(kind, 0) + 1
         detail = None if error is None else [type(error).__name__, str(error)]
         self.channel.send(type="problem", kind=kind, message=message, error=detail)
-        if self.detached and self.counts[kind] == 1:
+        if self.detached and self.counts[kind] == 1 and os.getppid() != self.parent:
             print(f"mlflow-neuron helper: {message}" + (f" ({detail[0]}: {detail[1]})" if detail else ""),
                   file=sys.stderr, flush=True)  # fmt: skip
 
@@ -102,7 +103,7 @@ class Helper:
         self.reporter = ForwardingReporter(channel)
         self.reporter.strict = bool(init.get("strict"))  # it never raises: the training process does
         self.exit_budget_s = float(init.get("exit_budget_s", 10.0))
-        self.parent = os.getppid()  # the training process; another parent means it died
+        self.parent = self.reporter.parent = os.getppid()  # the training process; another parent: it ended
         settings = dict(init["preparer"])
         known = settings.pop("known", {})
         self.preparer = Preparer(self.reporter, **settings)
