@@ -62,7 +62,7 @@ class MLflowProfilerCallback:
     The training process only saves the cycle's trace (Kineto's C++ writer, as
     ``tensorboard_trace_handler`` does); a helper process parses it, writes the files and talks to
     MLflow. Cycles the server does not take are kept in a local outbox for ``mlflow-neuron sync``.
-    Pending work is flushed when the profiler stops and at exit.
+    The helper delivers what is queued after the exit (``deliver_after_exit``; ``wait_delivered()``).
 
     Args:
         *handlers: other ``on_trace_ready`` handlers (``NeuronProfiler.export_trace``,
