@@ -176,3 +176,11 @@ def test_against_a_dead_server_the_exit_does_not_wait_and_the_helper_keeps_every
         assert callback.wait_delivered(300)
     assert job_folders(outbox) == []
     assert len(_outbox.pending(outbox)) == 2  # each kept as a record for `mlflow-neuron sync`
+
+
+def test_a_bad_setting_is_refused_when_the_callback_is_created(tracking_uri, monkeypatch):
+    with pytest.raises(TypeError, match="deliver_after_exit must be True, False or None; got 'yes'"):
+        MLflowProfilerCallback(deliver_after_exit="yes")
+    monkeypatch.setenv("MLFLOW_NEURON_DELIVER_AFTER_EXIT", "later")
+    with pytest.raises(ValueError, match="MLFLOW_NEURON_DELIVER_AFTER_EXIT must be 1 or 0"):
+        MLflowProfilerCallback()

@@ -137,7 +137,7 @@ class MLflowProfilerCallback:
         peaks: str | os.PathLike | dict | None = None,
         deliver_after_exit: bool | None = None,
     ) -> None:
-        _validate(handlers, process, profile_output_dir, timeline_max_spans, top_k=top_k,
+        _validate(handlers, process, profile_output_dir, timeline_max_spans, deliver_after_exit, top_k=top_k,
                   max_file_bytes=max_file_bytes, max_pending=max_pending, retries=retries)  # fmt: skip
         self.handlers = handlers
         self.flush_timeout_s = flush_timeout_s
@@ -298,13 +298,21 @@ def _close_at_exit(ref: weakref.ref) -> None:
 
 
 def _delivers_after_exit(setting: bool | None) -> bool:
+    """The argument, else the environment variable, else True; a value that is neither is refused."""
     if setting is not None:
-        return bool(setting)
-    return os.environ.get(DELIVER_AFTER_EXIT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+        if not isinstance(setting, bool):
+            raise TypeError(f"deliver_after_exit must be True, False or None; got {setting!r}")
+        return setting
+    value = os.environ.get(DELIVER_AFTER_EXIT_ENV, "1").strip().lower()
+    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        raise ValueError(f"{DELIVER_AFTER_EXIT_ENV} must be 1 or 0 (true/false, yes/no, on/off); got {value!r}")
+    return value in ("1", "true", "yes", "on")
 
 
-def _validate(handlers: tuple, process: str, profile_output_dir: Any, timeline_max_spans: Any, **counts: Any) -> None:
+def _validate(handlers: tuple, process: str, profile_output_dir: Any, timeline_max_spans: Any, after_exit: Any,
+              **counts: Any) -> None:  # fmt: skip
     """Bad settings are refused at construction, with what is allowed."""
+    _delivers_after_exit(after_exit)
     for handler in handlers:
         if not callable(handler):
             raise TypeError(
