@@ -100,12 +100,18 @@ def interleaved(
 
 def _close(client: MlflowClient, callbacks: dict, run_ids: dict, failed: dict) -> None:
     """Closes every variant's callback, waits until their cycles are in (the runs are compared next;
-    a helper delivers after the exit), and ends each run."""
+    a helper delivers after the exit), at most `flush_timeout_s` each as before, and ends each run."""
     for callback in callbacks.values():
         callback.close()
+    late = []
     for name, callback in callbacks.items():
-        callback.wait_delivered()
+        if not callback.wait_delivered(callback.flush_timeout_s):
+            late.append(name)
         client.set_terminated(run_ids[name], "FAILED" if name in failed else "FINISHED")
+    for name in late:  # said once the runs are ended (strict mode raises)
+        budget = callbacks[name].flush_timeout_s
+        callbacks[name].reporter.problem("flush", f"variant {name!r}: not every cycle was in MLflow within "
+                                         f"flush_timeout_s={budget:g} s; its helper goes on delivering them")
 
 
 @dataclass
