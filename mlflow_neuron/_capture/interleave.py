@@ -99,14 +99,12 @@ def interleaved(
 
 
 def _close(client: MlflowClient, callbacks: dict, run_ids: dict, failed: dict) -> None:
-    """Closes every variant's callback, waits until their cycles are in (the runs are compared next;
-    a helper delivers after the exit), at most `flush_timeout_s` each as before, and ends each run."""
-    for callback in callbacks.values():
-        callback.close()
-    late = []
+    """Waits for each variant's cycles (the runs are compared next) within `flush_timeout_s`, as the
+    waiting exit did: `flush` sends a still-starting helper's cycles from here after 5 s, where a
+    helper let go at `close` would deliver them whenever it got going. Then closes and ends each run."""
+    late = [name for name, callback in callbacks.items() if not callback.flush(callback.flush_timeout_s)]
     for name, callback in callbacks.items():
-        if not callback.wait_delivered(callback.flush_timeout_s):
-            late.append(name)
+        callback.close()
         client.set_terminated(run_ids[name], "FAILED" if name in failed else "FINISHED")
     for name in late:  # said once the runs are ended (strict mode raises)
         budget = callbacks[name].flush_timeout_s
