@@ -45,36 +45,30 @@ class ShutdownBudget:
 
 def flush_at_stop(sender: Any, budget: ShutdownBudget, reporter: Any) -> float:
     """Waits for pending cycles for what is left of the budget; the rest goes to the outbox. Then
-    the helper process, if any, ends: its profile is over. Returns the seconds this stop waited
-    (logged at INFO level: what the profiler's exit cost the user)."""
+    the helper process, if any, ends: its profile is over. With `hands_over` the helper goes on
+    instead (the next profile's cycles go to it too; `close()` lets it go), and only the cycles read
+    in this process, if any, are waited for. Returns the seconds this stop waited (logged at INFO
+    level: what the profiler's exit cost the user)."""
     started, pending = time.monotonic(), sender.pending
-    if isinstance(sender, Handoff) and sender.hands_over:  # the helper goes on; close() lets it go
-        with budget.spending():
-            try:
-                if not sender.inner.flush(budget.left()):  # cycles read in this process, if any
-                    sender.inner.spill(f"it was not sent within flush_timeout_s={budget.seconds:g} s")
-            except Exception as error:  # noqa: BLE001
-                reporter.problem("flush", "a pending cycle failed", error)
-        waited = time.monotonic() - started
-        _log.info("mlflow-neuron: the profiler's stop waited %.2f s; the helper goes on delivering %d cycle(s)",
-                  waited, sender.pending)  # fmt: skip
-        return waited
+    helper = sender if isinstance(sender, Handoff) else None
+    waited_for = helper.inner if helper is not None and helper.hands_over else sender
     with budget.spending():
         try:
-            flushed = sender.flush(budget.left())
+            flushed = waited_for.flush(budget.left())
         except Exception as error:  # noqa: BLE001
             reporter.problem("flush", "a pending cycle failed", error)
             flushed = False
     try:
         if not flushed:
-            sender.spill(f"it was not sent within flush_timeout_s={budget.seconds:g} s")
-        if isinstance(sender, Handoff):
+            waited_for.spill(f"it was not sent within flush_timeout_s={budget.seconds:g} s")
+        if helper is not None and not helper.hands_over:
             with budget.spending():
-                sender.retire(budget.left())
+                helper.retire(budget.left())
     except Exception as error:  # noqa: BLE001
         reporter.problem("flush", "could not store pending cycles in the outbox", error)
     waited = time.monotonic() - started
-    _log.info("mlflow-neuron: the profiler's stop waited %.2f s (%d cycle(s) were pending)", waited, pending)
+    _log.info("mlflow-neuron: the profiler's stop waited %.2f s (%d cycle(s) were pending%s)", waited, pending,
+              "; the helper goes on delivering them" if waited_for is not sender else "")  # fmt: skip
     return waited
 
 

@@ -2,8 +2,9 @@
 
 With `deliver_after_exit`, a profile's stop leaves the helper running (the next profile's cycles go
 to it too), and the callback's `close()` tells it to `detach`: it delivers what it holds with no
-shutdown budget of the training process's, whatever the training process does next, and exits. Each of its cycles is staged with its job in the outbox (`staging`): a helper killed
-meanwhile leaves them to `mlflow-neuron sync`. So the exit waits only until the pipe carried the
+shutdown budget of the training process's, whatever the training process does next, and exits.
+Each of its cycles is staged with its job in the outbox (`staging`): a helper killed meanwhile
+leaves them to `mlflow-neuron sync`. So the exit waits only until the pipe carried the
 last messages to the helper (milliseconds: the helper reads its pipe from its first moment).
 """
 
@@ -49,7 +50,7 @@ class HandedOver:
         """Waits until every message reached their pipes (the training process may exit then)."""
         with self._lock:
             procs = self._procs + self._finished
-        return all(p.wait_written(_left(deadline)) for p in procs)
+        return all(p.wait_written(seconds_left(deadline)) for p in procs)
 
     def wait_exited(self, timeout: float | None = None) -> bool:
         """Waits until they delivered what they held and exited; False if `timeout` ran out first."""
@@ -58,7 +59,7 @@ class HandedOver:
             procs = self._procs + self._finished
         for proc in procs:
             try:
-                proc.proc.wait(_left(deadline))
+                proc.proc.wait(seconds_left(deadline))
             except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired
                 return False
         return True
@@ -68,5 +69,6 @@ class HandedOver:
             return tuple(p.proc.pid for p in self._procs + self._finished if p.alive)
 
 
-def _left(deadline: float | None) -> float | None:
+def seconds_left(deadline: float | None) -> float | None:
+    """Seconds until a monotonic `deadline` (never below 0); None without one."""
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)

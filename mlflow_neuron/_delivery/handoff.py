@@ -33,6 +33,7 @@ from typing import Any
 from . import outbox as _outbox
 from . import staging
 from .handed_over import HandedOver
+from .handed_over import seconds_left as _left
 from .helper_messages import HelperMessages
 from .helper_process import HelperProcess, init_message
 from .helper_records import LeftBehind, LeftBehinds
@@ -196,21 +197,6 @@ class Handoff(HelperMessages):
         """Where a cycle for the helper is staged: a job folder in the outbox (`staging`)."""
         return staging.new_staged_folder(self.inner.outbox)
 
-    def hand_over(self, timeout: float | None) -> bool:
-        """Lets the helper deliver what it holds after the exit (`handed_over`); waits only until its
-        pipe took the last messages, and for the in-process sender. False: time ran out."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            proc, self._proc = self._proc, None
-            if proc is not None:
-                self.handed.add(proc, len(self._unsettled()))
-                self._done_delivered += self._state.get("delivered", 0)
-                self._done_busy_s += self._state.get("busy_s", 0.0)
-                self._sent, self._given, self._state, self._ready = [], [], {}, False
-                self._unaccepted.clear()
-        written = self.handed.wait_written(deadline)
-        return self.inner.flush(_left(deadline)) and written
-
     def wait_delivered(self, timeout: float | None = None) -> bool:
         """Waits until the helpers let go at an exit delivered what they held and ended."""
         return self.handed.wait_exited(timeout)
@@ -226,8 +212,14 @@ class Handoff(HelperMessages):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._closing = True
-        if self.hands_over:
-            self.hand_over(_left(deadline))
+        if self.hands_over:  # it delivers what it holds after the exit (`handed_over`)
+            with self._lock:
+                proc, self._proc = self._proc, None
+                if proc is not None:
+                    self.handed.add(proc, len(self._unsettled()))
+                    self._absorb_state()  # what it did so far; the rest it does unseen
+                    self._sent, self._given, self._state, self._ready = [], [], {}, False
+                    self._unaccepted.clear()
             ends_run = self.handed.finish(end_run=end_run)
             self.handed.wait_written(deadline)
         else:
@@ -328,18 +320,24 @@ class Handoff(HelperMessages):
 
     def _settle_gone(self, proc: HelperProcess, exit_wait_s: float = 1.0) -> None:
         """Counts what a gone helper delivered and stored (without its final state: `helper_records`)."""
-        stored = {Path(p) for p in self._state.get("stored", ()) if Path(p).exists()}
-        rejected = {Path(p) for p in self._state.get("rejected", ()) if Path(p).exists()}
-        delivered = self._state.get("delivered", 0)
-        self._done_delivered += delivered
-        self._done_busy_s += self._state.get("busy_s", 0.0)
-        self._done_stored, self._done_rejected = self._done_stored + sorted(stored), self._done_rejected + sorted(rejected)
+        stored, rejected, delivered = self._absorb_state()
         if not self._final_state:
             self._left.add(LeftBehind(proc, self._given, self._started_ns, self._outboxes(), (stored, rejected, delivered)))
             self._count_left(exit_wait_s)
         self._given, self._final_state, self._state, self._ready = [], False, {}, False
         self._unaccepted.clear()
         self._cond.notify_all()
+
+    def _absorb_state(self) -> tuple[set[Path], set[Path], int]:
+        """Adds the current helper's last state (cycles delivered, busy time, records it stored or
+        set aside) to the totals of helpers that are gone or let go; returns those records and count."""
+        stored = {Path(p) for p in self._state.get("stored", ()) if Path(p).exists()}
+        rejected = {Path(p) for p in self._state.get("rejected", ()) if Path(p).exists()}
+        delivered = self._state.get("delivered", 0)
+        self._done_delivered += delivered
+        self._done_busy_s += self._state.get("busy_s", 0.0)
+        self._done_stored, self._done_rejected = self._done_stored + sorted(stored), self._done_rejected + sorted(rejected)
+        return stored, rejected, delivered
 
     def _request(self, op: str, deadline: float | None) -> bool:
         """Sends flush or close to the helper; waits for its answer until `deadline`."""
@@ -385,6 +383,3 @@ class Handoff(HelperMessages):
         delivered, stored, rejected = self._left.count(wait_s)
         self._done_delivered, self._done_stored, self._done_rejected = (
             self._done_delivered + delivered, self._done_stored + stored, self._done_rejected + rejected)
-
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
