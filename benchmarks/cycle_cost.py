@@ -14,6 +14,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import mlflow
 import torch
@@ -21,6 +22,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from mlflow_neuron import MLflowProfilerCallback
+from mlflow_neuron._delivery import mlflow_io
 
 
 class Timed:
@@ -121,10 +123,12 @@ def main(argv: list[str] | None = None) -> None:
             callback_ms, events = measure(make(), callback, args.cycles)
             callback.close()
         with mlflow.start_run(run_name=name) as run:  # MLflow's requests are counted in this process
-            callback = MLflowProfilerCallback(run_id=run.info.run_id, strict=True, process="inline")
-            counting = callback._sender.logger.client = CountingClient(callback._sender.logger.client)
-            inline_ms, _ = measure(make(), callback, args.cycles)
-            callback.flush()
+            counting = CountingClient(mlflow.MlflowClient())
+            # The drain makes its RunLogger at the first delivery: it gets the counting client.
+            with mock.patch.object(mlflow_io, "MlflowClient", lambda uri=None: counting):
+                callback = MLflowProfilerCallback(run_id=run.info.run_id, strict=True, process="inline")
+                inline_ms, _ = measure(make(), callback, args.cycles)
+                callback.flush()
         counter = iter(range(10**6))
         export_ms, _ = measure(make(), lambda prof: prof.export_chrome_trace(str(work / f"t{next(counter)}.json")), args.cycles)
         raw_kb = statistics.median(p.stat().st_size for p in work.glob("t*.json")) / 1024

@@ -1,4 +1,5 @@
-"""The fault matrix: each fault of tests/test_fault_matrix.py and tests/test_sync_faults.py (against
+"""The fault matrix: each fault of tests/test_fault_matrix.py, tests/test_sync_faults.py and
+tests/test_end_of_script.py (containers, pipes, kills, ranks sharing an outbox) (against
 a real `mlflow server`, or a sqlite store where the network plays no part), one row per fault:
 cycles produced, delivered once, kept on the way (held in an outbox folder before a sync), lost
 (counted in a warning), and duplicates.
@@ -19,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ["tests/test_fault_matrix.py", "tests/test_sync_faults.py"]
+MODULES = ["tests/test_fault_matrix.py", "tests/test_sync_faults.py", "tests/test_end_of_script.py"]
 
 
 def main() -> int:

@@ -50,7 +50,7 @@ callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=sys.ar
 started = time.perf_counter()
 ready = callback.start_helper(300)
 elapsed = time.perf_counter() - started
-pid = callback._sender.helper_pid
+pid = callback._producer.helper.helper_pid
 status = open(f"/proc/{pid}/status").read()
 rss_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
 maps = open(f"/proc/{pid}/maps").read()

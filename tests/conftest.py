@@ -20,11 +20,6 @@ ROOT = TESTS.parent
 DOUBLES = TESTS / "doubles"
 
 
-# Most tests read MLflow right after the profiler's exit, so the exit waits for every cycle there
-# (the old default). tests/test_after_exit.py checks the default, where the helper delivers later.
-os.environ["MLFLOW_NEURON_DELIVER_AFTER_EXIT"] = "0"
-
-
 @pytest.fixture(autouse=True)
 def isolated_mlflow_state(monkeypatch):
     """`mlflow.set_experiment()` writes MLFLOW_EXPERIMENT_ID into os.environ and a module global;

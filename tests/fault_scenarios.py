@@ -36,7 +36,6 @@ class Outcome:
     kept_in_outbox: int
     present_after_sync: int
     duplicated: int
-    helper_jobs: int  # cycles handed to the helper process
 
 
 @contextmanager
@@ -72,8 +71,7 @@ def _finish(name, server, run_id, callback, steps, expected_steps, outboxes) -> 
         for outbox in outboxes:
             sync(str(outbox), server.uri, out=io.StringIO())
     present, duplicated = count_cycles(MlflowClient(server.uri), run_id, expected_steps)
-    helper_jobs = getattr(callback._sender, "jobs_sent", 0)
-    return Outcome(name, steps, callback.cycles_read, callback.cycles_logged, kept, present, duplicated, helper_jobs)
+    return Outcome(name, steps, callback.cycles_read, callback.cycles_logged, kept, present, duplicated)
 
 
 def new_callback(helper: bool, **options) -> MLflowProfilerCallback:

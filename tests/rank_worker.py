@@ -50,7 +50,6 @@ def main() -> None:
     print(json.dumps({
         "rank": callback.rank.rank, "steps": steps, "run_id": callback.run_id, "cycles_read": callback.cycles_read,
         "delivered": callback.cycles_logged, "kept": [str(p) for p in callback.outbox_records],
-        "helper_jobs": getattr(callback._sender, "jobs_sent", 0),
     }))  # fmt: skip
     if args.dist_port:
         dist.destroy_process_group()

@@ -129,7 +129,7 @@ def test_an_mlflow_failure_never_reaches_the_training_loop(tracking_uri, tmp_pat
     # A run that does not exist is a refusal no retry can change: set aside, not retried.
     assert callback.cycles_logged == 0 and callback.reporter.counts == {"rejected": 2, "rejected_summary": 1}
     assert callback.outbox_records == []
-    assert [p.parent for p in callback._sender.rejected] == [tmp_path / "mlflow-neuron-outbox" / "rejected"] * 2
+    assert [p.parent for p in callback._producer.rejected] == [tmp_path / "mlflow-neuron-outbox" / "rejected"] * 2
 
 
 def test_strict_mode_raises_out_of_the_step(tmp_path):

@@ -28,7 +28,6 @@ def helper(request):
 
 
 def assert_nothing_lost(outcome, cycles, helper):
-    assert outcome.helper_jobs == (cycles if helper else 0)  # each cycle went the path under test
     assert outcome.steps_completed == 4 * cycles  # the training loop ran to the end
     assert outcome.cycles_sent == cycles
     assert outcome.present_after_sync == cycles

@@ -85,8 +85,6 @@ def test_each_cycle_logs_the_host_at_its_step_and_in_its_step_totals(tracking_ur
             assert callback.start_helper(READY_S), "the helper did not start"
         profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
         callback.close()
-    if process == "helper":
-        assert callback._sender.jobs_sent == 2  # both cycles went through the helper process
     client = MlflowClient()
     values = host_metrics(client, run.info.run_id)
     assert_sane(values, [4, 8])

@@ -96,7 +96,6 @@ def test_bad_settings_are_refused_before_anything_is_created(tracking_uri, kwarg
 
 def test_with_the_helper_delivering_after_the_exit_every_cycle_is_in_when_interleaved_returns(tracking_uri,
                                                                                           monkeypatch):
-    monkeypatch.setenv("MLFLOW_NEURON_DELIVER_AFTER_EXIT", "1")  # the default a user has (conftest turns it off)
     calls = []
     with mlflow.start_run(run_name="parent"):
         runs = interleaved({name: recording(calls, name) for name in ("a", "b")}, cycles=2, wait=WAIT,

@@ -87,7 +87,7 @@ def test_memory_for_pending_cycles_is_bounded(dead_server, tmp_path):
     )
     seen = []
     with pytest.warns(MLflowNeuronWarning):
-        profile_rmsnorm(lambda prof: (callback(prof), seen.append(callback._sender.pending)),
+        profile_rmsnorm(lambda prof: (callback(prof), seen.append(callback._producer.pending)),
                         steps=20, wait=1, warmup=1, active=2)
         callback.close(timeout=0)
     assert max(seen) <= 1

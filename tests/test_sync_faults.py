@@ -22,7 +22,7 @@ from servers import MlflowServer
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._delivery import locks
+from mlflow_neuron._delivery import entries
 from mlflow_neuron._delivery import outbox as _outbox
 from mlflow_neuron._delivery.failures import is_permanent
 from mlflow_neuron.cli import main as cli_main
@@ -97,7 +97,7 @@ def test_two_syncs_started_together_deliver_each_cycle_once(server, tmp_path, ex
     assert codes in ([EXIT_OK, EXIT_OK], [EXIT_OK, EXIT_BUSY]), results  # the second waits its turn or says so
     for code, _, err in results:
         if code == EXIT_BUSY:
-            assert "another sync (pid " in err and "is delivering the outbox" in err, err
+            assert "another process (pid " in err and "is delivering the outbox" in err, err
     assert _outbox.pending(outbox) == [] and _outbox.rejected(outbox) == [] and _outbox.damaged(outbox) == []
     [(run_id, steps)] = cycles_in(client, experiment).items()  # one run, each cycle once
     assert steps == STEPS
@@ -109,10 +109,14 @@ def test_two_syncs_started_together_deliver_each_cycle_once(server, tmp_path, ex
 def test_a_sync_finding_the_outbox_locked_says_by_whom_and_changes_nothing(sync_store, tmp_path, capsys):
     outbox = offline_records(tmp_path)
     before = _outbox.pending(outbox)
-    with locks.sync_lock(outbox):
+    held = entries.lock_file(outbox / entries.CONSUMER_LOCK, blocking=False)  # as a helper or a sync holds it
+    entries.mark_holder(held)
+    try:
         assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == EXIT_BUSY
+    finally:
+        held.release()
     err = capsys.readouterr().err
-    assert f"another sync (pid {os.getpid()}) is delivering the outbox {outbox}" in err
+    assert f"another process (pid {os.getpid()}) is delivering the outbox {outbox}" in err
     assert _outbox.pending(outbox) == before
     assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == EXIT_OK  # released
 
@@ -120,9 +124,12 @@ def test_a_sync_finding_the_outbox_locked_says_by_whom_and_changes_nothing(sync_
 def test_a_record_another_process_is_sending_is_left_to_it(sync_store, tmp_path, capsys):
     outbox = offline_records(tmp_path)
     held = _outbox.pending(outbox)[1]
-    with locks.record_lock(held) as state:
-        assert state == locks.HELD
+    claim = entries.try_claim(held)
+    assert claim is not None
+    try:
         assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == EXIT_FAILED
+    finally:
+        claim.release()
     out = capsys.readouterr().out
     assert f"{held.name}: kept, another process is sending it" in out
     assert _outbox.pending(outbox) == [held]  # untouched: its sender settles it

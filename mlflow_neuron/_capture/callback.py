@@ -19,12 +19,11 @@ from typing import Any
 
 import torch
 
-from .._delivery.outbox import DEFAULT_OUTBOX
-from .._delivery.handoff import Handoff
+from .._delivery import entries
 from .._delivery.mlflow_io import RunLogger, current_run_ref
-from .._delivery.prepare import Preparer
+from .._delivery.outbox import DEFAULT_OUTBOX
+from .._delivery.producer import Producer
 from .._delivery.report import Reporter
-from .._delivery.sender import Sender
 from .._delivery.system_metrics import start_if_enabled
 from .._trace.peaks import PEAKS_ENV, load_peak
 from .._trace.profile import CycleProfile
@@ -36,7 +35,6 @@ from .reader import CycleReader
 
 DEFAULT_MAX_FILE_BYTES = None  # no cap: NTFFs of gigabytes are streamed (see _delivery/uploads.py)
 PROCESSES = ("helper", "inline")
-DELIVER_AFTER_EXIT_ENV = "MLFLOW_NEURON_DELIVER_AFTER_EXIT"
 
 
 class MLflowProfilerCallback:
@@ -59,10 +57,11 @@ class MLflowProfilerCallback:
 
     On Trainium, pass the Neuron exporter first: ``MLflowProfilerCallback(exporter.export_trace)``.
 
-    The training process only saves the cycle's trace (Kineto's C++ writer, as
+    The training process only saves the cycle's trace into the outbox (Kineto's C++ writer, as
     ``tensorboard_trace_handler`` does); a helper process parses it, writes the files and talks to
-    MLflow. Cycles the server does not take are kept in a local outbox for ``mlflow-neuron sync``.
-    The helper delivers what is queued after the exit (``deliver_after_exit``; ``wait_delivered()``).
+    MLflow. ``close()`` (also called at interpreter exit) waits, within ``flush_timeout_s``, until
+    every cycle is in MLflow, delivering from the training process too; what is left stays in the
+    outbox, and one warning gives the ``mlflow-neuron sync`` command that sends it.
 
     Args:
         *handlers: other ``on_trace_ready`` handlers (``NeuronProfiler.export_trace``,
@@ -78,13 +77,14 @@ class MLflowProfilerCallback:
             (default None: every file is uploaded, streamed, whatever its size).
         export_trace: export the framework trace when no handler or Neuron session provides one.
         all_ranks: also log every rank's metrics as ``profiler/rank_<r>/...`` (default: rank 0's).
-        background: send from a background thread (False: on the training thread, for debugging).
-        outbox: where unsent cycles are kept (default ``./mlflow-neuron-outbox``).
-        max_pending: cycles that may wait in memory before the next goes to the outbox.
+        background: deliver off the training thread (False: on it, at each cycle, for debugging).
+        outbox: the queue every cycle goes through, kept on disk (default ``./mlflow-neuron-outbox``);
+            what is not delivered by the end stays there for ``mlflow-neuron sync``.
+        max_pending: accepted for compatibility; cycles wait on disk, not in memory.
         retries, retry_wait_s: attempts after the first, and the first backoff (doubling).
         flush_timeout_s: one time budget, from the end of the loop to process exit, shared by
-            profiler stop, ``close()`` and interpreter exit; what is not sent within it goes to the
-            outbox.
+            profiler stop, ``close()`` and interpreter exit; what is not delivered within it stays in
+            the outbox, named in one warning.
         strict: re-raise errors instead of warning (default: env ``MLFLOW_NEURON_STRICT``).
         system_metrics: log ``system/neuron/...`` metrics from ``neuron-monitor`` while the run is
             active, where the tool is installed (default: MLflow's ``MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING``).
@@ -94,16 +94,12 @@ class MLflowProfilerCallback:
         timeline_max_spans: at most this many spans per trace (an int >= 1); the shortest ops are
             summarized as "… N more ops" spans. The cycle, its steps and its streams always stay.
         process: ``"helper"``: parsing, aggregation and MLflow I/O run in a helper process, started
-            with the callback (one per callback; it imports no torch); if it fails twice, cycles go
-            the inline way, with one warning. ``"inline"``: a background thread of the training
-            process does that work (or, with ``background=False``, the training thread itself).
-        deliver_after_exit: with the helper process, the profiler's exit and ``close()`` do not wait
-            for queued cycles: the helper delivers them afterwards, even after training's process
-            has ended, then ends the run it created. Each is staged with its job in the outbox
-            until delivered, so a helper killed meanwhile leaves them to ``mlflow-neuron sync``.
-            ``wait_delivered()`` waits for them. False: the exit waits up to ``flush_timeout_s``
-            and stores the rest in the outbox. Default: env ``MLFLOW_NEURON_DELIVER_AFTER_EXIT``
-            (``0`` turns it off), else True.
+            with the callback (one per node and outbox: ranks share it; it imports no torch); if it
+            fails twice, cycles go the inline way, with one warning. ``"inline"``: a background
+            thread of the training process does that work (or, with ``background=False``, the
+            training thread itself).
+        deliver_after_exit: no longer has an effect (``close()`` delivers, or says what it kept);
+            accepted so that scripts that pass it keep running. Only True, False or None.
         peaks: the device's limits for ops.json's % of peak (record_shapes=True): a JSON file or a
             dict ``{"name", "memory_gbps", "bf16_tflops", ..., "source"}``; default env
             ``MLFLOW_NEURON_PEAKS``, else the published figures of the instance type or GPU.
@@ -145,18 +141,19 @@ class MLflowProfilerCallback:
         self.rank = current_rank()
         self.cycles_read = 0
         self._budget = shutdown.ShutdownBudget(flush_timeout_s)
-        run = current_run_ref(run_id, tracking_uri, experiment_id=experiment_id, run_name=run_name,
-                              run_key=uuid.uuid4().hex)  # fmt: skip
-        logger = RunLogger(run if run.run_id is None else replace(run, run_key=None))  # a given run: no key, no sync end
-        self._owns_run = run.run_id is None
-        if self._owns_run and self.rank.world_size > 1:
-            logger.run, self._owns_run = join_primary_run(logger, self.rank, self.reporter)
-        self._preparer = Preparer(self.reporter, top_k=top_k, rank=self.rank.rank, primary=self.rank.is_primary,
-                                  all_ranks=all_ranks)  # fmt: skip
-        self._sender = Sender(logger, self.reporter, self._preparer.prepare, background=background,
-                              max_pending=max_pending, retries=retries, retry_wait_s=retry_wait_s, outbox=outbox)  # fmt: skip
-        if process == "helper" and background:  # background=False: everything on the training thread
-            self._start_helper_process(flush_timeout_s, deliver_after_exit)
+        with entries.store_lock(Path(outbox).absolute()):  # ranks on a fresh sqlite store: one creates its schema
+            run = current_run_ref(run_id, tracking_uri, experiment_id=experiment_id, run_name=run_name,
+                                  run_key=uuid.uuid4().hex)  # fmt: skip
+            run = run if run.run_id is None else replace(run, run_key=None)  # a given run: no key, never ended by us
+            self._owns_run = run.run_id is None
+            if self._owns_run and self.rank.world_size > 1:
+                run, self._owns_run = join_primary_run(RunLogger(run), self.rank, self.reporter)
+        preparer = {"top_k": top_k, "rank": self.rank.rank, "primary": self.rank.is_primary, "all_ranks": all_ranks}
+        self._producer = Producer(run, self.reporter, preparer=preparer, outbox=outbox, background=background,
+                                  helper=process == "helper", retries=retries, retry_wait_s=retry_wait_s)  # fmt: skip
+        # A callback dropped unclosed leaves no helper behind; at exit, close() does it all.
+        if self._producer.helper is not None:
+            weakref.finalize(self, self._producer.helper.stop, 0.0).atexit = False
         self._reader = CycleReader(
             self.reporter, self.rank, all_ranks=all_ranks, max_file_bytes=max_file_bytes, export_trace=export_trace,
             profile_output_dir=os.fspath(profile_output_dir) if profile_output_dir else None,
@@ -169,34 +166,29 @@ class MLflowProfilerCallback:
                                  neuron_totals=self._neuron_totals)  # the first window starts now  # fmt: skip
         atexit.register(_close_at_exit, weakref.ref(self))
 
-    def _start_helper_process(self, flush_timeout_s: float, deliver_after_exit: bool | None) -> None:
-        self._sender = Handoff(self._sender, self.reporter, self._preparer, exit_budget_s=flush_timeout_s,
-                               hands_over=_delivers_after_exit(deliver_after_exit))  # fmt: skip
-        self._sender.start()  # now: it is ready by the first cycle, and no cycle is read in this process
-        # A callback dropped unclosed leaves no helper behind; at exit, close() does it all.
-        weakref.finalize(self, self._sender.release).atexit = False
-
     @property
     def last_profile(self) -> CycleProfile | None:
         """The latest cycle aggregated in this process (cycles the helper process reads stay there)."""
-        return self._preparer.last_profile
+        return self._producer.drain.last_profile
 
     @property
     def run_id(self) -> str | None:
         """The run's id; None until a run this callback creates exists."""
-        return self._sender.logger.run.run_id
+        return self._producer.run_id
 
     @property
     def tracking_uri(self) -> str:
-        return self._sender.logger.run.tracking_uri
+        return self._producer.run.tracking_uri
 
     @property
     def cycles_logged(self) -> int:
-        return self._sender.delivered
+        """This process's cycles delivered so far (read from the outbox: an entry gone is delivered)."""
+        return self._producer.delivered
 
     @property
     def outbox_records(self) -> list[Path]:
-        return list(self._sender.stored)
+        """This process's cycles still in the outbox: not delivered yet (kept, after close)."""
+        return self._producer.stored
 
     def __call__(self, prof: Any) -> None:
         try:
@@ -206,13 +198,19 @@ class MLflowProfilerCallback:
             hooks.mark_window_starts(prof, self, self._host.begin)
             exported = hooks.run_handlers(prof, self.handlers, self.reporter)
             self.cycles_read += 1
-            hand_off = isinstance(self._sender, Handoff) and self._sender.accepts_jobs()
-            job = self._reader.read(prof, exported, hand_off, self._sender.new_staged_folder() if hand_off else None)
+            held = self._producer.new_entry()
+            try:
+                job = self._reader.read(prof, exported, True, held.path / entries.FILES)
+            except BaseException:
+                entries.remove(held.path)  # a cycle that could not be read leaves nothing
+                held.release()
+                raise
             job.host = host
             self._budget.renew()  # training went on: a later stop gets a whole budget again
-            self._sender.submit(job)
+            memory = self._reader.memory_source(prof, job) if self._producer.drains_here else None
+            self._producer.submit(job, held, memory)
         except Exception as error:  # noqa: BLE001 - nothing may escape into prof.step()
-            self._sender.lose(getattr(prof, "step_num", "?"), "could not be read", error)  # counted, said once
+            self._producer.lose(getattr(prof, "step_num", "?"), "could not be read", error)  # counted, said once
             return
         finally:
             self._host.begin()  # the next window, unless the profiler marks a later start (hooks)
@@ -229,48 +227,42 @@ class MLflowProfilerCallback:
         self._host.begin()
 
     def start_helper(self, timeout: float = 60.0) -> bool:
-        """Starts the helper process now and waits, at most `timeout` s, until it takes cycles.
+        """Waits, at most `timeout` s, until a helper process drains the outbox (this callback's, or
+        another rank's on the same node).
 
-        Without this call it starts when the callback is created (and at the first cycle of a
-        later profile), and the cycles that come before it is up wait for it. False: there is no
-        helper (``process="inline"``, ``background=False``) or it is not up yet."""
-        if not isinstance(self._sender, Handoff):
-            return False
-        self._sender.start()
-        return self._sender.wait_ready(timeout)
+        Without this call it starts when the callback is created, and cycles that come before it is
+        up wait in the outbox. False: there is no helper (``process="inline"``, ``background=False``)
+        or it is not up yet."""
+        helper = self._producer.helper
+        return helper.wait_ready(timeout) if helper is not None else False
 
     def wait_delivered(self, timeout: float | None = None) -> bool:
-        """Waits until the cycles left to the helper at the profiler's exit (``deliver_after_exit``)
-        are delivered (or stored in the outbox) and the helper has ended; False if `timeout` ran out."""
-        return self._sender.wait_delivered(timeout) if isinstance(self._sender, Handoff) else True
+        """Waits until this callback's cycles are delivered (or settled otherwise); the same as `flush`."""
+        return self.flush(timeout)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Waits for pending cycles; False if `timeout` ran out first (they keep going)."""
+        """Waits until this callback's cycles are settled, delivering from this process too; False
+        if `timeout` ran out first or the server did not answer (they stay in the outbox)."""
         try:
-            return self._sender.flush(timeout)
+            return self._producer.flush(timeout)
         except Exception as error:  # noqa: BLE001
             self.reporter.problem("flush", "a pending cycle failed", error)
             return False
 
     def close(self, timeout: float | None = None) -> None:
-        """Flushes, stores what is left in the outbox, and ends the run if this callback created it.
+        """Delivers what is left within `timeout` (delivering from this process too), ends the run if
+        this callback created it, and says in one warning what stays in the outbox and the
+        ``mlflow-neuron sync`` command that sends it.
 
         Without `timeout`, it uses what is left of the shutdown budget (`flush_timeout_s`, shared
         with profiler stop and interpreter exit)."""
-        with self._budget.spending() as started:
+        with self._budget.spending():
             try:
                 if self._system_metrics is not None:
                     self._system_metrics.stop()
                 ends_run = self._owns_run and self.rank.is_primary
-                if isinstance(self._sender, Handoff):  # a helper delivering after the exit ends it then
-                    self._owns_run &= not self._sender.close(self._budget.left() if timeout is None else timeout,
-                                                             end_run=ends_run)  # fmt: skip
-                else:
-                    self._sender.close(self._budget.left() if timeout is None else timeout)
-                if self._owns_run and self.rank.is_primary and self.run_id is not None:
-                    seconds = self._budget.left(started) if timeout is None else max(timeout, 1.0)
-                    if shutdown.end_run(self._sender.logger, seconds, self.reporter, self.flush_timeout_s):
-                        self._owns_run = False
+                self._owns_run = False  # its end is queued once: a second close() does not queue another
+                self._producer.close(self._budget.left() if timeout is None else timeout, end_run=ends_run)
             except Exception as error:  # noqa: BLE001
                 self.reporter.problem("close", f"could not close run {self.run_id} cleanly", error)
 
@@ -281,14 +273,14 @@ class MLflowProfilerCallback:
         self.close()
 
     def _helper_pids(self) -> tuple[int, ...]:
-        return self._sender.process_ids() if isinstance(self._sender, Handoff) else ()
+        return self._producer.helper_pids()
 
     def _neuron_totals(self) -> tuple[int, float] | None:
         monitor = self._system_metrics
         return monitor.tool.utilization_totals() if monitor is not None and monitor.running else None
 
     def _flush_at_stop(self) -> None:
-        self.exit_wait_s = shutdown.flush_at_stop(self._sender, self._budget, self.reporter)
+        self.exit_wait_s = shutdown.flush_at_stop(self._producer, self._budget, self.reporter)
 
 
 def _close_at_exit(ref: weakref.ref) -> None:
@@ -297,22 +289,11 @@ def _close_at_exit(ref: weakref.ref) -> None:
         callback.close()
 
 
-def _delivers_after_exit(setting: bool | None) -> bool:
-    """The argument, else the environment variable, else True; a value that is neither is refused."""
-    if setting is not None:
-        if not isinstance(setting, bool):
-            raise TypeError(f"deliver_after_exit must be True, False or None; got {setting!r}")
-        return setting
-    value = os.environ.get(DELIVER_AFTER_EXIT_ENV, "1").strip().lower()
-    if value not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
-        raise ValueError(f"{DELIVER_AFTER_EXIT_ENV} must be 1 or 0 (true/false, yes/no, on/off); got {value!r}")
-    return value in ("1", "true", "yes", "on")
-
-
 def _validate(handlers: tuple, process: str, profile_output_dir: Any, timeline_max_spans: Any, after_exit: Any,
               **counts: Any) -> None:  # fmt: skip
     """Bad settings are refused at construction, with what is allowed."""
-    _delivers_after_exit(after_exit)
+    if after_exit is not None and not isinstance(after_exit, bool):
+        raise TypeError(f"deliver_after_exit must be True, False or None; got {after_exit!r}")
     for handler in handlers:
         if not callable(handler):
             raise TypeError(

@@ -27,7 +27,6 @@ from .._delivery.job import CycleJob
 from .._delivery.keys import NEURON_SUMMARY_PREFIX
 from .._delivery.manifest import manifest
 from .._delivery.model import TRACE
-from .._delivery.staging import discard
 from .._neuron import layout
 from .._neuron.devices import device_peak, neuron_settings, profiled_device
 from .._neuron.output_files import UPLOAD, FoundFile, OutputFolderWatcher
@@ -65,19 +64,15 @@ class CycleReader:
         self._events_seen = 0  # for acc_events profiles, whose event list keeps earlier cycles
 
     def read(self, prof: Any, exported: list[str], hand_off: bool, staged_dir: Path | None = None) -> CycleJob:
-        """The cycle as a job; `hand_off`: the helper process takes it, so save its trace now (into
-        `staged_dir`, its job folder in the outbox; default: a temporary folder)."""
+        """The cycle as a job; `hand_off`: another process may read it, so save its trace now (into
+        `staged_dir`, its entry's folder in the outbox; default: a temporary folder)."""
         step = int(getattr(prof, "step_num", 0))
         step_dir = f"profiler/step_{step}"
         job = CycleJob(step=step, timestamp_ms=int(time.time() * 1000),
                        artifact_dir=step_dir if self.rank.is_primary else f"{step_dir}/rank_{self.rank.rank}",
                        staged_dir=staged_dir or Path(tempfile.mkdtemp(prefix="mlflow-neuron-")),
                        register_table=self.rank.is_primary)  # fmt: skip
-        try:
-            return self._fill(job, prof, exported, hand_off)
-        except BaseException:
-            discard(job.staged_dir)  # a cycle that could not be read leaves nothing
-            raise
+        return self._fill(job, prof, exported, hand_off)
 
     def _fill(self, job: CycleJob, prof: Any, exported: list[str], hand_off: bool) -> CycleJob:
         step = job.step
@@ -130,6 +125,13 @@ class CycleReader:
             return ChromeTraceFile(str(job.raw_trace), settings, fallback=str(job.staged_dir / TRACE))
         neuron_trace = next((f for f in found if f.is_framework_trace), None)
         return ChromeTraceFile(str(neuron_trace.path), settings) if neuron_trace is not None else None
+
+    def memory_source(self, prof: Any, job: CycleJob) -> Any:
+        """The cycle's Kineto results, for a drain in this process to read instead of the saved trace
+        (Kineto's JSON writer turns a non-ASCII op name into "unknown"); None where this torch or
+        this job does not allow it. The entry on disk stays the durable copy."""
+        settings = getattr(job.source, "settings", None)
+        return kineto_cycle(prof, settings) if isinstance(job.source, ChromeTraceFile) and settings else None
 
     def _in_process_source(self, prof: Any, settings: CycleSettings) -> Any:
         """The cycle's Kineto results, read later by the sender; where this torch does not allow

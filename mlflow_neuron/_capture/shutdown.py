@@ -1,21 +1,18 @@
 """The end of a profile: one time budget, `flush_timeout_s`, from the last step to process exit.
 
 Profiler stop, `close()` and interpreter exit share it: each waits only for what is left of it, and
-what is not sent within it goes to the outbox. A cycle that arrives later (training went on) gives
+what is not delivered within it stays in the outbox. A cycle that arrives later (training went on) gives
 a later stop a whole budget again.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .._delivery.handoff import Handoff
 from .._delivery.report import logger as _log
-from .._delivery.probe import check_reachable
 
 
 class ShutdownBudget:
@@ -43,56 +40,18 @@ class ShutdownBudget:
             self._waited += time.monotonic() - started
 
 
-def flush_at_stop(sender: Any, budget: ShutdownBudget, reporter: Any) -> float:
-    """Waits for pending cycles for what is left of the budget; the rest goes to the outbox. Then
-    the helper process, if any, ends: its profile is over. With `hands_over` the helper goes on
-    instead (the next profile's cycles go to it too; `close()` lets it go), and only the cycles read
-    in this process, if any, are waited for. Returns the seconds this stop waited (logged at INFO
-    level: what the profiler's exit cost the user)."""
-    started, pending = time.monotonic(), sender.pending
-    helper = sender if isinstance(sender, Handoff) else None
-    waited_for = helper.inner if helper is not None and helper.hands_over else sender
+def flush_at_stop(producer: Any, budget: ShutdownBudget, reporter: Any) -> float:
+    """Waits, for what is left of the budget, until this profile's cycles are delivered (the
+    training process delivers too while it waits); what is not stays queued in the outbox, where
+    the helper goes on with it, and `close()` says what is left. Returns the seconds this stop
+    waited (logged at INFO level: what the profiler's exit cost the user)."""
+    started, pending = time.monotonic(), producer.pending
     with budget.spending():
         try:
-            flushed = waited_for.flush(budget.left())
+            producer.flush(budget.left())
+            producer.say_refused()
         except Exception as error:  # noqa: BLE001
             reporter.problem("flush", "a pending cycle failed", error)
-            flushed = False
-    try:
-        if not flushed:
-            waited_for.spill(f"it was not sent within flush_timeout_s={budget.seconds:g} s")
-        if helper is not None and not helper.hands_over:
-            with budget.spending():
-                helper.retire(budget.left())
-    except Exception as error:  # noqa: BLE001
-        reporter.problem("flush", "could not store pending cycles in the outbox", error)
     waited = time.monotonic() - started
-    _log.info("mlflow-neuron: the profiler's stop waited %.2f s (%d cycle(s) were pending%s)", waited, pending,
-              "; the helper goes on delivering them" if waited_for is not sender else "")  # fmt: skip
+    _log.info("mlflow-neuron: the profiler's stop waited %.2f s (%d cycle(s) were pending)", waited, pending)
     return waited
-
-
-def end_run(logger: Any, seconds: float, reporter: Any, flush_timeout_s: float) -> bool:
-    """Ends the run `logger` created, waiting at most `seconds` for the server; False if it could not."""
-    run_id = logger.run.run_id
-    if seconds <= 0:
-        reporter.problem("end_run", f"run {run_id} was left RUNNING: no time was left of "
-                         f"flush_timeout_s={flush_timeout_s:g} s to end it")  # fmt: skip
-        return False
-    errors: list[BaseException] = []
-
-    def end() -> None:
-        try:
-            check_reachable(logger.run.tracking_uri, min(seconds, 3.0))
-            logger.end_run()
-        except Exception as error:  # noqa: BLE001
-            errors.append(error)
-
-    ender = threading.Thread(target=end, name="mlflow-neuron-end-run", daemon=True)
-    ender.start()
-    ender.join(seconds)
-    if ender.is_alive() or errors:
-        why = errors[0] if errors else TimeoutError(f"no answer within {seconds:.1f} s")
-        reporter.problem("end_run", f"run {run_id} was left RUNNING: it could not be ended", why)
-        return False
-    return True

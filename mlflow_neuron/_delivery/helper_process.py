@@ -1,7 +1,11 @@
-"""One running helper process, seen from the training process: its pipes and two threads.
+"""Starting the helper process and hearing from it, on the training side.
 
-A writer thread feeds its stdin (a full pipe never blocks training), a reader thread hands every
-message from its stdout to `on_message`, then {"type": "eof"}. The protocol is `helper`'s.
+`HelperLauncher.ensure()` starts a helper when no consumer follows the outbox (the ranks of a node
+share one), at most once every `RESPAWN_S`, and not again after `MAX_FAILURES` helpers of this
+process died unasked: the training process then drains by itself. Its stderr goes to /dev/null,
+its stdout is a pipe that only this process reads: what it says reaches the user through this
+process's reporter. `stop()` closes its input and waits a moment for it to exit (then kills it):
+no process of ours outlives the script.
 """
 
 from __future__ import annotations
@@ -9,124 +13,138 @@ from __future__ import annotations
 import builtins
 import json
 import os
-import queue
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 
+from . import entries
+from .report import logger as _log
+
 HELPER_COMMAND = (sys.executable, "-m", "mlflow_neuron._delivery.helper")
+RESPAWN_S = 2.0
+MAX_FAILURES = 2
+STOP_WAIT_S = 2.0
 
 
 class HelperError(RuntimeError):
     """An error raised in the helper process (its type name and message)."""
 
 
-class HelperProcess:
-    """One running helper: its pipes, a writer thread (a full pipe never blocks training) and a
-    reader thread that hands every message to `on_message`, then {"type": "eof"}."""
+class HelperLauncher:
+    def __init__(self, outbox: Path, settings: dict, reporter, command: tuple[str, ...] | None = None) -> None:
+        self.outbox = outbox
+        self.settings = settings  # the first line it reads: credentials, retries
+        self.reporter = reporter
+        self.command = tuple(command or HELPER_COMMAND)
+        self.proc: subprocess.Popen | None = None
+        self.ready = threading.Event()
+        self.parser: str | None = None
+        self.helper_pid: int | None = None
+        self.ready_after_s: float | None = None
+        self.failures = 0
+        self._started_at = -RESPAWN_S
+        self._stopping = False
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
 
-    def __init__(self, init: dict, on_message, command: tuple[str, ...] | None = None) -> None:
+    @property
+    def usable(self) -> bool:
+        return self.failures < MAX_FAILURES
+
+    def ensure(self) -> None:
+        """Starts a helper unless one runs (ours, or another process's consumer of this outbox)."""
+        with self._lock:
+            if self._stopping or not self.usable or (self.proc is not None and self.proc.poll() is None):
+                return
+            if time.monotonic() - self._started_at < RESPAWN_S or entries.consumer_running(self.outbox):
+                return
+            self._started_at = time.monotonic()
+            try:
+                self._spawn()
+            except Exception as error:  # noqa: BLE001 - the training process drains by itself
+                self.failures = MAX_FAILURES
+                self.reporter.problem("helper", "could not start the helper process; cycles are delivered from "
+                                      "the training process", error)  # fmt: skip
+
+    def wait_ready(self, timeout: float | None) -> bool:
+        self.ensure()
+        return self.ready.wait(timeout) or entries.consumer_running(self.outbox)
+
+    def stop(self, wait_s: float = STOP_WAIT_S) -> None:
+        """Closes its input (it stops after the entry in hand) and waits for it; kills it after `wait_s`."""
+        with self._lock:
+            self._stopping = True
+            proc = self.proc
+        if proc is None:
+            return
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    def pids(self) -> tuple[int, ...]:
+        proc = self.proc
+        return (proc.pid,) if proc is not None and proc.poll() is None else ()
+
+    def take_errors(self) -> list[BaseException]:
+        errors, self._errors = self._errors, []
+        return errors
+
+    def _spawn(self) -> None:
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         env.setdefault("OMP_NUM_THREADS", "1")
         # subprocess, never a bare fork: the Neuron and CUDA runtimes do not survive a fork.
-        # The same session on purpose: Linux's autogroup scheduling weighs sessions against each
-        # other, so only inside the training's own session does the helper's lower priority count.
-        # (It ignores SIGINT: a Ctrl-C reaches training; the helper finishes its jobs and exits.)
-        self.proc = subprocess.Popen(
-            list(command or HELPER_COMMAND), stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
-        )  # fmt: skip
-        self._outgoing: queue.Queue[bytes | None] = queue.Queue()
-        self._input_ended = False
-        self._on_message = on_message
-        self.send(init)
-        threading.Thread(target=self._write, name="mlflow-neuron-handoff-writer", daemon=True).start()
-        threading.Thread(target=self._read, name="mlflow-neuron-handoff-reader", daemon=True).start()
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def send(self, message: dict) -> None:
-        if not self._input_ended:  # after the end, nobody would write it
-            self._outgoing.put((json.dumps(message) + "\n").encode())
-
-    def end_input(self) -> None:
-        if not self._input_ended:
-            self._input_ended = True
-            self._outgoing.put(None)
-
-    def wait_written(self, timeout: float | None = None) -> bool:
-        """Waits until every message so far is in the pipe (or the helper is gone); False on timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._outgoing.unfinished_tasks and self.alive:
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            time.sleep(0.002)
-        return True
-
-    def kill(self) -> None:
+        proc = subprocess.Popen([*self.command, str(self.outbox)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, env=env, close_fds=True)  # fmt: skip
+        self.proc, self.ready = proc, threading.Event()
         try:
-            self.proc.kill()
-            self.proc.wait(5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+            proc.stdin.write((json.dumps(self.settings) + "\n").encode())
+            proc.stdin.flush()
+        except OSError:
+            pass  # it exited already (another consumer holds the outbox): the reader sees it
+        threading.Thread(target=self._read, args=(proc, time.monotonic()), name="mlflow-neuron-helper-reader",
+                         daemon=True).start()  # fmt: skip
 
-    def _write(self) -> None:
-        stdin = self.proc.stdin
-        while True:
-            data = self._outgoing.get()
-            try:
-                if data is None:
-                    stdin.close()
-                    return
-                stdin.write(data)
-                stdin.flush()
-            except (OSError, ValueError):
-                return  # the helper is gone: the reader reports it
-            finally:
-                self._outgoing.task_done()
-
-    def _read(self) -> None:
-        for line in lines_of(self.proc.stdout.fileno()):
+    def _read(self, proc: subprocess.Popen, started: float) -> None:
+        busy = False
+        for line in proc.stdout:
             try:
                 message = json.loads(line)
             except ValueError:
                 continue
-            self._on_message(self, message)
-        self._on_message(self, {"type": "eof"})
+            kind = message.get("type")
+            if kind == "ready":
+                self.parser, self.helper_pid = message.get("parser"), message.get("pid")
+                self.ready_after_s = self.ready_after_s or time.monotonic() - started
+                self.ready.set()
+            elif kind == "busy":
+                busy = True
+            elif kind == "progress":
+                _log.info("%s", message.get("line", ""))
+            elif kind == "problem":
+                self._problem(message)
+        code = proc.wait()
+        if not (busy or self._stopping):
+            self.failures += 1
+            self.reporter.problem("helper", f"the helper process ended (exit code {code}); "
+                                  + ("another one is started" if self.usable else
+                                     "cycles are delivered from the training process"))  # fmt: skip
 
-
-def lines_of(fd: int):
-    """The lines read from `fd` until EOF, by raw reads. A daemon thread blocked in a buffered
-    file's read holds that file's lock, and the interpreter's exit then waits for it (until the
-    other end closes: for a helper that delivers after training's exit, seconds) or aborts."""
-    rest = b""
-    while chunk := os.read(fd, 1 << 16):
-        *complete, rest = (rest + chunk).split(b"\n")
-        for line in complete:
-            yield line + b"\n"
-    if rest:
-        yield rest
-
-
-def init_message(sender, preparer, exit_budget_s: float, strict: bool = False) -> dict:
-    """The helper's first message: the run, the in-process sender's settings, the preparer's
-    settings and the op keys handed out so far (so both processes name ops alike)."""
-    return {
-        "op": "init",
-        "run": asdict(sender.logger.run),
-        "sender": {"max_pending": sender.max_pending, "retries": sender.retries,
-                   "retry_wait_s": sender.retry_wait_s, "outbox": str(sender.outbox)},
-        "preparer": {"top_k": preparer.top_k, "rank": preparer.rank, "primary": preparer.primary,
-                     "all_ranks": preparer.all_ranks, "known": preparer.export()},
-        "exit_budget_s": exit_budget_s,
-        "strict": strict,  # errors the training process raises go along with their problems
-    }  # fmt: skip
+    def _problem(self, message: dict) -> None:
+        error = remote_error(*message["error"]) if message.get("error") else None
+        try:
+            self.reporter.problem(message.get("kind", "helper"), message.get("message", ""), error)
+        except BaseException as raised:  # noqa: BLE001 - strict mode: raised on the training thread
+            self._errors.append(raised)
 
 
 def remote_error(type_name: str, text: str) -> BaseException:

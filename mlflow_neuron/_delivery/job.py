@@ -9,6 +9,8 @@ saved trace (`ChromeTraceFile`) is plain data and travels to the helper process 
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -71,6 +73,35 @@ class CycleJob:
                     else None, uploads=tuple(tuple(u) for u in data.get("uploads", ())),
                     summary_sessions=tuple(data.get("summary_sessions", ())))  # fmt: skip
         return cls(source=source, **data)
+
+
+    def to_entry(self, entry: Path) -> dict:
+        """`to_message` with the paths inside the outbox entry `entry` relative to it (an outbox may
+        be read later from another mount point, or another container)."""
+        message = self.to_message()
+        _map_paths(message, lambda p: os.path.relpath(p, entry) if _inside(p, entry) else p)
+        return message
+
+    @classmethod
+    def from_entry(cls, message: dict, entry: Path) -> CycleJob:
+        message = json.loads(json.dumps(message))  # a copy: the paths are rewritten
+        _map_paths(message, lambda p: p if os.path.isabs(p) else str(entry / p))
+        return cls.from_message(message)
+
+
+def _inside(path: str, folder: Path) -> bool:
+    return os.path.abspath(path).startswith(os.path.abspath(folder) + os.sep)
+
+
+def _map_paths(message: dict, change) -> None:
+    for name in ("staged_dir", "raw_trace"):
+        if message.get(name):
+            message[name] = change(message[name])
+    source = message.get("source")
+    if isinstance(source, dict):
+        for name in ("path", "fallback"):
+            if source.get(name):
+                source[name] = change(source[name])
 
 
 _LOCAL = ("trace_export", "problems", "delivery", "record", "unwritable", "lock", "source", "staged_dir", "raw_trace")

@@ -34,6 +34,8 @@ from .seal import CHECKS, DamagedRecord, check_files, check_shape, seal
 
 DEFAULT_OUTBOX = "mlflow-neuron-outbox"
 RECORD = "record.json"
+JOB = "job.json"  # a queued cycle, not prepared yet (`entries`)
+END = "end.json"  # a run's end, queued after its cycles (`entries`)
 REJECTED = "rejected"  # records the server refused for good; sync leaves them unless asked
 DAMAGED = "damaged"  # records that failed their seal or are not records; sync leaves them unless asked
 REASON = "reason"  # in a rejected or damaged record: one line saying why
@@ -79,33 +81,10 @@ def put(outbox: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_
             if attempt == 2:
                 raise
     try:
-        files_dir = None
         if delivery.files_dir and Path(delivery.files_dir).is_dir():
             shutil.copytree(delivery.files_dir, partial / "files", copy_function=link_or_copy)
-            files_dir = "files"
-        uploads, missing = [], []
-        for index, (source, artifact_folder) in enumerate(delivery.uploads):
-            try:
-                size = os.path.getsize(source)
-                if size <= copy_max_bytes:
-                    target = partial / "uploads" / str(index) / os.path.basename(source)
-                    target.parent.mkdir(parents=True)
-                    link_or_copy(source, target)
-                    source = target.relative_to(partial).as_posix()
-                uploads.append([source, artifact_folder])
-            except FileNotFoundError:
-                missing.append(source)
-        record = {
-            "format": FORMAT,
-            "run": {**asdict(run), "tracking_uri": without_credentials(run.tracking_uri)},
-            **{k: v for k, v in asdict(delivery).items() if k not in ("files_dir", "uploads")},
-            "files_dir": files_dir,
-            "uploads": uploads,
-            "missing_files": missing,
-        }
-        _make_private(partial)
-        record[CHECKS] = seal(partial)
-        _write_private(partial / RECORD, json.dumps(record, indent=1))
+        write_record(partial, delivery, run, copy_max_bytes=copy_max_bytes,
+                     files_dir="files" if delivery.files_dir and Path(delivery.files_dir).is_dir() else None)
         if rejected is not None:
             _write_private(partial / REASON, rejected + "\n")
         final = folder / name
@@ -116,13 +95,49 @@ def put(outbox: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_
         raise
 
 
+def write_record(record_dir: Path, delivery: Delivery, run: RunRef, *, copy_max_bytes: int,
+                 files_dir: str | None, skip: tuple[str, ...] = ()) -> None:
+    """Writes `record.json` into `record_dir`, whose `files_dir` (relative) holds the delivery's
+    generated files: profile files up to `copy_max_bytes` are linked in (above that, kept as
+    paths), everything but the top-level names in `skip` is sealed, and record.json comes last,
+    renamed into place."""
+    uploads, missing = [], []
+    for index, (source, artifact_folder) in enumerate(delivery.uploads):
+        try:
+            size = os.path.getsize(source)
+            if size <= copy_max_bytes:
+                target = record_dir / "uploads" / str(index) / os.path.basename(source)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileExistsError):
+                    link_or_copy(source, target)
+                source = target.relative_to(record_dir).as_posix()
+            uploads.append([source, artifact_folder])
+        except FileNotFoundError:
+            missing.append(source)
+    record = {
+        "format": FORMAT,
+        "run": {**asdict(run), "tracking_uri": without_credentials(run.tracking_uri)},
+        **{k: v for k, v in asdict(delivery).items() if k not in ("files_dir", "uploads")},
+        "files_dir": files_dir,
+        "uploads": uploads,
+        "missing_files": missing,
+    }
+    _make_private(record_dir)
+    record[CHECKS] = seal(record_dir, skip=skip)
+    partial = record_dir / f".{RECORD}.partial"
+    _write_private(partial, json.dumps(record, indent=1))
+    os.replace(partial, record_dir / RECORD)
+
+
 def pending(folder: str | os.PathLike) -> list[Path]:
-    """Complete records, oldest first. Raises OutboxRefused for a folder that is not private."""
+    """The cycles in the queue (prepared records and queued jobs), oldest first. Raises
+    OutboxRefused for a folder that is not private."""
     folder = Path(folder)
     if not folder.is_dir():
         return []
     check_private(folder)
-    return sorted(p for p in folder.iterdir() if not p.name.startswith(".") and (p / RECORD).is_file())
+    return sorted(p for p in folder.iterdir() if not p.name.startswith(".") and ((p / RECORD).is_file()
+                                                                                or (p / JOB).is_file()))
 
 
 def rejected(folder: str | os.PathLike) -> list[Path]:
@@ -142,7 +157,7 @@ def not_records(folder: str | os.PathLike) -> list[Path]:
     if not folder.is_dir():
         return []
     return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
-                  and p.name not in (REJECTED, DAMAGED) and not (p / RECORD).is_file())  # fmt: skip
+                  and p.name not in (REJECTED, DAMAGED) and not any((p / n).is_file() for n in (RECORD, JOB, END)))
 
 
 def abandoned_partials(folder: str | os.PathLike) -> list[Path]:

@@ -23,11 +23,15 @@ class DamagedRecord(ValueError):
     """An outbox record that cannot be trusted: unreadable, of the wrong shape, or its files changed."""
 
 
-def seal(record_dir: Path) -> dict[str, dict]:
-    """Size and SHA-256 of every file under `record_dir` (record.json itself is written after)."""
+def seal(record_dir: Path, skip: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Size and SHA-256 of every file under `record_dir` but the top-level names in `skip` and
+    hidden ones (record.json itself is written after)."""
     checks = {}
     for path in sorted(p for p in record_dir.rglob("*") if p.is_file()):
-        checks[path.relative_to(record_dir).as_posix()] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+        relative = path.relative_to(record_dir)
+        if relative.parts[0] in skip or relative.parts[0].startswith("."):
+            continue
+        checks[relative.as_posix()] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
     return checks
 
 

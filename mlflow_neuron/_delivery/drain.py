@@ -1,0 +1,423 @@
+"""The one consumer of the outbox: entries in order -> prepare -> deliver (batched) -> settled.
+
+    writing --(job.json renamed in)--> queued --prepare--> prepared --deliver--> delivered (removed)
+                                                                     \\--refused for good--> rejected/
+    unreadable, failing its seal, or left half-written by a process that died --> damaged/
+    end.json: once no earlier entry of its run is left, the run is ended (FINISHED): here only.
+
+The helper process runs it (`follow`); the training process runs it while it waits at a flush or
+close, and `mlflow-neuron sync` runs it once: the same code, and the only two routes to MLflow (the
+helper, or the process that waits). Each entry is claimed with a lock the kernel releases
+(`entries`), so two drains never work on one entry, and a drain that dies leaves it whole for the
+next. Sending an entry twice leaves its data once (`mlflow_io`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from . import entries
+from . import outbox as _outbox
+from .entries import END, FILES, JOB, TRIED, Held
+from .failures import is_permanent, is_unreachable, reason
+from .files import sent_files
+from .http_budget import remember_retry_after, retry_after_s
+from .job import CycleJob
+from .model import Delivery, RunRef
+from .report import rejected_message, report_delivery
+from .seal import DamagedRecord
+
+BATCH = 16  # prepared entries of one run sent together at most (one log_batch, one artifact pass)
+DELIVERED, REJECTED, DAMAGED, KEPT, ENDED = "delivered", "rejected", "damaged", "kept", "ended"
+BUSY = "busy"  # another process holds it (the training thread writing it, or another drain)
+SETTLED = (DELIVERED, REJECTED, DAMAGED, ENDED)
+
+
+@dataclass
+class Outcome:
+    """What became of one entry in a pass."""
+
+    entry: Path
+    state: str  # DELIVERED | REJECTED | DAMAGED | KEPT | ENDED | BUSY
+    why: str = ""
+    delivery: Delivery | None = None
+    run: RunRef | None = None
+    files: dict[str, int] = field(default_factory=dict)
+    vanished: list[str] = field(default_factory=list)
+    moved: Path | None = None  # a rejected or damaged entry's new place
+    unreachable: bool = False  # KEPT because its server did not answer
+
+
+@dataclass
+class Pass:
+    """One pass over the queue."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    busy: int = 0  # entries another process held (or the training thread is still writing)
+    unreachable: dict[str, str] = field(default_factory=dict)  # tracking URI -> why
+
+    def count(self, state: str) -> int:
+        return sum(o.state == state for o in self.outcomes)
+
+
+@dataclass
+class _Ready:
+    held: Held
+    delivery: Delivery
+    run: RunRef
+
+
+class Drain:
+    """Drains one outbox folder (`rejected=True`: its `rejected/` records, for `sync --retry-rejected`)."""
+
+    def __init__(self, outbox: str | os.PathLike, reporter, *, credentials: dict[str, str] | None = None,
+                 tracking_uri: str | None = None, run_id: str | None = None, progress=None, retries: int = 2,
+                 retry_wait_s: float = 0.5, rejected: bool = False,
+                 copy_max_bytes: int = _outbox.DEFAULT_COPY_MAX_BYTES) -> None:  # fmt: skip
+        self.outbox = Path(outbox).absolute()
+        self.folder = self.outbox / _outbox.REJECTED if rejected else self.outbox
+        self.reporter = reporter
+        self.credentials = dict(credentials or {})  # URI without credentials -> the URI with them
+        self.tracking_uri, self.run_id = tracking_uri, run_id  # sync's overrides
+        self.progress = progress
+        self.retries, self.retry_wait_s = retries, retry_wait_s
+        self.copy_max_bytes = copy_max_bytes
+        self.last_profile = None  # the latest cycle this process prepared
+        self.memory: dict[Path, object] = {}  # entry -> its cycle's numbers held in this process (read first)
+        self.wrote = False  # something was written to a server
+        self._loggers: dict[tuple, object] = {}
+        self._preparers: dict[tuple, object] = {}
+        self._lock = threading.Lock()  # one pass at a time in this process
+        remember_retry_after()
+
+    # -- a pass --------------------------------------------------------------------------------------
+
+    def once(self, *, stop: threading.Event | None = None, deadline: float | None = None,
+             on_outcome: Callable[[Outcome], None] | None = None) -> Pass:  # fmt: skip
+        """Works through every entry there is now, in order; stops early at `stop` or `deadline`."""
+        done = Pass()
+        with self._lock:
+            ready: list[_Ready] = []
+            try:
+                for entry in entries.listed(self.folder):
+                    if _over(stop, deadline):
+                        break
+                    held = entries.try_claim(entry)
+                    if held is None:
+                        if entry.exists():
+                            done.busy += 1
+                            self._outcome(done, on_outcome, Outcome(entry, BUSY, "another process is sending it"))
+                        continue
+                    if ready and entries.state(entry) == entries.ENDING:  # the cycles before it go first
+                        self._send(ready, done, on_outcome, stop, deadline)
+                        ready = []
+                    item = self._take(held, done, on_outcome)
+                    if item is None:
+                        held.release()
+                        continue
+                    if ready and (len(ready) >= BATCH or _key(ready[0].run) != _key(item.run)):
+                        self._send(ready, done, on_outcome, stop, deadline)
+                        ready = []
+                    ready.append(item)
+                if ready:
+                    self._send(ready, done, on_outcome, stop, deadline)
+                    ready = []
+            finally:
+                for item in ready:
+                    item.held.release()
+        return done
+
+    def follow(self, stop: threading.Event, poll_s: float = 0.05) -> None:
+        """Drains until `stop`: new entries as they come, and kept ones again with a growing wait
+        (up to 30 s) while their server does not take them."""
+        backoff = 0.0
+        while not stop.is_set():
+            mtime = _mtime(self.folder)
+            done = self.once(stop=stop)
+            if done.count(KEPT) or done.unreachable:
+                backoff = min(max(backoff * 2, self.retry_wait_s), 30.0)
+                stop.wait(max(backoff, retry_after_s() or 0.0))
+                continue
+            backoff = 0.0
+            while not stop.wait(poll_s) and not done.busy and _mtime(self.folder) == mtime:
+                pass
+
+    # -- one entry -------------------------------------------------------------------------------------
+
+    def _take(self, held: Held, done: Pass, on_outcome) -> _Ready | None:
+        """The held entry ready to send, prepared first if it is queued; None when it was settled
+        or set aside here, or must wait."""
+        state = entries.state(held.path)
+        if state == entries.WRITING:
+            self._damaged(held.path, "half-written: the process that wrote it ended before it was complete",
+                          done, on_outcome)  # fmt: skip
+            return None
+        if state == entries.ENDING:
+            self._end(held.path, done, on_outcome)
+            return None
+        if state == entries.QUEUED and not self._prepare_entry(held.path, done, on_outcome):
+            return None
+        try:
+            delivery, run = _outbox.load(held.path, check_seal=state != entries.QUEUED)
+        except DamagedRecord as damage:
+            self._damaged(held.path, str(damage), done, on_outcome)
+            return None
+        if self._server(run) in done.unreachable:
+            self._outcome(done, on_outcome, Outcome(held.path, KEPT, done.unreachable[self._server(run)], delivery,
+                                                    run, unreachable=True))  # fmt: skip
+            return None
+        return _Ready(held, delivery, run)
+
+    def _prepare_entry(self, entry: Path, done: Pass, on_outcome) -> bool:
+        try:
+            data = entries.read_json(entry / JOB)
+            job = CycleJob.from_entry(data["job"], entry)
+            job.source = self.memory.pop(entry, None) or job.source
+            run, settings = RunRef(**data["run"]), dict(data["preparer"])
+            problems = [tuple(p) for p in data.get("problems", ())]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            self._damaged(entry, f"its {JOB} cannot be read ({type(error).__name__}: {error})", done, on_outcome)
+            return False
+        self.prepare(entry, job, run, settings, problems)
+        return True
+
+    def prepare(self, entry: Path, job: CycleJob, run: RunRef, settings: dict, problems=()) -> None:
+        """Turns a held entry's job into its record (queued -> prepared): the cycle read, its files
+        written into `files/`, record.json sealed, job.json removed. The op keys of a run are shared
+        by every process that prepares its cycles (`.keys-<run>.json` in the outbox)."""
+        from .prepare import Preparer
+
+        key = (_key(run), tuple(sorted(settings.items())))
+        preparer = self._preparers.get(key)
+        if preparer is None:
+            preparer = self._preparers[key] = Preparer(self.reporter, **settings)
+        keys_file = self.outbox / f".keys-{run.run_key or run.run_id or 'none'}.json"
+        with entries.store_lock(self.outbox):
+            with contextlib.suppress(OSError, ValueError):
+                preparer.absorb(entries.read_json(keys_file))
+        job.tried = (entry / TRIED).exists()
+        delivery = preparer.prepare(job)
+        with entries.store_lock(self.outbox), contextlib.suppress(OSError):
+            entries.write_json(keys_file, preparer.export())
+        self.last_profile = preparer.last_profile or self.last_profile
+        _outbox.write_record(entry, delivery, run, copy_max_bytes=self.copy_max_bytes, files_dir=FILES, skip=(JOB, END))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry / JOB)
+        for kind, message in [*problems, *job.problems]:
+            self.reporter.problem(kind, message)
+
+    def _end(self, entry: Path, done: Pass, on_outcome) -> None:
+        """Ends the run an end entry names once no earlier cycle of it is left in the queue."""
+        try:
+            run = RunRef(**entries.read_json(entry / END)["run"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            self._damaged(entry, f"its {END} cannot be read ({error})", done, on_outcome)
+            return
+        earlier = [e for e in entries.listed(self.folder) if e.name < entry.name and _run_key_of(e) == run.run_key]
+        if earlier:  # delivered, or kept, by this drain or another: ended on a later pass
+            done.busy += 1
+            return
+        logger = None
+        try:
+            logger = self._logger(run, create=False)
+            if logger.run.run_id is not None:
+                from mlflow.entities import RunStatus
+
+                if logger.client.get_run(logger.run.run_id).info.status == RunStatus.to_string(RunStatus.RUNNING):
+                    logger.end_run()
+                    self.wrote = True
+        except Exception as error:  # noqa: BLE001 - classified: kept unless the run is gone for good
+            if not is_permanent(error):
+                self._kept(entry, error, done, on_outcome, run=run)
+                return
+        for name in (f".run-{run.run_key}.id", f".keys-{run.run_key}.json"):
+            with contextlib.suppress(OSError):
+                os.unlink(self.outbox / name)
+        entries.remove(entry)
+        self._outcome(done, on_outcome, Outcome(entry, ENDED, run=logger.run if logger is not None else run))
+
+    # -- delivery ----------------------------------------------------------------------------------------
+
+    def _send(self, ready: list[_Ready], done: Pass, on_outcome, stop, deadline) -> None:
+        """Sends prepared entries of one run together; if that fails, each on its own."""
+        try:
+            if len(ready) > 1:
+                try:
+                    results = self._deliver(ready)
+                except Exception as error:  # noqa: BLE001 - split: each entry finds its own way
+                    if is_unreachable(error):
+                        for item in ready:
+                            self._kept(item.held.path, error, done, on_outcome, item)
+                        return
+                    results = None
+                if results is not None:
+                    for item, result in zip(ready, results):
+                        self._delivered(item, result, done, on_outcome)
+                    return
+            for item in ready:
+                self._send_one(item, done, on_outcome, stop, deadline)
+        finally:
+            for item in ready:
+                item.held.release()
+
+    def _send_one(self, item: _Ready, done: Pass, on_outcome, stop, deadline) -> None:
+        error: Exception | str | None = done.unreachable.get(self._server(item.run))
+        for attempt in range(0 if error else self.retries + 1):
+            if attempt:
+                wait = max(self.retry_wait_s * 2 ** (attempt - 1), retry_after_s() or 0.0)
+                if _over(stop, deadline, wait):
+                    break
+                if stop is not None and stop.wait(wait):
+                    break
+                if stop is None:
+                    time.sleep(wait)
+            try:
+                result = self._deliver([item])[0]
+            except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, a refusal
+                error = caught
+                if is_unreachable(caught):
+                    break
+                if is_permanent(caught):
+                    self._reject(item, caught, done, on_outcome)
+                    return
+                continue
+            self._delivered(item, result, done, on_outcome)
+            return
+        self._kept(item.held.path, error, done, on_outcome, item)
+
+    def _deliver(self, ready: list[_Ready]) -> list[tuple[dict, list[str]]]:
+        logger = self._logger(ready[0].run)
+        fresh = not any((item.held.path / TRIED).exists() for item in ready)
+        for item in ready:
+            with contextlib.suppress(OSError):
+                (item.held.path / TRIED).touch(mode=0o600)
+        retry_after_s()  # forget a refusal from before this attempt
+        self.wrote = True
+        return logger.deliver_many([item.delivery for item in ready], fresh=fresh)
+
+    def _logger(self, run: RunRef, *, create: bool = True):
+        """One RunLogger per run and server; the server probed once; a run the callback creates is
+        created once across processes (under the store lock, its id kept in the outbox)."""
+        from .mlflow_io import RunLogger
+        from .probe import check_reachable
+
+        if self.run_id:
+            run = RunRef(run.tracking_uri, self.run_id)
+        run = replace(run, tracking_uri=self._uri(run))
+        key = (run.tracking_uri, run.run_id, run.run_key)
+        logger = self._loggers.get(key)
+        if logger is None:
+            check_reachable(run.tracking_uri)
+            logger = RunLogger(run, progress=self.progress)
+            with entries.store_lock(self.outbox):
+                logger.warm()  # a fresh sqlite store creates its schema here: one process at a time
+            self._loggers[key] = logger
+        if logger.run.run_id is None and run.run_key:
+            id_file = self.outbox / f".run-{run.run_key}.id"
+            with entries.store_lock(self.outbox):
+                known = _read_text(id_file)
+                if known:
+                    logger.run = replace(logger.run, run_id=known)
+                elif create:
+                    logger.ensure_run()
+                    with contextlib.suppress(OSError):
+                        id_file.write_text(logger.run.run_id, encoding="ascii")
+                else:
+                    found = logger._runs_with_key()
+                    logger.run = replace(logger.run, run_id=found[0].info.run_id if found else None)
+        return logger
+
+    def _uri(self, run: RunRef) -> str:
+        return self.tracking_uri or self.credentials.get(run.tracking_uri, run.tracking_uri)
+
+    def _server(self, run: RunRef) -> str:
+        """The server a run is sent to, as named in messages (without credentials)."""
+        return _outbox.without_credentials(self._uri(run))
+
+    # -- settling ------------------------------------------------------------------------------------------
+
+    def _delivered(self, item: _Ready, result: tuple[dict, list[str]], done: Pass, on_outcome) -> None:
+        clashes, vanished = result
+        files = sent_files(item.delivery, vanished)
+        entries.remove(item.held.path)
+        report_delivery(self.reporter, item.run.run_id, item.delivery.step, [], clashes, vanished)
+        self._outcome(done, on_outcome, Outcome(item.held.path, DELIVERED, "", item.delivery,
+                                                self._logger(item.run).run, files, vanished))  # fmt: skip
+
+    def _reject(self, item: _Ready, error: Exception, done: Pass, on_outcome) -> None:
+        why = reason(error)
+        try:
+            moved = _outbox.reject(item.held.path, why)
+        except OSError as unmoved:
+            self._kept(item.held.path, unmoved, done, on_outcome, item)
+            return
+        self.reporter.problem("rejected", rejected_message(f"profiler step {item.delivery.step}", item.run, why, moved))
+        self._outcome(done, on_outcome, Outcome(item.held.path, REJECTED, why, item.delivery, item.run, moved=moved))
+
+    def _damaged(self, entry: Path, why: str, done: Pass, on_outcome) -> None:
+        try:
+            moved = _outbox.set_aside(entry, why, into=_outbox.DAMAGED)
+        except OSError:
+            moved = None
+        self.reporter.problem("damaged", f"outbox entry {entry.name} is damaged ({why}); it is not sent"
+                              + (f", and is kept in {moved.parent}" if moved else ""))  # fmt: skip
+        self._outcome(done, on_outcome, Outcome(entry, DAMAGED, why, moved=moved))
+
+    def _kept(self, entry: Path, error, done: Pass, on_outcome, item: _Ready | None = None, run=None) -> None:
+        """Left in the queue for a later pass: the server did not answer, or failed every retry."""
+        run = item.run if item is not None else run
+        why = reason(error) if isinstance(error, BaseException) else str(error or "not sent")
+        unreachable = run is not None and (self._server(run) in done.unreachable or (
+            isinstance(error, BaseException) and is_unreachable(error)))  # fmt: skip
+        if unreachable:
+            why = done.unreachable.setdefault(self._server(run), _unreachable_why(error, self._server(run)))
+            self.reporter.problem("unreachable", f"{why}; the cycles wait in the outbox {self.outbox} and are sent "
+                                  "when it answers")  # fmt: skip
+        self._outcome(done, on_outcome, Outcome(entry, KEPT, why, item.delivery if item else None, run,
+                                                unreachable=unreachable))  # fmt: skip
+
+    @staticmethod
+    def _outcome(done: Pass, on_outcome, outcome: Outcome) -> None:
+        done.outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
+
+
+def _key(run: RunRef) -> str:
+    """Runs are told apart for batching by server and run; a URI's credentials do not count."""
+    return f"{_outbox.without_credentials(run.tracking_uri)}|{run.run_id}|{run.run_key}"
+
+
+def _run_key_of(entry: Path) -> str | None:
+    for name in (entries.RECORD, JOB):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            return entries.read_json(entry / name)["run"].get("run_key")
+    return None
+
+
+def _unreachable_why(error: BaseException, uri: str) -> str:
+    return str(error) if isinstance(error, ConnectionError) else f"tracking server {uri} did not answer ({reason(error)})"
+
+
+def _over(stop, deadline, wait: float = 0.0) -> bool:
+    return (stop is not None and stop.is_set()) or (deadline is not None and time.monotonic() + wait >= deadline)
+
+
+def _mtime(folder: Path) -> int | None:
+    try:
+        return os.stat(folder).st_mtime_ns
+    except OSError:
+        return None
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii").strip() or None
+    except OSError:
+        return None

@@ -1,0 +1,244 @@
+"""The outbox is the only queue: one folder per profiler cycle, held by a lock the kernel releases.
+
+    <outbox>/<time_ns>-<pid>-<seq>/   an entry; names sort in the order the cycles were made
+        job.json       queued: the cycle's job; its trace lies beside it, in files/
+        record.json    prepared: what goes to MLflow (`outbox`'s record, sealed); job.json is gone
+        end.json       the end of a run the callback created: it is ended here, after its cycles
+    <outbox>/rejected/<name>/          refused for good by the server, with a `reason` file
+    <outbox>/damaged/<name>/           unreadable, or its files fail their seal, with a `reason` file
+
+A cycle is in one of six states: writing (the training thread holds it and none of the three
+files is there yet), queued, prepared, delivered (gone), rejected, damaged. `docs/layout.md` draws
+the transitions; `drain` makes every one after the first.
+
+Whoever works on an entry holds `flock` on its folder: the training thread while it writes it, a
+consumer while it prepares or delivers it. The kernel drops the lock when the process ends, however
+it ends and in whatever PID namespace, so an entry whose holder died is taken by the next consumer
+at once and one that a live process holds is never taken. An entry with none of the three files
+that nobody holds was left half-written by a process that died: it is set aside as damaged.
+Ownership is never decided by pid liveness, which breaks across PID namespaces and pid reuse.
+
+Lock files in the outbox (each taken with `lock_file`):
+- `.consumer.lock`: the one consumer that follows the outbox (the helper process, or a `sync`);
+- `.store.lock`: one process at a time opens a fresh store or creates a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import outbox as _outbox
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no locks, one process per outbox
+    fcntl = None
+
+JOB, RECORD, END = _outbox.JOB, _outbox.RECORD, _outbox.END
+FILES = "files"  # the cycle's files: the trace Kineto saved, then the tables made from it
+TRIED = ".tried"  # a delivery was attempted: the next one searches before writing the trace
+CONSUMER_LOCK, STORE_LOCK = ".consumer.lock", ".store.lock"
+FORMAT = 2
+QUEUED, PREPARED, ENDING, WRITING = "queued", "prepared", "end", "writing"
+
+_sequence = itertools.count()
+
+
+@dataclass
+class Held:
+    """An entry (or lock file) this process holds; `release()` lets it go."""
+
+    path: Path
+    fd: int
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def create(outbox: Path) -> Held:
+    """A new entry, held by this process until `release()`; raises OSError when the outbox
+    cannot be written, OutboxRefused when it is not this user's private folder."""
+    name = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):06d}"
+    path = _outbox.private_folder(outbox) / name
+    (path / FILES).mkdir(parents=True, mode=0o700)
+    os.chmod(path, 0o700)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    if fcntl is not None:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # nobody else knows the name yet: never waits
+    return Held(path, fd)
+
+
+def listed(outbox: Path) -> list[Path]:
+    """Every entry, oldest first (rejected and damaged ones are not in the queue)."""
+    try:
+        names = os.listdir(outbox)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return [outbox / n for n in sorted(names) if not n.startswith(".") and n not in (_outbox.REJECTED, _outbox.DAMAGED)]
+
+
+def state(entry: Path) -> str:
+    """QUEUED, PREPARED, ENDING, or WRITING (none of the three files yet)."""
+    if (entry / RECORD).is_file():
+        return PREPARED
+    if (entry / JOB).is_file():
+        return QUEUED
+    return ENDING if (entry / END).is_file() else WRITING
+
+
+def try_claim(entry: Path) -> Held | None:
+    """Holds `entry` until `release()`; None when another process holds it or it is settled."""
+    try:
+        fd = os.open(entry, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+    try:  # settled by another process between listing and locking: the path is gone or reused
+        if os.path.samestat(os.fstat(fd), os.stat(entry)):
+            return Held(entry, fd)
+    except FileNotFoundError:
+        pass
+    os.close(fd)
+    return None
+
+
+def write_json(path: Path, data: dict) -> None:
+    """`data` as `path`, whole or not at all (a 0600 file renamed into place)."""
+    partial = path.with_name(f".{path.name}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with open(fd, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(partial, path)
+
+
+def read_json(path: Path) -> dict:
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path.name} holds {type(data).__name__}, not an object")
+    return data
+
+
+def remove(entry: Path) -> None:
+    """Delivered: the entry goes."""
+    shutil.rmtree(entry, ignore_errors=True)
+
+
+def where(entry: Path) -> str:
+    """What became of an entry: QUEUED/PREPARED/ENDING/WRITING while it is in the queue, else
+    "rejected", "damaged" or "delivered". One definition of settled: not in the queue any more."""
+    if entry.exists():
+        return state(entry)
+    for kind in (_outbox.REJECTED, _outbox.DAMAGED):
+        if (entry.parent / kind / entry.name).exists():
+            return kind
+    return "delivered"
+
+
+def lock_file(path: Path, *, blocking: bool, timeout: float | None = None) -> Held | None:
+    """Holds the lock file `path` (created 0600), or None when another process holds it (after
+    `timeout` s when blocking). The lock is taken on the file the path names when it is held: a
+    lock file removed and made again meanwhile is locked again."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        if fcntl is None:
+            return Held(path, fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking and deadline is None else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            if not blocking or (deadline is not None and time.monotonic() >= deadline):
+                return None
+            time.sleep(0.02)
+            continue
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(path)):
+                return Held(path, fd)
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def holder_pid(path: Path) -> int | None:
+    """The pid a lock file's holder wrote into it (in the holder's PID namespace)."""
+    try:
+        return int(path.read_text(encoding="ascii").strip() or 0) or None
+    except (OSError, ValueError):
+        return None
+
+
+def mark_holder(held: Held) -> None:
+    os.ftruncate(held.fd, 0)
+    os.pwrite(held.fd, f"{os.getpid()}\n".encode(), 0)
+
+
+@contextlib.contextmanager
+def store_lock(outbox: Path, timeout: float = 60.0) -> Iterator[None]:
+    """One process of a node at a time opens a fresh store or creates a run (MLflow's sqlite schema
+    creation is not safe against a second process doing the same). Where the outbox cannot be
+    written, or the lock does not come within `timeout`, goes on without it."""
+    held = None
+    with contextlib.suppress(OSError):
+        held = lock_file(_outbox.private_folder(outbox) / STORE_LOCK, blocking=True, timeout=timeout)
+    try:
+        yield
+    finally:
+        if held is not None:
+            held.release()
+
+
+def consumer_running(outbox: Path) -> bool:
+    """Whether a consumer follows the outbox now (it holds `.consumer.lock`)."""
+    path = outbox / CONSUMER_LOCK
+    if fcntl is None or not path.exists():
+        return False
+    held = lock_file(path, blocking=False)
+    if held is None:
+        return True
+    held.release()
+    return False
+
+
+def remove_if_idle(outbox: Path) -> None:
+    """Removes an outbox that holds nothing but its lock files, when no consumer follows it."""
+    held = None
+    with contextlib.suppress(OSError):
+        held = lock_file(outbox / CONSUMER_LOCK, blocking=False)
+    if held is None:
+        return
+    try:
+        names = set(os.listdir(outbox))
+        if not names - {CONSUMER_LOCK, STORE_LOCK} - _run_files(names):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    os.unlink(outbox / name)
+            with contextlib.suppress(OSError):
+                os.rmdir(outbox)
+    except OSError:
+        pass
+    finally:
+        held.release()
+
+
+def _run_files(names: set[str]) -> set[str]:
+    return {n for n in names if n.startswith(".run-") or n.startswith(".keys-")}

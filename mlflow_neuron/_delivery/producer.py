@@ -1,0 +1,305 @@
+"""The training side of delivery: each cycle made durable in the outbox, and nothing slower.
+
+The training thread writes a cycle into an outbox entry (Kineto saves the trace there, then
+`job.json` is renamed in) and goes on. Everything after that is the drain's (`drain`): the helper
+process runs it while training runs, and this process runs the same code while it waits at a
+flush or close, so a helper starved beside busy cores does not decide how long the wait is.
+
+    submit  -> the entry is queued; the helper is started if no consumer follows the outbox
+    flush   -> waits until each of this process's entries is settled, draining here too
+    close   -> queues the run's end (a run the callback created), flushes within the budget, stops
+               the helper, and says in one warning what is left, where, and the `sync` command
+
+Settled has one meaning: the entry is no longer in the queue (`entries.where`). The counts the
+callback shows (`delivered`, `stored`, `rejected`) are read from the outbox itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from . import entries
+from . import outbox as _outbox
+from .drain import DELIVERED, KEPT, SETTLED, Drain, Pass
+from .entries import END, JOB, Held
+from .files import human_size
+from .helper_process import HelperLauncher
+from .job import CycleJob
+from .model import RunRef
+from .report import logger as _log
+from .report import one_line, redact
+
+PROGRESS_AFTER_S = 2.0  # a wait longer than this prints one progress line on stderr
+
+
+class Producer:
+    def __init__(self, run: RunRef, reporter, *, preparer: dict, outbox: str | os.PathLike, helper: bool,
+                 background: bool = True, retries: int = 2, retry_wait_s: float = 0.5,
+                 command: tuple[str, ...] | None = None) -> None:  # fmt: skip
+        self.run = run  # with its credentials: in memory only
+        self.reporter = reporter
+        self.preparer = preparer  # the Preparer's settings, written into each job
+        self.background = background
+        self.outbox = self._writable(Path(outbox).absolute())
+        credentials = {_outbox.without_credentials(run.tracking_uri): run.tracking_uri}
+        self.drain = Drain(self.outbox, reporter, credentials=credentials, retries=retries, retry_wait_s=retry_wait_s)
+        self.helper = HelperLauncher(self.outbox, {"credentials": credentials, "retries": retries,
+                                                   "retry_wait_s": retry_wait_s}, reporter, command) if helper and background else None  # fmt: skip
+        self.mine: list[tuple[Path, int | None]] = []  # (entry, step) of this process; step None: the run's end
+        self.lost: list[tuple[int, str]] = []  # (step, why) of cycles neither queued nor delivered
+        self.errors: list[BaseException] = []  # strict mode: raised on the training thread
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._worker: threading.Thread | None = None
+        self._last: Pass | None = None  # the latest pass this process made
+        if self.helper is not None:
+            self.helper.ensure()  # now: its imports take a second or two, before the first cycle
+
+    # -- the training thread ------------------------------------------------------------------------
+
+    def new_entry(self) -> Held:
+        """A new entry, held until `submit`; Kineto saves the cycle's trace into its `files/`."""
+        return entries.create(self.outbox)
+
+    @property
+    def drains_here(self) -> bool:
+        """Whether this process's drain takes its cycles first (no helper process)."""
+        return self.helper is None or not self.helper.usable
+
+    def submit(self, job: CycleJob, held: Held, memory_source=None) -> None:
+        """Queues the cycle: `job.json` renamed into its entry (a job holding this process's objects
+        is prepared here and now instead). Never waits on a server or another process.
+        `memory_source`: the cycle's numbers as this process holds them, read by its own drain
+        instead of the saved trace."""
+        try:
+            run = {**asdict(self.run), "tracking_uri": _outbox.without_credentials(self.run.tracking_uri)}
+            if job.portable:
+                entries.write_json(held.path / JOB, {"format": entries.FORMAT, "run": run, "preparer": self.preparer,
+                                                     "job": job.to_entry(held.path), "problems": job.problems})  # fmt: skip
+            else:
+                self.drain.prepare(held.path, job, RunRef(**run), self.preparer)
+        except Exception as error:  # noqa: BLE001 - counted and said once; training goes on
+            entries.remove(held.path)
+            self.lose(job.step, "could not be written to the outbox", error)
+            return
+        finally:
+            held.release()
+        self.mine.append((held.path, job.step))
+        if memory_source is not None:
+            self.drain.memory[held.path] = memory_source
+        with contextlib.suppress(OSError):
+            os.utime(self.outbox)  # a consumer waiting on the folder's time looks now
+        self._after_submit()
+
+    def lose(self, step, what: str, error: BaseException | None = None) -> None:
+        self.lost.append((step, what))
+        self.reporter.problem("lost", f"profiler step {step} {what}; it is not in MLflow", error)
+
+    def _after_submit(self) -> None:
+        if not self.background:
+            self._drain_here(None)
+        elif self.helper is not None and self.helper.usable:
+            self.helper.ensure()
+        else:
+            self._kick()
+
+    # -- what became of this process's cycles --------------------------------------------------------
+
+    def _states(self) -> list[tuple[Path, int | None, str]]:
+        return [(entry, step, entries.where(entry)) for entry, step in self.mine]
+
+    @property
+    def delivered(self) -> int:
+        return sum(state == DELIVERED for _, step, state in self._states() if step is not None)
+
+    @property
+    def stored(self) -> list[Path]:
+        """This process's cycles still in the queue (kept for the helper, a later flush, or sync)."""
+        return [entry for entry, step, state in self._states() if step is not None and state in _QUEUE]
+
+    @property
+    def rejected(self) -> list[Path]:
+        return [entry.parent / _outbox.REJECTED / entry.name for entry, _, state in self._states()
+                if state == _outbox.REJECTED]  # fmt: skip
+
+    @property
+    def pending(self) -> int:
+        return len(self._unsettled())
+
+    @property
+    def run_id(self) -> str | None:
+        if self.run.run_id is None and self.run.run_key:
+            with contextlib.suppress(OSError):
+                found = (self.outbox / f".run-{self.run.run_key}.id").read_text(encoding="ascii").strip()
+                if found:
+                    self.run = RunRef(**{**asdict(self.run), "run_id": found})
+        return self.run.run_id
+
+    def _unsettled(self) -> list[tuple[Path, int | None]]:
+        return [(entry, step) for entry, step in self.mine if entry.exists()]
+
+    # -- waiting ----------------------------------------------------------------------------------------
+
+    def flush(self, timeout: float | None = None, *, progress: bool = False) -> bool:
+        """Waits until each of this process's cycles is settled, draining here too; False when
+        `timeout` ran out or the server did not answer (what is left stays queued)."""
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        said = not progress
+        self._last = None
+        while self._unsettled():
+            if self._unreachable():
+                break
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            if not self.background:
+                self._drain_here(deadline)
+                continue
+            self._kick(deadline)
+            if not said and time.monotonic() - started >= PROGRESS_AFTER_S:
+                said = self._say_progress(left)
+            with self._cond:
+                self._cond.wait(0.05 if left is None else min(left, 0.05))
+        self.raise_errors()
+        return not self._unsettled()
+
+    def close(self, timeout: float | None, *, end_run: bool) -> None:
+        """Queues the run's end (`end_run`: a run the callback created, ended once its cycles are
+        in), flushes within `timeout`, stops the helper, and says once what is left and how to send it."""
+        if end_run and (self.mine or self.run.run_id):
+            self._queue_end()
+        self.flush(timeout, progress=True)
+        self._stop.set()
+        self.drain.memory.clear()  # what is left is read from its entry by whoever drains it next
+        if self.helper is not None:
+            self.helper.stop()
+        self._say_left()
+        self.say_refused()
+        if not self._unsettled():
+            entries.remove_if_idle(self.outbox)
+        self.raise_errors()
+
+    def raise_errors(self) -> None:
+        if self.helper is not None:
+            self.errors += self.helper.take_errors()
+        if self.errors:
+            raise self.errors.pop(0)
+
+    def helper_pids(self) -> tuple[int, ...]:
+        return self.helper.pids() if self.helper is not None else ()
+
+    # -- draining here ------------------------------------------------------------------------------------
+
+    def _kick(self, deadline: float | None = None) -> None:
+        """Runs passes in a thread of this process until its cycles are settled or a pass gets nowhere."""
+        with self._cond:
+            if self._worker is not None and self._worker.is_alive():
+                return
+            self._worker = threading.Thread(target=self._work, args=(deadline,), name="mlflow-neuron-drain",
+                                            daemon=True)  # fmt: skip
+            self._worker.start()
+
+    def _work(self, deadline: float | None) -> None:
+        while self._unsettled() and not self._stop.is_set():
+            done = self._drain_here(deadline)
+            if done is None or (not _progress(done) and not done.busy):
+                return
+            if not _progress(done):
+                time.sleep(0.05)  # another process holds an entry: look again shortly
+
+    def _drain_here(self, deadline: float | None) -> Pass | None:
+        try:
+            done = self.drain.once(stop=self._stop, deadline=deadline)
+        except BaseException as error:  # noqa: BLE001 - strict mode: raised on the training thread
+            self.errors.append(error)
+            return None
+        with self._cond:
+            self._last = done
+            self._cond.notify_all()
+        return done
+
+    def _unreachable(self) -> bool:
+        """The latest pass found this run's server not answering, and no other process is working."""
+        done = self._last
+        return done is not None and bool(done.unreachable) and not done.busy
+
+    # -- the end ------------------------------------------------------------------------------------------
+
+    def _queue_end(self) -> None:
+        try:
+            held = entries.create(self.outbox)
+        except OSError as error:
+            self.reporter.problem("end_run", f"run {self.run_id} could not be queued to end", error)
+            return
+        try:
+            run = {**asdict(self.run), "tracking_uri": _outbox.without_credentials(self.run.tracking_uri)}
+            entries.write_json(held.path / END, {"format": entries.FORMAT, "run": run})
+            self.mine.append((held.path, None))
+        finally:
+            held.release()
+
+    def _say_progress(self, left: float | None) -> bool:
+        unsettled = [entry for entry, step in self._unsettled() if step is not None]
+        size = sum(f.stat().st_size for entry in unsettled for f in entry.rglob("*") if f.is_file())
+        more = f"; waiting up to {left:.0f} s more" if left is not None else ""
+        print(redact(f"mlflow-neuron: delivering {len(unsettled)} profiler cycle(s), {human_size(size)}, to "
+                     f"{self.run.tracking_uri}{more}"), file=sys.stderr, flush=True)  # fmt: skip
+        return True
+
+    def say_refused(self) -> None:
+        """One line for every cycle of this process refused for good or lost, where the first
+        warning named only one (said once)."""
+        refused = self.rejected
+        if len(refused) > 1:
+            self.reporter.problem(
+                "rejected_summary",
+                f"{len(refused)} profiler cycle(s) were refused by the server and are kept in {refused[0].parent} (see "
+                f"the reason file in each); once the cause is fixed, `mlflow-neuron sync --outbox {self.outbox} "
+                "--retry-rejected [--run-id ID]` sends them",
+            )  # fmt: skip
+        if len(self.lost) > 1:
+            self.reporter.problem("lost_summary", f"{len(self.lost)} profiler cycle(s) lost (steps "
+                                  f"{', '.join(str(step) for step, _ in self.lost)}): neither queued nor delivered")  # fmt: skip
+
+    def _say_left(self) -> None:
+        left = self._unsettled()
+        cycles = [step for _, step in left if step is not None]
+        if not left:
+            return
+        done = self._last
+        why = next(iter(done.unreachable.values()), None) if done is not None else None
+        why = why or next((o.why for o in (done.outcomes if done else []) if o.state == KEPT and o.why), None)
+        why = why or "not delivered before the callback closed"
+        ending = " The run stays RUNNING until then; sync ends it." if any(step is None for _, step in left) else ""
+        self.reporter.problem(
+            "kept",
+            f"{len(cycles)} profiler cycle(s) (steps {', '.join(map(str, cycles)) or '-'}) were not sent to "
+            f"{_outbox.without_credentials(self.run.tracking_uri)} ({one_line(RuntimeError(why))}); they are kept in "
+            f"{self.outbox}: run `mlflow-neuron sync --outbox {self.outbox}` to send them.{ending}",
+        )  # fmt: skip
+        _log.debug("kept entries: %s", [str(entry) for entry, _ in left])
+
+    def _writable(self, outbox: Path) -> Path:
+        """`outbox`, or where it cannot be written, the fallback folder (said once)."""
+        try:
+            _outbox.private_folder(outbox)
+            return outbox
+        except OSError as unwritable:
+            fallback = _outbox.fallback_folder()
+            self.reporter.problem("outbox_unwritable", f"outbox {outbox} is not writable "
+                                  f"({one_line(unwritable)}); using {fallback} instead")  # fmt: skip
+            return fallback
+
+
+_QUEUE = (entries.QUEUED, entries.PREPARED, entries.ENDING, entries.WRITING)
+
+
+def _progress(done: Pass) -> bool:
+    return any(o.state in SETTLED for o in done.outcomes)

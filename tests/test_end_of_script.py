@@ -1,0 +1,265 @@
+"""The end of a script: its profile is in MLflow when it ends, or it says in one line what is not.
+
+Scripts run as users run them: in a container (a PID namespace whose PID 1 is the script: when it
+ends, the kernel kills every process left in it), behind a pipe, killed, and as the ranks of one
+node sharing an outbox. The promises: every cycle once, the callback's own run FINISHED, nothing of
+ours alive after the script, kept cycles named with the `sync` command, and `sync` (from another
+namespace) delivering each kept cycle once. Budgets here are generous: the tests are about those
+promises, not speed (benchmarks/fault_matrix.py and loop_cost.py time the defaults).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TESTS
+from fault_scenarios import count_cycles
+from mlflow.entities import RunStatus
+from mlflow.tracking import MlflowClient
+from servers import HungServer
+
+from mlflow_neuron._delivery import entries
+from mlflow_neuron._delivery import outbox as _outbox
+from mlflow_neuron.cli import main as cli_main
+from mlflow_neuron.cli.arguments import EXIT_OK
+
+BUDGET_S = 120  # the callback's flush_timeout_s in these scripts: beside busy cores a cycle may take seconds
+
+SCRIPT = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+import mlflow
+from workloads import profile_rmsnorm
+from mlflow_neuron import MLflowProfilerCallback
+mlflow.set_tracking_uri({uri!r})
+
+def profile():
+    callback = MLflowProfilerCallback(run_name="script", flush_timeout_s={budget}, outbox={outbox!r}, retry_wait_s=0.05)
+    def ready(prof):
+        callback(prof)
+        print("CYCLE", time.time(), flush=True)  # the last one: the loop's end
+    profile_rmsnorm(ready, steps=4 * {cycles}, wait=1, warmup=1, active=2)
+    print("HELPER", *callback._producer.helper_pids(), flush=True)
+    return callback
+
+if {user_run}:
+    with mlflow.start_run(run_name="user"):
+        profile()
+else:
+    profile()
+print("LAST LINE", time.time(), flush=True)
+"""
+
+
+def container_available() -> str | None:
+    """Why a PID namespace cannot be made here (None: it can)."""
+    if shutil.which("unshare") is None:
+        return "no unshare command"
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"unshare --pid is not allowed here: {probe.stderr.strip()[:200]}"
+
+
+def run_script(tmp_path: Path, uri: str, *, cycles: int, user_run: bool = False, container: bool = False,
+               budget: float = BUDGET_S, outbox: Path | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """The script, its stdout and stderr captured through pipes (as `| tee` or a CI runner does)."""
+    code = SCRIPT.format(tests=str(TESTS), uri=uri, budget=budget, cycles=cycles, user_run=user_run,
+                         outbox=str(outbox or tmp_path / "outbox"))  # fmt: skip
+    command = [sys.executable, "-c", code]
+    if container:
+        reason = container_available()
+        if reason:
+            pytest.skip(reason)
+        command = ["unshare", "--pid", "--fork", "--mount-proc", *command]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])}
+    return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def script_run(client: MlflowClient, name: str):
+    [run] = client.search_runs(["0"], filter_string=f"attributes.run_name = '{name}'")
+    return run
+
+
+def expected(cycles: int) -> list[int]:
+    return [4 * (i + 1) for i in range(cycles)]
+
+
+@pytest.mark.parametrize("user_run, cycles", [(False, 6), (True, 12)], ids=["own run", "user's run"])
+def test_a_container_that_ends_with_the_script_has_every_cycle_in_mlflow(tmp_path, user_run, cycles, matrix_row):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_script(tmp_path, uri, cycles=cycles, user_run=user_run, container=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    client = MlflowClient(uri)
+    run = script_run(client, "user" if user_run else "script")
+    present, duplicated = count_cycles(client, run.info.run_id, expected(cycles))
+    matrix_row(cycles, present, 0, cycles - present, duplicated)
+    assert present == cycles
+    assert run.info.status == RunStatus.to_string(RunStatus.FINISHED)
+    assert _outbox.pending(tmp_path / "outbox") == []
+    assert "mlflow-neuron" not in result.stderr.replace("mlflow-neuron: delivering", ""), result.stderr[-2000:]
+
+
+def test_a_piped_script_leaves_no_process_of_ours_behind(tmp_path, matrix_row):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_script(tmp_path, uri, cycles=2)  # returns once every holder of the pipes closed them
+    assert result.returncode == 0, result.stderr[-3000:]
+    helpers = [int(pid) for line in result.stdout.splitlines() if line.startswith("HELPER") for pid in line.split()[1:]]
+    assert helpers, "the helper was not running during the loop"
+    for pid in helpers:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"helper {pid} outlived the script"
+    run = script_run(MlflowClient(uri), "script")
+    present, duplicated = count_cycles(MlflowClient(uri), run.info.run_id, expected(2))
+    matrix_row(2, present, 0, 2 - present, duplicated)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_container_behind_a_pipe_on_a_hung_server_names_what_it_kept_and_sync_sends_each_once(tmp_path, matrix_row):
+    outbox = tmp_path / "outbox"
+    with HungServer() as hung:
+        started = time.monotonic()
+        result = run_script(tmp_path, hung.uri, cycles=3, container=True, budget=4)
+        took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert took < 120, took  # the script is not held by the server: its budget, then exit
+    kept = [line for line in result.stderr.splitlines() if "were not sent to" in line]
+    assert len(kept) == 1, result.stderr[-3000:]
+    assert "3 profiler cycle(s) (steps 4, 8, 12)" in kept[0] and f"mlflow-neuron sync --outbox {outbox}" in kept[0]
+    assert len(_outbox.pending(outbox)) == 3
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    os.chdir(tmp_path)
+    # From this (another) PID namespace: the container's locks went with its processes.
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == EXIT_OK
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == EXIT_OK  # nothing twice
+    client = MlflowClient(store)
+    [run] = client.search_runs(["0"])
+    present, duplicated = count_cycles(client, run.info.run_id, expected(3))
+    matrix_row(3, present, 3, 3 - present, duplicated)
+    assert run.info.status == RunStatus.to_string(RunStatus.FINISHED)  # its end was queued after its cycles
+
+
+KILLED = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+import mlflow
+from workloads import profile_rmsnorm
+from mlflow_neuron import MLflowProfilerCallback
+mlflow.set_tracking_uri({uri!r})
+callback = MLflowProfilerCallback(run_name="killed", outbox={outbox!r}, process="inline")
+profile_rmsnorm(callback, steps=12, wait=1, warmup=1, active=2)
+print("READ", callback.cycles_read, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+def test_a_script_killed_after_its_loop_leaves_every_cycle_to_sync(tmp_path, dead_server, matrix_row):
+    """Nobody delivered (the server was down): each cycle stays queued, and sync delivers it once."""
+    outbox = tmp_path / "outbox"
+    code = KILLED.format(tests=str(TESTS), uri=dead_server, outbox=str(outbox))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])}
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600)  # fmt: skip
+    assert result.returncode == -signal.SIGKILL and "READ 3" in result.stdout, result.stderr[-3000:]
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    os.chdir(tmp_path)
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == EXIT_OK
+    client = MlflowClient(store)
+    [run] = client.search_runs(["0"])
+    present, duplicated = count_cycles(client, run.info.run_id, expected(3))
+    matrix_row(3, present, 3, 3 - present, duplicated)
+
+
+RANK = """
+import json, os, sys, time
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+import mlflow
+from workloads import profile_rmsnorm
+from mlflow_neuron import MLflowProfilerCallback
+rank = int(sys.argv[1])
+mlflow.set_tracking_uri({uri!r})
+callback = MLflowProfilerCallback(run_name=f"rank{{rank}}", outbox={outbox!r}, flush_timeout_s={budget})
+profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
+barrier = Path({barrier!r})
+(barrier / str(rank)).touch()
+while len(list(barrier.iterdir())) < {ranks}:  # every rank stays alive until all have profiled
+    time.sleep(0.05)
+launcher = callback._producer.helper
+consumer = {{"rank": rank, "became_consumer": launcher.ready_after_s is not None,
+            "holder": open(os.path.join({outbox!r}, ".consumer.lock")).read().strip()}}
+callback.close()
+consumer["delivered"] = callback.cycles_logged
+print(json.dumps(consumer), flush=True)
+"""
+
+
+def test_the_ranks_of_a_node_share_one_outbox_and_one_helper_on_a_fresh_store(tmp_path, matrix_row):
+    """Four ranks started at once on a sqlite file that does not exist yet: one creates the store,
+    none crashes, one helper process drains for all of them, and each rank's cycles arrive once."""
+    ranks, uri, outbox, barrier = 4, f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "outbox", tmp_path / "barrier"
+    barrier.mkdir()
+    code = RANK.format(tests=str(TESTS), uri=uri, outbox=str(outbox), budget=BUDGET_S, barrier=str(barrier),
+                       ranks=ranks)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(rank)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for rank in range(ranks)]  # fmt: skip
+    outputs = [p.communicate(timeout=600) for p in procs]
+    for proc, (_, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-3000:]
+    reports = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert sum(r["became_consumer"] for r in reports) == 1, reports
+    assert len({r["holder"] for r in reports}) == 1, reports  # the same consumer process for every rank
+    assert [r["delivered"] for r in reports] == [2] * ranks
+    client = MlflowClient(uri)
+    counts = [count_cycles(client, script_run(client, f"rank{rank}").info.run_id, expected(2)) for rank in range(ranks)]
+    matrix_row(2 * ranks, sum(p for p, _ in counts), 0, 2 * ranks - sum(p for p, _ in counts), sum(d for _, d in counts))
+
+
+HOLD = """
+import sys, time
+from mlflow_neuron._delivery import entries
+held = entries.try_claim(__import__("pathlib").Path(sys.argv[1]))
+print("held" if held else "busy", flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_entry_held_by_a_live_process_is_never_taken_and_one_whose_holder_died_is_taken_at_once(tmp_path):
+    outbox = tmp_path / "outbox"
+    held = entries.create(outbox)
+    entries.write_json(held.path / entries.END, {"format": entries.FORMAT, "run": {"tracking_uri": "sqlite:///x"}})
+    held.release()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(held.path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert entries.try_claim(held.path) is None  # a live holder: never taken
+    finally:
+        holder.kill()
+        holder.wait()
+    again = entries.try_claim(held.path)  # the kernel dropped its lock with it
+    assert again is not None
+    again.release()
+
+
+def test_an_entry_left_half_written_by_a_dead_process_is_set_aside_as_damaged(tmp_path, sync_store, capsys):
+    outbox = tmp_path / "outbox"
+    held = entries.create(outbox)
+    (held.path / entries.FILES / "raw_trace.json").write_text("{", encoding="utf-8")  # killed mid-write
+    held.release()
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 1
+    out = capsys.readouterr().out
+    assert f"{held.name}: damaged, not sent: half-written" in out
+    assert [p.name for p in _outbox.damaged(outbox)] == [held.name]
