@@ -67,11 +67,12 @@ def count_cycles(client: MlflowClient, run_id: str, expected_steps: list[int]) -
 
 def _finish(name, server, run_id, callback, steps, expected_steps, outboxes) -> Outcome:
     kept = sum(len(list(Path(o).glob("*-*-*"))) for o in outboxes if Path(o).is_dir())
+    logged = callback.cycles_logged  # delivered live: read before a sync delivers the rest
     for _ in range(2):  # a second sync must change nothing
         for outbox in outboxes:
             sync(str(outbox), server.uri, out=io.StringIO())
     present, duplicated = count_cycles(MlflowClient(server.uri), run_id, expected_steps)
-    return Outcome(name, steps, callback.cycles_read, callback.cycles_logged, kept, present, duplicated)
+    return Outcome(name, steps, callback.cycles_read, logged, kept, present, duplicated)
 
 
 def new_callback(helper: bool, **options) -> MLflowProfilerCallback:

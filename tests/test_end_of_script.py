@@ -261,5 +261,5 @@ def test_an_entry_left_half_written_by_a_dead_process_is_set_aside_as_damaged(tm
     held.release()
     assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 1
     out = capsys.readouterr().out
-    assert f"{held.name}: damaged, not sent: half-written" in out
+    assert f"{held.name}: damaged, not sent: half-written: it has no record.json nor job.json" in out
     assert [p.name for p in _outbox.damaged(outbox)] == [held.name]

@@ -186,7 +186,12 @@ def test_a_full_disk_keeps_what_fits_and_counts_what_is_lost(server, tmp_path, m
             if count:
                 assert f"mlflow-neuron sync --outbox {folder}" in text, text
         assert "Traceback" not in text and all(len(line) < 1200 for line in text.splitlines())
-        kept = sync_each(folders, server.uri)
+        # The user makes room: the outbox moves to a roomier disk (an entry names its files relative
+        # to itself), where its queued cycles can be prepared, and the temp folder is usable again.
+        roomy = tmp_path / "outbox-roomy"
+        shutil.copytree(disk / "outbox", roomy)
+        monkeypatch.setattr(tempfile, "tempdir", None)
+        kept = sync_each([roomy, *folders[1:]], server.uri)
         assert [p for p in tmp.iterdir() if p.name.startswith("mlflow-neuron-") and "outbox" not in p.name] == []
     present, duplicates = count_cycles(MlflowClient(server.uri), run_id, steps_of(cycles))
     assert kept + len(lost) == cycles == present + len(lost), (held, sorted(lost), text)
@@ -222,9 +227,10 @@ profile_rmsnorm(handed, steps={steps}, wait=1, warmup=1, active=2)
 
 @pytest.mark.parametrize("stage", ["delivering", "exit-flush"])
 def test_kill_9_of_training_while_its_helper_holds_the_cycles_loses_none(server, tmp_path, matrix_row, stage):
-    """A run exists; the server hangs; the helper holds every cycle. kill -9 of the training
-    process mid-loop or in the profiler's exit flush: the helper, its parent gone, stores every
-    cycle it was handed, leaves no staging folder of one, and sync lands each once."""
+    """A run exists; the server hangs; the helper is up. kill -9 of the training process mid-loop or
+    in the profiler's exit flush: the helper, its parent gone, exits; every cycle the training
+    thread queued is in the outbox, whole, no staging folder is left in $TMPDIR, and sync lands
+    each once."""
     run_id = MlflowClient(server.uri).create_run("0").info.run_id
     outbox, staging = tmp_path / "outbox", tmp_path / "tmp"
     staging.mkdir()
@@ -252,14 +258,21 @@ def test_kill_9_of_training_while_its_helper_holds_the_cycles_loses_none(server,
     # folder: that cycle is the one being written, and it is lost with its folder.
     assert len(left) <= (1 if stage == "delivering" else 0), left
     records = _outbox.pending(outbox)
-    assert {r.name.split("-")[1] for r in records} == {str(helper_pid)}  # the helper stored them, its parent dead
-    # A cycle handed over just before the kill may not have printed "handed": its record counts it.
-    produced = sorted({*handed, *(json.loads((r / "record.json").read_text())["step"] for r in records)})
+    assert {r.name.split("-")[1] for r in records} == {str(proc.pid)}  # queued by the training thread
+    # A cycle queued just before the kill may not have printed "handed": its entry counts it.
+    produced = sorted({*handed, *(_step_of(r) for r in records)})
     assert len(produced) <= len(handed) + 1, (handed, produced)
     kept = sync_each([outbox], server.uri)
     present, duplicates = count_cycles(MlflowClient(server.uri), run_id, produced)
     assert present == len(produced) == kept, (handed, produced, kept)
     matrix_row(len(produced), present, kept, 0, duplicates)
+
+
+def _step_of(entry: Path) -> int:
+    """The step of a queued (job.json) or prepared (record.json) entry."""
+    if (entry / "record.json").is_file():
+        return json.loads((entry / "record.json").read_text())["step"]
+    return json.loads((entry / "job.json").read_text())["job"]["step"]
 
 
 def _alive(pid: int) -> bool:

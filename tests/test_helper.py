@@ -1,18 +1,17 @@
 """The helper process: same numbers as `extract_cycle(prof.events())`, and no trouble reaches training.
 
-The helper parses the cycle's chrome trace in its own process; its per-op rows, per-step samples
-and totals must equal torch's own parse of the same cycle, fake device kernels included. A helper
-that dies, never starts or hangs is restarted once, then replaced by the in-process path, with one
-warning; flush and close return within their timeouts and lose no cycle.
+The helper drains the outbox in its own process, parsing each cycle's chrome trace; its per-op rows,
+per-step samples and totals must equal torch's own parse of the same cycle, fake device kernels
+included. A helper that dies or never starts is restarted once, then the training process drains by
+itself, with one warning; a hung one never holds flush or close past their timeouts, loses no cycle,
+and does not outlive close().
 """
 
-import io
 import json
 import os
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import mlflow
@@ -30,7 +29,6 @@ from mlflow_neuron._neuron import devices as _devices
 from mlflow_neuron._trace.device_names import CPU
 from mlflow_neuron._trace.function_events import extract_cycle
 from mlflow_neuron._delivery.keys import OpKeys
-from mlflow_neuron.cli import sync
 
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
 NUMBERS = ["calls", "self_device_time_us", "device_time_us", "self_cpu_time_us", "cpu_time_us"]
@@ -78,13 +76,13 @@ def test_the_helper_process_never_maps_libtorch(tracking_uri, strict):
     def look(prof):  # at the second cycle, once the helper has delivered the first
         if callback.cycles_read:
             seen["flushed"] = callback.flush(READY_S)
-            seen["maps"] = Path(f"/proc/{callback._sender.helper_pid}/maps").read_text()
+            seen["maps"] = Path(f"/proc/{callback._producer.helper.helper_pid}/maps").read_text()
 
     with mlflow.start_run():
         callback = started(MLflowProfilerCallback(look, flush_timeout_s=DELIVER_S))
         profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
         callback.close()
-    assert seen["flushed"] and callback._sender.jobs_sent == 2 and callback.cycles_logged == 2
+    assert seen["flushed"] and callback.cycles_logged == 2
     assert "libtorch" not in seen["maps"] and "libc10" not in seen["maps"]
     assert "libpython" in seen["maps"] or "python" in seen["maps"]  # the maps were read, of a Python process
 
@@ -98,8 +96,7 @@ def test_the_helper_logs_what_torchs_own_parse_gives_on_every_row(tracking_uri, 
     with mlflow.start_run() as run:
         callback = started(MLflowProfilerCallback(*handlers, flush_timeout_s=DELIVER_S))
         profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
-        assert callback._sender.parser == "orjson"
-        assert callback.last_profile is None  # nothing was aggregated in this process
+        assert callback._producer.helper.parser == "orjson"
         assert callback.cycles_logged == 2
         callback.close()
     client = MlflowClient()
@@ -131,7 +128,7 @@ with mlflow.start_run() as run:
     assert callback.start_helper({READY_S})
     profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2,
                     activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], experimental_config=config)
-    assert callback.last_profile is None and callback.cycles_logged == 2, callback.cycles_logged
+    assert callback.cycles_logged == 2, callback.cycles_logged
     callback.close()
 print(json.dumps({{"run_id": run.info.run_id, "expected": expected}}))
 """
@@ -151,20 +148,26 @@ def test_a_helper_that_dies_on_its_first_cycle_is_restarted_and_loses_nothing(tr
     marker = tmp_path / "died-once"
     dies_once = f"""
 import os, pathlib, sys
-from mlflow_neuron._delivery import helper as _helper
-handle = _helper.Helper.handle
-def dying(self, request):
-    if request.get("op") == "cycle" and not pathlib.Path({str(marker)!r}).exists():
+from mlflow_neuron._delivery import drain as _drain, helper as _helper
+prepare = _drain.Drain.prepare
+def dying(self, *args, **kwargs):
+    if not pathlib.Path({str(marker)!r}).exists():
         pathlib.Path({str(marker)!r}).write_text("")
         os._exit(9)
-    return handle(self, request)
-_helper.Helper.handle = dying
+    return prepare(self, *args, **kwargs)
+_drain.Drain.prepare = dying
 sys.exit(_helper.main())
 """
     monkeypatch.setattr(_helper_process, "HELPER_COMMAND", (sys.executable, "-c", dies_once))
     with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="helper process ended") as caught:
         callback = started(MLflowProfilerCallback(flush_timeout_s=DELIVER_S))
-        profile_rmsnorm(callback, steps=12, wait=1, warmup=1, active=2)
+        def then_wait(prof):  # until the helper took the first cycle (and died): the stop drains here too
+            callback(prof)
+            deadline = time.monotonic() + READY_S
+            while not marker.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+        profile_rmsnorm(then_wait, steps=12, wait=1, warmup=1, active=2)
         callback.close(timeout=DELIVER_S)
     assert marker.exists()
     assert sum(issubclass(w.category, MLflowNeuronWarning) for w in caught) == 1
@@ -178,11 +181,12 @@ def test_a_helper_that_cannot_run_falls_back_to_the_training_process_with_one_wa
     monkeypatch.setattr(_helper_process, "HELPER_COMMAND", (sys.executable, "-c", "import sys; sys.exit(3)"))
     with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="exit code 3") as caught:
         callback = MLflowProfilerCallback()
-        callback._sender.start()
+        helper = callback._producer.helper
         deadline = time.monotonic() + 60
-        while callback._sender.uses_helper and time.monotonic() < deadline:
+        while helper.usable and time.monotonic() < deadline:
+            helper.ensure()  # started again 2 s after each failure, twice in all
             time.sleep(0.05)
-        assert not callback._sender.uses_helper
+        assert not helper.usable
         profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
     assert sum(issubclass(w.category, MLflowNeuronWarning) for w in caught) == 1
     assert callback.reporter.counts == {"helper": 2} and callback.cycles_logged == 2
@@ -192,42 +196,41 @@ def test_a_helper_that_cannot_run_falls_back_to_the_training_process_with_one_wa
 
 
 HANGS = """
-import sys, time
-sys.stdin.readline()
+import pathlib, sys, time
+from mlflow_neuron._delivery import entries
+outbox = pathlib.Path(sys.argv[1])
+lock = entries.lock_file(entries._outbox.private_folder(outbox) / entries.CONSUMER_LOCK, blocking=True, timeout=5)
 sys.stdout.write('{"type": "ready", "parser": "none", "pid": 0}\\n')
 sys.stdout.flush()
-time.sleep(600)
+held = []
+while True:  # takes every entry it can and never lets go, whatever its input says
+    for entry in entries.listed(outbox):
+        claim = entries.try_claim(entry)
+        if claim is not None:
+            held.append(claim)
+    time.sleep(0.01)
 """
 
 
-def test_flush_and_close_return_in_time_when_the_helper_hangs_and_keep_every_cycle(tracking_uri, monkeypatch):
+def test_a_hung_helper_holds_neither_flush_nor_close_past_their_time_and_every_cycle_stays(tracking_uri, monkeypatch):
     monkeypatch.setattr(_helper_process, "HELPER_COMMAND", (sys.executable, "-c", HANGS))
     callback = started(MLflowProfilerCallback(experiment_id="0", flush_timeout_s=1.0))
-    proc = callback._sender._proc.proc
+    proc = callback._producer.helper.proc
     start = time.monotonic()
-    flushed = {}
-    profile_rmsnorm(lambda prof: (callback(prof), flushed.setdefault(prof.step_num, callback.flush(0.5))),
-                    steps=8, wait=1, warmup=1, active=2)  # fmt: skip
-    assert flushed[4] is False  # the hung helper holds the first cycle: flush gives up in time
-    # At stop: the flush (1 s), then the helper's retirement (at least 1 s), then it is stopped.
-    assert time.monotonic() - start < 2 * 0.5 + 2.0 + 5.0  # plus the loop's own time
-    assert proc.wait(10) is not None
-    callback.close(timeout=5.0)
-    assert callback.cycles_logged + len(callback.outbox_records) == 2  # its cycles came back
+    profile_rmsnorm(lambda prof: (callback(prof), callback.flush(0.5)), steps=8, wait=1, warmup=1, active=2)
+    # Whichever process claimed an entry first has it: the hung helper keeps what it took.
+    with pytest.warns(MLflowNeuronWarning, match=r"profiler cycle\(s\) \(steps [48, ]+\) were not sent"):
+        callback.close(timeout=2.0)
+    assert time.monotonic() - start < 2 * 0.5 + 1.0 + 2.0 + 2.0 + 30.0  # flushes, stop, close, the helper's stop; the loop
+    assert proc.poll() is not None  # stopped: nothing of ours outlives close()
+    assert callback.outbox_records and callback.cycles_logged + len(callback.outbox_records) == 2  # kept, whole
 
 
 def test_the_helper_exits_when_its_parent_closes_stdin(tmp_path):
-    from dataclasses import asdict
-
-    from mlflow_neuron._delivery.model import RunRef
-
-    init = {"op": "init", "run": asdict(RunRef(f"sqlite:///{tmp_path / 'mlflow.db'}", experiment_id="0", run_key="k")),
-            "sender": {"outbox": str(tmp_path / "outbox")},
-            "preparer": {"top_k": 5, "rank": 0, "primary": True, "all_ranks": False}, "exit_budget_s": 2}  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow_neuron._delivery.helper"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=env, cwd=tmp_path)  # fmt: skip
-    proc.stdin.write((json.dumps(init) + "\n").encode())
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow_neuron._delivery.helper", str(tmp_path / "outbox")],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, cwd=tmp_path)  # fmt: skip
+    proc.stdin.write((json.dumps({"credentials": {}}) + "\n").encode())
     proc.stdin.flush()
     assert json.loads(proc.stdout.readline())["type"] == "ready"
     proc.stdin.close()
@@ -240,7 +243,7 @@ def test_a_rank_that_logs_no_metrics_hands_its_files_to_the_helper(tracking_uri,
     run_id = MlflowClient().create_run("0").info.run_id
     callback = started(MLflowProfilerCallback(run_id=run_id, flush_timeout_s=DELIVER_S))
     profile_rmsnorm(callback)
-    assert callback.cycles_logged == 1 and callback._sender._done_delivered == 1  # by the helper
+    assert callback.cycles_logged == 1
     callback.close()
     files = {a.path for a in MlflowClient().list_artifacts(run_id, "profiler/step_4/rank_1")}
     assert files == {"profiler/step_4/rank_1/manifest.json"}
@@ -265,7 +268,6 @@ def test_the_helper_logs_the_timeline_the_training_process_would_build(tracking_
         callback = started(MLflowProfilerCallback(in_process_timeline, flush_timeout_s=DELIVER_S))
         profile_rmsnorm(callback, steps=4, wait=1, warmup=1, active=2)
         callback.close()
-        assert callback._sender.jobs_sent == 1
     [trace] = MlflowClient().search_traces(locations=[run.info.experiment_id], run_id=run.info.run_id, flush=True)
     got = sorted(trace.data.spans, key=lambda s: int(s.span_id, 16))
     want = built[4].spans
@@ -274,19 +276,17 @@ def test_the_helper_logs_the_timeline_the_training_process_would_build(tracking_
     assert any(s.name.startswith("ProfilerStep#") for s in got) and any(s.name.startswith("aten::") for s in got)
 
 
-def test_no_helper_outlives_its_profile_and_the_next_profile_starts_one(tracking_uri):
+def test_one_helper_serves_every_profile_and_none_outlives_close(tracking_uri):
     with mlflow.start_run():
         callback = started(MLflowProfilerCallback(flush_timeout_s=DELIVER_S))
-        first = callback._sender._proc.proc
+        helper = callback._producer.helper.proc
         profile_rmsnorm(callback, steps=4, wait=1, warmup=1, active=2)
-        assert callback._sender._proc is None and first.wait(READY_S) == 0  # it finished its jobs and exited
-        assert callback.start_helper(READY_S)  # as the next profile's first cycle would
-        second = callback._sender._proc.proc
         profile_rmsnorm(callback, steps=4, wait=1, warmup=1, active=2)
-        assert second.pid != first.pid and second.wait(READY_S) == 0
+        assert callback._producer.helper.proc is helper and helper.poll() is None  # the same one, still up
         callback.close()
-    assert callback.cycles_logged == 2 and callback._sender.jobs_sent == 2
-    assert callback.reporter.counts == {} and callback._sender._failures == 0  # retiring is not failing
+        assert helper.poll() == 0  # it stopped when its input ended, and close() waited for it
+    assert callback.cycles_logged == 2
+    assert callback.reporter.counts == {} and callback._producer.helper.failures == 0  # stopping is not failing
 
 
 def test_a_trace_orjson_refuses_is_read_by_the_standard_parser(tmp_path):
@@ -308,7 +308,7 @@ def test_a_callback_dropped_without_close_lets_its_helper_go(tracking_uri):
     import gc
 
     callback = started(MLflowProfilerCallback(experiment_id="0"))
-    proc = callback._sender._proc.proc
+    proc = callback._producer.helper.proc
     del callback
     gc.collect()
     assert proc.wait(READY_S) == 0
@@ -329,47 +329,3 @@ def test_op_keys_and_the_device_time_flag_go_on_across_helpers():
     second.absorb(first.export())
     assert second.keys.key("aten::mul") == taken and second._device_time_seen
     assert len(set(second.keys.known().values())) == 2  # two names never share a key
-
-
-SILENT_THEN_HUNG = """
-import sys, time
-from mlflow_neuron._delivery import helper as _helper
-_helper.Helper.state = lambda self: {"delivered": 0, "stored": [], "rejected": [], "pending": 0,
-                                     "run_id": self.sender.logger.run.run_id}  # never says what it did
-handle = _helper.Helper.handle
-def hung_close(self, request):
-    if request.get("op") == "close":
-        time.sleep(600)  # never answers: the training process stops it when the budget is spent
-    return handle(self, request)
-_helper.Helper.handle = hung_close
-sys.exit(_helper.main())
-"""
-
-
-@pytest.mark.parametrize("server", ["up", "down"])
-def test_a_helper_stopped_before_it_said_what_it_did_has_each_cycle_counted_once(tracking_uri, dead_server,
-                                                                                   tmp_path, monkeypatch, server):
-    """A helper stopped at the end of the budget may have delivered or stored cycles after its last
-    state (on a busy machine, at nice 10, it is often so): each is counted once, as delivered or
-    as kept, from what the helper left, and nothing it finished is sent again."""
-    from mlflow_neuron._delivery import outbox as _outbox
-
-    monkeypatch.setattr(_helper_process, "HELPER_COMMAND", (sys.executable, "-c", SILENT_THEN_HUNG))
-    outbox = tmp_path / "outbox"
-    uri = tracking_uri if server == "up" else dead_server
-    run_id = MlflowClient().create_run("0").info.run_id
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", MLflowNeuronWarning)
-        callback = started(MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=outbox, retry_wait_s=0.01,
-                                                  flush_timeout_s=20))  # fmt: skip
-        profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
-        callback.close(timeout=5)
-    assert callback._sender.jobs_sent == 2
-    kept = sorted(callback.outbox_records)
-    assert kept == _outbox.pending(outbox)  # every record on disk counted as kept, none twice
-    assert callback.cycles_logged + len(kept) == 2
-    if server == "down":
-        assert len(kept) == 2
-    sync(str(outbox), tracking_uri, out=io.StringIO())
-    history = MlflowClient().get_metric_history(run_id, "profiler/total/active_steps")
-    assert sorted(m.step for m in history) == [4, 8]  # each cycle in the run once

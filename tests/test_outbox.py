@@ -80,18 +80,19 @@ def test_an_unwritable_outbox_falls_back_and_says_where(sync_store, dead_server,
     assert_each_cycle_once(client, client.search_runs(["0"])[0].info.run_id, [4, 8])
 
 
-def test_memory_for_pending_cycles_is_bounded(dead_server, tmp_path):
+def test_each_cycle_is_on_disk_before_the_training_loop_goes_on(dead_server, tmp_path):
+    """The outbox is the queue: no cycle waits in memory, so memory does not grow with a backlog and
+    a kill at any step loses none that was handed over."""
     outbox = tmp_path / "outbox"
-    callback = MLflowProfilerCallback(
-        tracking_uri=dead_server, experiment_id="0", outbox=outbox, retries=50, retry_wait_s=0.2, max_pending=1
-    )
+    callback = MLflowProfilerCallback(tracking_uri=dead_server, experiment_id="0", outbox=outbox, retries=50,
+                                      retry_wait_s=0.2)  # fmt: skip
     seen = []
     with pytest.warns(MLflowNeuronWarning):
-        profile_rmsnorm(lambda prof: (callback(prof), seen.append(callback._producer.pending)),
+        profile_rmsnorm(lambda prof: (callback(prof), seen.append(len(pending(outbox)))),
                         steps=20, wait=1, warmup=1, active=2)
         callback.close(timeout=0)
-    assert max(seen) <= 1
-    assert len(pending(outbox)) == 5  # every cycle kept: spilled, or handed over at close
+    assert seen == [1, 2, 3, 4, 5]  # each queued on disk when on_trace_ready returned
+    assert len(pending(outbox)) == 5 and len(callback.outbox_records) == 5  # every cycle kept
 
 
 def test_sync_sets_a_corrupt_record_aside_and_delivers_the_rest(sync_store, dead_server, tmp_path):

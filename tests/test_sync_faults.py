@@ -249,44 +249,6 @@ def test_retry_damaged_keeps_a_record_that_is_still_damaged(sync_store, tmp_path
     assert "files/ops.json is missing" in _outbox.reason_of(aside)
 
 
-# -- a writer killed before its rename -------------------------------------------------------------------
-
-
-def _dead_pid() -> int:
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    return int(done.stdout)
-
-
-def _as_partial_of(record: Path, pid: int) -> Path:
-    stamp, _, seq = record.name.split("-")
-    partial = record.parent / f".{stamp}-{pid}-{seq}{_outbox.PARTIAL}"
-    os.rename(record, partial)
-    return partial
-
-
-def test_a_record_written_whole_by_a_killed_writer_is_put_in_place_and_sent(sync_store, tmp_path, capsys):
-    outbox = offline_records(tmp_path)
-    _as_partial_of(_outbox.pending(outbox)[0], _dead_pid())
-    assert len(_outbox.pending(outbox)) == 2
-    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == EXIT_OK
-    assert "put in place" in capsys.readouterr().out
-    [(_, steps)] = cycles_in(MlflowClient(sync_store), "0").items()
-    assert sorted(steps) == STEPS
-
-
-def test_a_half_written_record_of_a_killed_writer_is_named_and_a_live_writers_is_left(sync_store, tmp_path, capsys):
-    outbox = offline_records(tmp_path)
-    first, second = _outbox.pending(outbox)[:2]
-    (first / "record.json").unlink()  # killed before record.json was written
-    dead = _as_partial_of(first, _dead_pid())
-    alive = _as_partial_of(second, os.getpid())  # still being written by a live process
-    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == EXIT_FAILED
-    out = capsys.readouterr().out
-    assert "half-written" in out and "ended before the record was complete" in out
-    assert [p.name for p in _outbox.damaged(outbox)] == [dead.name[1 : -len(_outbox.PARTIAL)]]
-    assert alive.is_dir()  # a live writer's record is never touched
-
-
 # -- runs sync owns, exit codes, transient races -----------------------------------------------------------
 
 

@@ -153,7 +153,7 @@ class MLflowProfilerCallback:
                                   helper=process == "helper", retries=retries, retry_wait_s=retry_wait_s)  # fmt: skip
         # A callback dropped unclosed leaves no helper behind; at exit, close() does it all.
         if self._producer.helper is not None:
-            weakref.finalize(self, self._producer.helper.stop, 0.0).atexit = False
+            weakref.finalize(self, self._producer.helper.release).atexit = False
         self._reader = CycleReader(
             self.reporter, self.rank, all_ranks=all_ranks, max_file_bytes=max_file_bytes, export_trace=export_trace,
             profile_output_dir=os.fspath(profile_output_dir) if profile_output_dir else None,

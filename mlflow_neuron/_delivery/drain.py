@@ -19,15 +19,16 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import entries
 from . import outbox as _outbox
+from .courier import Courier
 from .entries import END, FILES, JOB, TRIED, Held
 from .failures import is_permanent, is_unreachable, reason
 from .files import sent_files
-from .http_budget import remember_retry_after, retry_after_s
+from .http_budget import remember_retry_after
 from .job import CycleJob
 from .model import Delivery, RunRef
 from .report import rejected_message, report_delivery
@@ -83,15 +84,12 @@ class Drain:
         self.outbox = Path(outbox).absolute()
         self.folder = self.outbox / _outbox.REJECTED if rejected else self.outbox
         self.reporter = reporter
-        self.credentials = dict(credentials or {})  # URI without credentials -> the URI with them
-        self.tracking_uri, self.run_id = tracking_uri, run_id  # sync's overrides
-        self.progress = progress
+        self.courier = Courier(self.outbox, credentials=credentials, tracking_uri=tracking_uri, run_id=run_id,
+                               progress=progress)  # fmt: skip
         self.retries, self.retry_wait_s = retries, retry_wait_s
         self.copy_max_bytes = copy_max_bytes
         self.last_profile = None  # the latest cycle this process prepared
         self.memory: dict[Path, object] = {}  # entry -> its cycle's numbers held in this process (read first)
-        self.wrote = False  # something was written to a server
-        self._loggers: dict[tuple, object] = {}
         self._preparers: dict[tuple, object] = {}
         self._lock = threading.Lock()  # one pass at a time in this process
         remember_retry_after()
@@ -142,7 +140,7 @@ class Drain:
             done = self.once(stop=stop)
             if done.count(KEPT) or done.unreachable:
                 backoff = min(max(backoff * 2, self.retry_wait_s), 30.0)
-                stop.wait(max(backoff, retry_after_s() or 0.0))
+                stop.wait(max(backoff, self.courier.quiet_s()))
                 continue
             backoff = 0.0
             while not stop.wait(poll_s) and not done.busy and _mtime(self.folder) == mtime:
@@ -155,21 +153,28 @@ class Drain:
         or set aside here, or must wait."""
         state = entries.state(held.path)
         if state == entries.WRITING:
-            self._damaged(held.path, "half-written: the process that wrote it ended before it was complete",
-                          done, on_outcome)  # fmt: skip
+            self._damaged(held.path, "half-written: it has no record.json nor job.json, and the process that wrote "
+                          "it ended", done, on_outcome)  # fmt: skip
             return None
         if state == entries.ENDING:
             self._end(held.path, done, on_outcome)
             return None
-        if state == entries.QUEUED and not self._prepare_entry(held.path, done, on_outcome):
-            return None
+        if state == entries.QUEUED:
+            try:
+                if not self._prepare_entry(held.path, done, on_outcome):
+                    return None
+            except OSError as refused:  # a full disk: it stays queued, whole, for a later pass or sync
+                self.reporter.problem("prepare", f"outbox entry {held.name} could not be prepared "
+                                      f"({reason(refused)}); it stays queued")  # fmt: skip
+                self._kept(held.path, refused, done, on_outcome)
+                return None
         try:
             delivery, run = _outbox.load(held.path, check_seal=state != entries.QUEUED)
         except DamagedRecord as damage:
             self._damaged(held.path, str(damage), done, on_outcome)
             return None
-        if self._server(run) in done.unreachable:
-            self._outcome(done, on_outcome, Outcome(held.path, KEPT, done.unreachable[self._server(run)], delivery,
+        if self.courier.server(run) in done.unreachable:
+            self._outcome(done, on_outcome, Outcome(held.path, KEPT, done.unreachable[self.courier.server(run)], delivery,
                                                     run, unreachable=True))  # fmt: skip
             return None
         return _Ready(held, delivery, run)
@@ -225,31 +230,34 @@ class Drain:
             return
         logger = None
         try:
-            logger = self._logger(run, create=False)
+            logger = self.courier.logger(run, create=False)
             if logger.run.run_id is not None:
                 from mlflow.entities import RunStatus
 
                 if logger.client.get_run(logger.run.run_id).info.status == RunStatus.to_string(RunStatus.RUNNING):
                     logger.end_run()
-                    self.wrote = True
+                    self.courier.wrote = True
         except Exception as error:  # noqa: BLE001 - classified: kept unless the run is gone for good
             if not is_permanent(error):
                 self._kept(entry, error, done, on_outcome, run=run)
                 return
-        for name in (f".run-{run.run_key}.id", f".keys-{run.run_key}.json"):
-            with contextlib.suppress(OSError):
-                os.unlink(self.outbox / name)
+        with contextlib.suppress(OSError):  # the run's id stays for its callback to read (`Producer.run_id`)
+            os.unlink(self.outbox / f".keys-{run.run_key}.json")
         entries.remove(entry)
         self._outcome(done, on_outcome, Outcome(entry, ENDED, run=logger.run if logger is not None else run))
 
     # -- delivery ----------------------------------------------------------------------------------------
+
+    def _deliver(self, ready: list[_Ready], stop, deadline) -> list[tuple[dict, list[str]]]:
+        return self.courier.deliver([i.held.path for i in ready], [i.delivery for i in ready], ready[0].run, stop,
+                                    deadline)  # fmt: skip
 
     def _send(self, ready: list[_Ready], done: Pass, on_outcome, stop, deadline) -> None:
         """Sends prepared entries of one run together; if that fails, each on its own."""
         try:
             if len(ready) > 1:
                 try:
-                    results = self._deliver(ready)
+                    results = self._deliver(ready, stop, deadline)
                 except Exception as error:  # noqa: BLE001 - split: each entry finds its own way
                     if is_unreachable(error):
                         for item in ready:
@@ -267,10 +275,10 @@ class Drain:
                 item.held.release()
 
     def _send_one(self, item: _Ready, done: Pass, on_outcome, stop, deadline) -> None:
-        error: Exception | str | None = done.unreachable.get(self._server(item.run))
+        error: Exception | str | None = done.unreachable.get(self.courier.server(item.run))
         for attempt in range(0 if error else self.retries + 1):
             if attempt:
-                wait = max(self.retry_wait_s * 2 ** (attempt - 1), retry_after_s() or 0.0)
+                wait = self.retry_wait_s * 2 ** (attempt - 1)
                 if _over(stop, deadline, wait):
                     break
                 if stop is not None and stop.wait(wait):
@@ -278,7 +286,7 @@ class Drain:
                 if stop is None:
                     time.sleep(wait)
             try:
-                result = self._deliver([item])[0]
+                result = self._deliver([item], stop, deadline)[0]
             except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, a refusal
                 error = caught
                 if is_unreachable(caught):
@@ -291,55 +299,6 @@ class Drain:
             return
         self._kept(item.held.path, error, done, on_outcome, item)
 
-    def _deliver(self, ready: list[_Ready]) -> list[tuple[dict, list[str]]]:
-        logger = self._logger(ready[0].run)
-        fresh = not any((item.held.path / TRIED).exists() for item in ready)
-        for item in ready:
-            with contextlib.suppress(OSError):
-                (item.held.path / TRIED).touch(mode=0o600)
-        retry_after_s()  # forget a refusal from before this attempt
-        self.wrote = True
-        return logger.deliver_many([item.delivery for item in ready], fresh=fresh)
-
-    def _logger(self, run: RunRef, *, create: bool = True):
-        """One RunLogger per run and server; the server probed once; a run the callback creates is
-        created once across processes (under the store lock, its id kept in the outbox)."""
-        from .mlflow_io import RunLogger
-        from .probe import check_reachable
-
-        if self.run_id:
-            run = RunRef(run.tracking_uri, self.run_id)
-        run = replace(run, tracking_uri=self._uri(run))
-        key = (run.tracking_uri, run.run_id, run.run_key)
-        logger = self._loggers.get(key)
-        if logger is None:
-            check_reachable(run.tracking_uri)
-            logger = RunLogger(run, progress=self.progress)
-            with entries.store_lock(self.outbox):
-                logger.warm()  # a fresh sqlite store creates its schema here: one process at a time
-            self._loggers[key] = logger
-        if logger.run.run_id is None and run.run_key:
-            id_file = self.outbox / f".run-{run.run_key}.id"
-            with entries.store_lock(self.outbox):
-                known = _read_text(id_file)
-                if known:
-                    logger.run = replace(logger.run, run_id=known)
-                elif create:
-                    logger.ensure_run()
-                    with contextlib.suppress(OSError):
-                        id_file.write_text(logger.run.run_id, encoding="ascii")
-                else:
-                    found = logger._runs_with_key()
-                    logger.run = replace(logger.run, run_id=found[0].info.run_id if found else None)
-        return logger
-
-    def _uri(self, run: RunRef) -> str:
-        return self.tracking_uri or self.credentials.get(run.tracking_uri, run.tracking_uri)
-
-    def _server(self, run: RunRef) -> str:
-        """The server a run is sent to, as named in messages (without credentials)."""
-        return _outbox.without_credentials(self._uri(run))
-
     # -- settling ------------------------------------------------------------------------------------------
 
     def _delivered(self, item: _Ready, result: tuple[dict, list[str]], done: Pass, on_outcome) -> None:
@@ -348,7 +307,7 @@ class Drain:
         entries.remove(item.held.path)
         report_delivery(self.reporter, item.run.run_id, item.delivery.step, [], clashes, vanished)
         self._outcome(done, on_outcome, Outcome(item.held.path, DELIVERED, "", item.delivery,
-                                                self._logger(item.run).run, files, vanished))  # fmt: skip
+                                                self.courier.logger(item.run).run, files, vanished))  # fmt: skip
 
     def _reject(self, item: _Ready, error: Exception, done: Pass, on_outcome) -> None:
         why = reason(error)
@@ -357,8 +316,9 @@ class Drain:
         except OSError as unmoved:
             self._kept(item.held.path, unmoved, done, on_outcome, item)
             return
-        self.reporter.problem("rejected", rejected_message(f"profiler step {item.delivery.step}", item.run, why, moved))
         self._outcome(done, on_outcome, Outcome(item.held.path, REJECTED, why, item.delivery, item.run, moved=moved))
+        message = rejected_message(f"profiler step {item.delivery.step}", item.run, why, moved)
+        self.reporter.problem("rejected", message, error)  # strict mode raises the refusal itself
 
     def _damaged(self, entry: Path, why: str, done: Pass, on_outcome) -> None:
         try:
@@ -373,10 +333,10 @@ class Drain:
         """Left in the queue for a later pass: the server did not answer, or failed every retry."""
         run = item.run if item is not None else run
         why = reason(error) if isinstance(error, BaseException) else str(error or "not sent")
-        unreachable = run is not None and (self._server(run) in done.unreachable or (
+        unreachable = run is not None and (self.courier.server(run) in done.unreachable or (
             isinstance(error, BaseException) and is_unreachable(error)))  # fmt: skip
         if unreachable:
-            why = done.unreachable.setdefault(self._server(run), _unreachable_why(error, self._server(run)))
+            why = done.unreachable.setdefault(self.courier.server(run), _unreachable_why(error, self.courier.server(run)))
             self.reporter.problem("unreachable", f"{why}; the cycles wait in the outbox {self.outbox} and are sent "
                                   "when it answers")  # fmt: skip
         self._outcome(done, on_outcome, Outcome(entry, KEPT, why, item.delivery if item else None, run,
@@ -412,12 +372,5 @@ def _over(stop, deadline, wait: float = 0.0) -> bool:
 def _mtime(folder: Path) -> int | None:
     try:
         return os.stat(folder).st_mtime_ns
-    except OSError:
-        return None
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="ascii").strip() or None
     except OSError:
         return None

@@ -20,7 +20,9 @@ Ownership is never decided by pid liveness, which breaks across PID namespaces a
 
 Lock files in the outbox (each taken with `lock_file`):
 - `.consumer.lock`: the one consumer that follows the outbox (the helper process, or a `sync`);
-- `.store.lock`: one process at a time opens a fresh store or creates a run.
+- `.store.lock`: one process at a time opens a fresh store or creates a run;
+- `.send.lock`: one request at a time goes to the server from this outbox (the helper and training
+  prepare cycles side by side, but send in turn, and a refusal's Retry-After holds for both).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ except ImportError:  # pragma: no cover - Windows: no locks, one process per out
 JOB, RECORD, END = _outbox.JOB, _outbox.RECORD, _outbox.END
 FILES = "files"  # the cycle's files: the trace Kineto saved, then the tables made from it
 TRIED = ".tried"  # a delivery was attempted: the next one searches before writing the trace
-CONSUMER_LOCK, STORE_LOCK = ".consumer.lock", ".store.lock"
+CONSUMER_LOCK, STORE_LOCK, SEND_LOCK = ".consumer.lock", ".store.lock", ".send.lock"
+QUIET = ".quiet-until"  # a refusal's Retry-After, as a wall-clock time: every drain of the outbox heeds it
 FORMAT = 2
 QUEUED, PREPARED, ENDING, WRITING = "queued", "prepared", "end", "writing"
 
@@ -188,8 +191,10 @@ def holder_pid(path: Path) -> int | None:
 
 
 def mark_holder(held: Held) -> None:
-    os.ftruncate(held.fd, 0)
-    os.pwrite(held.fd, f"{os.getpid()}\n".encode(), 0)
+    """Writes this process's pid into a held lock file (for messages only: a full disk skips it)."""
+    with contextlib.suppress(OSError):
+        os.ftruncate(held.fd, 0)
+        os.pwrite(held.fd, f"{os.getpid()}\n".encode(), 0)
 
 
 @contextlib.contextmanager
@@ -228,7 +233,7 @@ def remove_if_idle(outbox: Path) -> None:
         return
     try:
         names = set(os.listdir(outbox))
-        if not names - {CONSUMER_LOCK, STORE_LOCK} - _run_files(names):
+        if not names - {CONSUMER_LOCK, STORE_LOCK, SEND_LOCK, QUIET} - _run_files(names):
             for name in names:
                 with contextlib.suppress(OSError):
                     os.unlink(outbox / name)

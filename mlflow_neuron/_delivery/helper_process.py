@@ -74,20 +74,26 @@ class HelperLauncher:
 
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """Closes its input (it stops after the entry in hand) and waits for it; kills it after `wait_s`."""
-        with self._lock:
-            self._stopping = True
-            proc = self.proc
+        self.release()
+        proc = self.proc
         if proc is None:
             return
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
         try:
             proc.wait(wait_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+    def release(self) -> None:
+        """Closes its input without waiting: it stops after the entry in hand (its callback is gone)."""
+        with self._lock:
+            self._stopping = True
+            proc = self.proc
+        if proc is not None:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
 
     def pids(self) -> tuple[int, ...]:
         proc = self.proc

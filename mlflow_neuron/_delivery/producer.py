@@ -11,23 +11,26 @@ flush or close, so a helper starved beside busy cores does not decide how long t
                the helper, and says in one warning what is left, where, and the `sync` command
 
 Settled has one meaning: the entry is no longer in the queue (`entries.where`). The counts the
-callback shows (`delivered`, `stored`, `rejected`) are read from the outbox itself.
+callback shows (`delivered`, `stored`, `rejected`) are read from the outbox itself. Where the outbox
+refuses a cycle (a full disk), the cycle moves to the fallback outbox (`outbox.fallback_folder`),
+said once; this process drains that one too, and the closing warning names both.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from . import entries
 from . import outbox as _outbox
 from .drain import DELIVERED, KEPT, SETTLED, Drain, Pass
-from .entries import END, JOB, Held
+from .entries import END, FILES, JOB, Held
 from .files import human_size
 from .helper_process import HelperLauncher
 from .job import CycleJob
@@ -36,6 +39,7 @@ from .report import logger as _log
 from .report import one_line, redact
 
 PROGRESS_AFTER_S = 2.0  # a wait longer than this prints one progress line on stderr
+END_FLOOR_S = 1.0  # close() waits at least this long: ending the run is one request, even with the budget spent
 
 
 class Producer:
@@ -48,7 +52,9 @@ class Producer:
         self.background = background
         self.outbox = self._writable(Path(outbox).absolute())
         credentials = {_outbox.without_credentials(run.tracking_uri): run.tracking_uri}
-        self.drain = Drain(self.outbox, reporter, credentials=credentials, retries=retries, retry_wait_s=retry_wait_s)
+        self._drain_settings = dict(credentials=credentials, retries=retries, retry_wait_s=retry_wait_s)
+        self.drains: dict[Path, Drain] = {}  # one per outbox folder this process wrote to
+        self.drain = self._drain_for(self.outbox)
         self.helper = HelperLauncher(self.outbox, {"credentials": credentials, "retries": retries,
                                                    "retry_wait_s": retry_wait_s}, reporter, command) if helper and background else None  # fmt: skip
         self.mine: list[tuple[Path, int | None]] = []  # (entry, step) of this process; step None: the run's end
@@ -78,28 +84,64 @@ class Producer:
         `memory_source`: the cycle's numbers as this process holds them, read by its own drain
         instead of the saved trace."""
         try:
-            run = {**asdict(self.run), "tracking_uri": _outbox.without_credentials(self.run.tracking_uri)}
-            if job.portable:
-                entries.write_json(held.path / JOB, {"format": entries.FORMAT, "run": run, "preparer": self.preparer,
-                                                     "job": job.to_entry(held.path), "problems": job.problems})  # fmt: skip
-            else:
-                self.drain.prepare(held.path, job, RunRef(**run), self.preparer)
+            entry = self._write(job, held)
         except Exception as error:  # noqa: BLE001 - counted and said once; training goes on
-            entries.remove(held.path)
             self.lose(job.step, "could not be written to the outbox", error)
             return
-        finally:
-            held.release()
-        self.mine.append((held.path, job.step))
+        self.mine.append((entry, job.step))
         if memory_source is not None:
-            self.drain.memory[held.path] = memory_source
+            self._drain_for(entry.parent).memory[entry] = memory_source
         with contextlib.suppress(OSError):
-            os.utime(self.outbox)  # a consumer waiting on the folder's time looks now
+            os.utime(entry.parent)  # a consumer waiting on the folder's time looks now
         self._after_submit()
 
     def lose(self, step, what: str, error: BaseException | None = None) -> None:
         self.lost.append((step, what))
-        self.reporter.problem("lost", f"profiler step {step} {what}; it is not in MLflow", error)
+        self.reporter.problem("lost", f"profiler step {step} {what}; its data is lost", error)
+
+    def _write(self, job: CycleJob, held: Held) -> Path:
+        """Writes the job into its entry and lets it go; where the disk refuses (full, read-only),
+        the cycle moves to the fallback outbox first. Returns the entry; raises when neither took it."""
+        try:
+            try:
+                self._write_in(job, held)
+                return held.path
+            except OSError as refused:
+                fallback = _outbox.fallback_folder()
+                if held.path.parent == fallback:
+                    raise
+                moved = entries.create(fallback)
+                try:
+                    shutil.copytree(held.path / FILES, moved.path / FILES, dirs_exist_ok=True)
+                    _move_paths(job, held.path, moved.path)
+                    self.reporter.problem("outbox_unwritable", f"outbox {held.path.parent} refused a cycle "
+                                          f"({one_line(refused)}); using {fallback} instead")  # fmt: skip
+                    self._write_in(job, moved)
+                except BaseException:
+                    entries.remove(moved.path)
+                    raise
+                finally:
+                    moved.release()
+                entries.remove(held.path)
+                return moved.path
+        except BaseException:
+            entries.remove(held.path)
+            raise
+        finally:
+            held.release()
+
+    def _write_in(self, job: CycleJob, held: Held) -> None:
+        run = {**asdict(self.run), "tracking_uri": _outbox.without_credentials(self.run.tracking_uri)}
+        if job.portable:
+            entries.write_json(held.path / JOB, {"format": entries.FORMAT, "run": run, "preparer": self.preparer,
+                                                 "job": job.to_entry(held.path), "problems": job.problems})  # fmt: skip
+        else:
+            self._drain_for(held.path.parent).prepare(held.path, job, RunRef(**run), self.preparer)
+
+    def _drain_for(self, folder: Path) -> Drain:
+        if folder not in self.drains:
+            self.drains[folder] = Drain(folder, self.reporter, **self._drain_settings)
+        return self.drains[folder]
 
     def _after_submit(self) -> None:
         if not self.background:
@@ -134,12 +176,16 @@ class Producer:
 
     @property
     def run_id(self) -> str | None:
+        self._learn_run_id()
+        return self.run.run_id
+
+    def _learn_run_id(self) -> None:
+        """The id of the run the drain created for this callback (kept in the outbox by its key)."""
         if self.run.run_id is None and self.run.run_key:
             with contextlib.suppress(OSError):
                 found = (self.outbox / f".run-{self.run.run_key}.id").read_text(encoding="ascii").strip()
                 if found:
                     self.run = RunRef(**{**asdict(self.run), "run_id": found})
-        return self.run.run_id
 
     def _unsettled(self) -> list[tuple[Path, int | None]]:
         return [(entry, step) for entry, step in self.mine if entry.exists()]
@@ -175,15 +221,18 @@ class Producer:
         in), flushes within `timeout`, stops the helper, and says once what is left and how to send it."""
         if end_run and (self.mine or self.run.run_id):
             self._queue_end()
-        self.flush(timeout, progress=True)
+        self.flush(None if timeout is None else max(timeout, END_FLOOR_S), progress=True)
         self._stop.set()
-        self.drain.memory.clear()  # what is left is read from its entry by whoever drains it next
+        for drain in self.drains.values():
+            drain.memory.clear()  # what is left is read from its entry by whoever drains it next
         if self.helper is not None:
             self.helper.stop()
         self._say_left()
         self.say_refused()
+        self._learn_run_id()  # before the run's id file goes with the outbox
         if not self._unsettled():
-            entries.remove_if_idle(self.outbox)
+            for folder in self.drains:
+                entries.remove_if_idle(folder)
         self.raise_errors()
 
     def raise_errors(self) -> None:
@@ -215,8 +264,14 @@ class Producer:
                 time.sleep(0.05)  # another process holds an entry: look again shortly
 
     def _drain_here(self, deadline: float | None) -> Pass | None:
+        """One pass over each folder that holds a cycle of this process (their outcomes together)."""
+        done = Pass()
         try:
-            done = self.drain.once(stop=self._stop, deadline=deadline)
+            for folder in {entry.parent for entry, _ in self._unsettled()} or {self.outbox}:
+                one = self._drain_for(folder).once(stop=self._stop, deadline=deadline)
+                done.outcomes += one.outcomes
+                done.busy += one.busy
+                done.unreachable.update(one.unreachable)
         except BaseException as error:  # noqa: BLE001 - strict mode: raised on the training thread
             self.errors.append(error)
             return None
@@ -273,16 +328,22 @@ class Producer:
         cycles = [step for _, step in left if step is not None]
         if not left:
             return
+        if not cycles:  # only the run's end
+            self.reporter.problem("end_run", f"run {self.run_id} was left RUNNING: it could not be ended in time; "
+                                  f"`mlflow-neuron sync --outbox {self.outbox}` ends it")  # fmt: skip
+            return
         done = self._last
         why = next(iter(done.unreachable.values()), None) if done is not None else None
         why = why or next((o.why for o in (done.outcomes if done else []) if o.state == KEPT and o.why), None)
         why = why or "not delivered before the callback closed"
         ending = " The run stays RUNNING until then; sync ends it." if any(step is None for _, step in left) else ""
+        folders = sorted({str(entry.parent) for entry, _ in left})
+        commands = " and ".join(f"`mlflow-neuron sync --outbox {folder}`" for folder in folders)
         self.reporter.problem(
             "kept",
-            f"{len(cycles)} profiler cycle(s) (steps {', '.join(map(str, cycles)) or '-'}) were not sent to "
-            f"{_outbox.without_credentials(self.run.tracking_uri)} ({one_line(RuntimeError(why))}); they are kept in "
-            f"{self.outbox}: run `mlflow-neuron sync --outbox {self.outbox}` to send them.{ending}",
+            f"{len(cycles)} profiler cycle(s) (steps {', '.join(map(str, cycles))}) were not sent to "
+            f"{self.run.tracking_uri} ({one_line(RuntimeError(why))}); they are kept in "
+            f"{' and '.join(folders)}: run {commands} to send them.{ending}",
         )  # fmt: skip
         _log.debug("kept entries: %s", [str(entry) for entry, _ in left])
 
@@ -299,6 +360,19 @@ class Producer:
 
 
 _QUEUE = (entries.QUEUED, entries.PREPARED, entries.ENDING, entries.WRITING)
+
+
+def _move_paths(job: CycleJob, old: Path, new: Path) -> None:
+    """The job's paths inside entry `old`, made to point into entry `new`."""
+
+    def moved(path):
+        text = os.fspath(path) if path is not None else None
+        return text if text is None or not text.startswith(f"{old}{os.sep}") else f"{new}{text[len(str(old)):]}"
+
+    job.staged_dir = Path(moved(job.staged_dir))
+    job.raw_trace = Path(moved(job.raw_trace)) if job.raw_trace is not None else None
+    if hasattr(job.source, "path") and hasattr(job.source, "fallback"):
+        job.source = replace(job.source, path=moved(job.source.path), fallback=moved(job.source.fallback))
 
 
 def _progress(done: Pass) -> bool:

@@ -91,15 +91,17 @@ def _sync_held(folder: str, tracking_uri: str | None, out, err, result: SyncResu
             outbox.restore(record)
     drain = Drain(folder, _Notes(out), tracking_uri=tracking_uri, run_id=run_id, rejected=retry_rejected,
                   progress=lambda line: print(f"  {line}", file=out, flush=True))  # fmt: skip
-    total = len(entries.listed(drain.folder))
+    total = sum(entries.state(entry) != entries.ENDING for entry in entries.listed(drain.folder))  # cycles
     seen: list[Outcome] = []
 
     def say(done: Outcome) -> None:
-        seen.append(done)
-        _say(done, f"[{len(seen)}/{total}] {done.entry.name}", folder, result, out, err)
+        if done.state != ENDED:
+            seen.append(done)
+        _say(done, f"[{len(seen)}/{total}] {done.entry.name}" if done.state != ENDED else done.entry.name, folder,
+             result, out, err)  # fmt: skip
 
     drain.once(on_outcome=say)
-    result.changed = drain.wrote
+    result.changed = drain.courier.wrote
     _summary(result, total, folder, retry_rejected, out)
 
 
