@@ -149,6 +149,19 @@ def test_roofline_columns_against_a_known_peak():
     assert frame.loc["aten::mm", "bound"] == "compute" and frame.loc["aten::add", "bound"] == "memory"
     assert pd.isna(frame.loc["aten::weird", "bytes"]) and pd.isna(frame.loc["aten::weird", "achieved_gbps"])
     assert pd.isna(frame.loc["aten::weird", "bound"])
+    assert frame["pct_device_time_without_bytes"].isna().all()  # no coverage: recorded by another reader
+
+
+def test_ops_json_names_the_device_time_without_bytes():
+    from mlflow_neuron._trace.profile import CycleProfile, OpStats
+    from mlflow_neuron._trace.traffic import TrafficCoverage
+
+    ops = (OpStats("aten::mm", "op", 1, 0.0, 10.0, 0.0, 75.0), OpStats("aten::_foreach_add_", "op", 1, 0.0, 10.0, 0.0, 25.0))
+    profile = CycleProfile("cuda", "present", ops, 100.0, 20.0, 100.0, 2, 1, 2,
+                           traffic=(("aten::mm", 1e6, 1e9, "float"), ("aten::_foreach_add_", math.nan, math.nan, "")),
+                           traffic_coverage=TrafficCoverage(75.0, 100.0, (("aten::_foreach_add_", 25.0),)))  # fmt: skip
+    frame = with_roofline(profile.to_frame(), profile, None, "region").set_index("name")
+    assert frame["pct_device_time_without_bytes"].to_dict() == {"aten::mm": 0.0, "aten::_foreach_add_": 25.0}
 
 
 def test_the_callbacks_peaks_argument_reaches_ops_json(tracking_uri, tmp_path):

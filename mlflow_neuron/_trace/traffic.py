@@ -122,3 +122,29 @@ def traffic_by_name(traffic: tuple[np.ndarray, ...], rows: np.ndarray,
         kinds = set(dtype[mine].tolist())
         found.append((names[k], float(nbytes[mine].sum()), float(flops[mine].sum()), kinds.pop() if len(kinds) == 1 else ""))
     return tuple(found)
+
+
+@dataclass(frozen=True)
+class TrafficCoverage:
+    """How much of the device time the ops launched has bytes: each kernel counted once, on the
+    innermost op that launched it (its self device time). `uncovered`: (op name, µs) of the calls
+    without bytes, largest first."""
+
+    covered_us: float
+    total_us: float
+    uncovered: tuple[tuple[str, float], ...]
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.covered_us / self.total_us if self.total_us > 0 else float("nan")
+
+
+def traffic_coverage(nbytes: np.ndarray, self_device_us: np.ndarray, rows: np.ndarray,
+                     name: np.ndarray, names: list[str]) -> TrafficCoverage:  # fmt: skip
+    """`TrafficCoverage` of the op rows `rows` (`nbytes`: `event_traffic`'s first column)."""
+    time, known = self_device_us[rows], np.isfinite(nbytes[rows])
+    missing = ~known & (time > 0)
+    ids, slot = np.unique(name[rows][missing], return_inverse=True)
+    sums = np.bincount(slot, weights=time[missing], minlength=len(ids))
+    uncovered = sorted(((names[k], float(v)) for k, v in zip(ids.tolist(), sums.tolist())), key=lambda p: (-p[1], p[0]))
+    return TrafficCoverage(float(time[known].sum()), float(time.sum()), tuple(uncovered))
