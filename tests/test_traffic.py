@@ -281,3 +281,24 @@ QKV = 141 * 8 * 64 * 2  # the H100 trace's [1, 141, 8, 64] bf16
 ])  # fmt: skip
 def test_the_ops_that_launch_the_kernels(name, inputs, expected):
     assert op_traffic(name, inputs) == expected
+
+
+def test_flops_of_products_and_convolutions_equal_torchs_own(tmp_path):
+    """torch's `with_flops=True` on a CPU profile, against the formulas read from the chrome export."""
+    import torch.nn.functional as functional
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        torch.mm(torch.randn(8, 16), torch.randn(16, 4))
+        torch.bmm(torch.randn(2, 8, 16), torch.randn(2, 16, 4))
+        torch.addmm(torch.randn(4), torch.randn(8, 16), torch.randn(16, 4))
+        functional.conv2d(torch.randn(2, 4, 9, 9), torch.randn(6, 2, 3, 3), torch.randn(6), stride=2, padding=1, groups=2)
+        functional.conv2d(torch.randn(1, 3, 10, 12), torch.randn(5, 3, 3, 2), dilation=2)  # torch counts conv2d only
+    torchs = {(e.name, json.dumps(e.input_shapes)): e.flops for e in prof.events() if e.flops}
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    ours = {}
+    for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]:
+        args = e.get("args") or {}
+        key = (e.get("name"), json.dumps(args.get("Input Dims")))
+        if e.get("cat") == "cpu_op" and key in torchs:
+            ours[key] = op_traffic(e["name"], OpInputs(args["Input Dims"], args["Input type"], args["Concrete Inputs"]))[1]
+    assert len(torchs) == 5 and ours == torchs
