@@ -9,7 +9,7 @@ Every formula takes a `Call` (the recorded arguments by position) and returns
   written, never read, and its shape and dtype are the output's;
 - a wrapped Python number (`dtypes.Tensor.wrapped`) is passed by value: not read, and it does not
   set the output's dtype (`dtypes.result_type`);
-- an in-place op (`add_`) reads and writes its first argument, in its own dtype.
+- an in-place op (`add_`) reads and writes its first argument (never a wrapped number), in its own dtype.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def elementwise(call: Call) -> Cost | None:
         if dtype is None:
             return None
         written = Tensor(tuple(shape), dtype)
-    read = sum(t.nbytes for t in operands if not t.wrapped)
+    read = sum(t.nbytes for i, t in enumerate(operands) if not t.wrapped or (call.in_place and i == 0))
     return Cost(read, written.nbytes, FLOPS_PER_ELEMENT.get(call.name, 1) * math.prod(shape))
 
 

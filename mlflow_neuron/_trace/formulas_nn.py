@@ -6,10 +6,13 @@ schema in ATen's `native_functions.yaml`); an op writes the outputs its schema r
 `native_layer_norm` writes its mean and rstd, a `layer_norm` only its output). A flag the formula
 needs that was not recorded (`Concrete Inputs` missing: older torch) makes the call unknown.
 
-FLOPs per element of the norms: the statistics and normalisation (`NORM_FLOPS`: rms 3, layer and
-group 5: sum, subtract, square and sum, scale; batch norm in eval 2: subtract, scale) plus one per
-affine parameter; backward (`NORM_BACKWARD_FLOPS`) for the input's gradient, plus 3 per element
-for the weight's gradient (recompute x̂, multiply, sum) and 1 for the bias's (sum). Attention counts
+FLOPs per element of the norms: the statistics and normalisation (`NORM_FLOPS`: rms 3, layer 5:
+sum, subtract, square and sum, scale) plus one per affine parameter. Batch and group norm fold
+mean, rstd, weight and bias into one scale and shift per channel, as PyTorch's kernels do: 3 per
+element for the statistics (training) and 2 to apply them, whatever the affine parameters.
+Backward (`NORM_BACKWARD_FLOPS`, 9 for layer, group and batch norm as in PyTorch's CPU kernels:
+4 for the dot products, 5 for the gradient; rms norm, with no mean, 6) for the input's gradient,
+plus 3 per element for the weight's gradient (recompute x̂, multiply, sum) and 1 for the bias's. Attention counts
 its two products (QKᵀ and PV), halved when causal, and 2.5 times that backward (QKᵀ recomputed and
 four gradients), as FlashAttention's benchmarks do; softmax is left out as an order of the head
 size smaller. A convolution counts 2 per multiply-add, bias excluded, as torch's `with_flops` does.
@@ -46,6 +49,7 @@ NORMS = {
     "native_group_norm": Norm("group", 1, 2, stats=True, groups=6), "group_norm": Norm("group", 2, 3, groups=1),
 }  # fmt: skip
 NORM_FLOPS = {"layer": 5, "rms": 3, "group": 5, "batch": 5}
+FOLDED = {"batch", "group"}  # affine parameters folded into a per-channel scale and shift
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,7 @@ NORM_BACKWARDS = {
     "cudnn_batch_norm_backward": NormBackward("batch", 1, 0, (5, 6), 2, 2, None),
     "native_group_norm_backward": NormBackward("group", 0, 1, (2, 3), 4, 4, 9),
 }  # fmt: skip
-NORM_BACKWARD_FLOPS = {"layer": 8, "rms": 6, "group": 8, "batch": 7}
+NORM_BACKWARD_FLOPS = {"layer": 9, "rms": 6, "group": 9, "batch": 9}
 
 
 def _acc(dtype: str) -> str:
@@ -84,7 +88,7 @@ def norm(call: Call) -> Cost | None:
     params = [t for t in (call.tensor(spec.weight), call.tensor(spec.bias)) if t is not None]
     read = x.nbytes + sum(t.nbytes for t in params)
     written = x.nbytes
-    per_element = NORM_FLOPS[spec.kind] + len(params)
+    per_element = NORM_FLOPS[spec.kind] + (0 if spec.kind in FOLDED else len(params))
     if spec.kind == "batch":
         training = call.flag(spec.training)
         if training is None or len(x.shape) < 2:
