@@ -274,3 +274,23 @@ def test_the_reader_is_pure():
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("name", "at_least", "uncovered"), [
+    ("tracelens_rocm_mi300_normalization.json.gz", 99.9, set()),
+    ("tracelens_cuda_h100_bert_small.json.gz", 99.9, set()),
+    # _foreach_add_ takes TensorLists, whose dtypes torch does not record: left empty, and named
+    ("hta_rocm62_mi250_minitoy.json.gz", 90.0, {"aten::_foreach_add_"}),
+    # collectives recorded without their message size, fbgemm's ops, cat of TensorLists (no dtypes)
+    ("hta_cuda_trace_diff_control_2022.json.gz", 40.0, {"record_param_comms", "aten::cat"}),
+])  # fmt: skip
+def test_the_share_of_kernel_time_that_has_bytes(name, at_least, uncovered):
+    """Each kernel's time on the innermost op that launched it; the share whose call has bytes."""
+    from mlflow_neuron._trace.chrome import read_chrome_file
+    from mlflow_neuron._trace.summarize import CycleSettings, summarize
+
+    cycle = read_chrome_file(REAL / name)
+    coverage = summarize(cycle.raw, CycleSettings(FIXTURES[name][0], True), cycle.inputs).profile.traffic_coverage
+    assert coverage.percent >= at_least
+    assert coverage.covered_us + sum(us for _, us in coverage.uncovered) == pytest.approx(coverage.total_us)
+    assert uncovered <= {op for op, _ in coverage.uncovered}

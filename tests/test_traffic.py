@@ -55,9 +55,14 @@ F, BF = "float", "c10::BFloat16"
     ("aten::linear", OpInputs([[2, 8, 64], [32, 64], [32]], [F, F, F]), (4 * (1024 + 2048 + 32 + 512), 2 * 16 * 64 * 32)),
     ("aten::mm", OpInputs([[8, 64], [32, 16]], [F, F]), None),  # inner sizes differ
     # never guessed
-    ("aten::_fused_rms_norm", OpInputs([[4, 512], [], [512], []], [F, "ScalarList", F, "Scalar"]), None),
+    ("aten::_fused_rms_norm", OpInputs([[4, 512], [], [512], []], [F, "ScalarList", F, "Scalar"]), None),  # no dims
     ("aten::to", OpInputs([[4]], [F]), None),  # may change the dtype
-    ("aten::conv2d", OpInputs([[1, 3, 8, 8], [4, 3, 3, 3]], [F, F]), None),
+    ("aten::conv2d", OpInputs([[1, 3, 8, 8], [4, 3, 3, 3]], [F, F]), None),  # no stride or padding
+    ("aten::cat", OpInputs([[[4, 64], [4, 64]], []], ["TensorList", "Scalar"], ["", "1"]), None),  # no dtypes
+    ("aten::mul", OpInputs([[4], []], ["long int", "double"]), None),  # 2.5 (float32) or a 0-dim float64?
+    ("aten::native_layer_norm_backward", OpInputs([[4, 8], [4, 8], [], [4, 1], [4, 1], [8], [8], []],
+                                                  [F, F, "", F, F, F, F, ""]), None),  # output_mask not recorded
+    ("aten::mul", OpInputs([[4]], ["c10::Float8_e8m0fnu"]), None),  # a dtype not known here
     ("rmsnorm", OpInputs([[4]], [F]), None),  # a range, not an ATen op
     ("aten::add", OpInputs([[], []], ["Scalar", "Scalar"]), None),  # no tensor
 ])  # fmt: skip
@@ -144,6 +149,19 @@ def test_roofline_columns_against_a_known_peak():
     assert frame.loc["aten::mm", "bound"] == "compute" and frame.loc["aten::add", "bound"] == "memory"
     assert pd.isna(frame.loc["aten::weird", "bytes"]) and pd.isna(frame.loc["aten::weird", "achieved_gbps"])
     assert pd.isna(frame.loc["aten::weird", "bound"])
+    assert frame["pct_device_time_without_bytes"].isna().all()  # no coverage: recorded by another reader
+
+
+def test_ops_json_names_the_device_time_without_bytes():
+    from mlflow_neuron._trace.profile import CycleProfile, OpStats
+    from mlflow_neuron._trace.traffic import TrafficCoverage
+
+    ops = (OpStats("aten::mm", "op", 1, 0.0, 10.0, 0.0, 75.0), OpStats("aten::_foreach_add_", "op", 1, 0.0, 10.0, 0.0, 25.0))
+    profile = CycleProfile("cuda", "present", ops, 100.0, 20.0, 100.0, 2, 1, 2,
+                           traffic=(("aten::mm", 1e6, 1e9, "float"), ("aten::_foreach_add_", math.nan, math.nan, "")),
+                           traffic_coverage=TrafficCoverage(75.0, 100.0, (("aten::_foreach_add_", 25.0),)))  # fmt: skip
+    frame = with_roofline(profile.to_frame(), profile, None, "region").set_index("name")
+    assert frame["pct_device_time_without_bytes"].to_dict() == {"aten::mm": 0.0, "aten::_foreach_add_": 25.0}
 
 
 def test_the_callbacks_peaks_argument_reaches_ops_json(tracking_uri, tmp_path):
@@ -173,3 +191,114 @@ def test_the_callbacks_peaks_argument_reaches_ops_json(tracking_uri, tmp_path):
     assert mm["pct_of_peak_bandwidth"] == pytest.approx(mm["achieved_gbps"] / 10 * 100, rel=1e-2)
     assert mm["pct_of_peak_flops"] == pytest.approx(mm["achieved_gflops"] / 1000 * 100, rel=1e-2)
     assert mm["bound"] in ("memory", "compute")
+
+
+FLOAT_4x4096 = 4 * 4096
+
+
+@pytest.mark.parametrize(("name", "inputs", "expected"), [
+    # x.mul(2.0): the Python float is a 0-dim double, passed by value: never read, never widens the output
+    ("aten::mul", OpInputs([[4, 4096], []], [F, "double"]), (2 * 4 * FLOAT_4x4096, FLOAT_4x4096)),  # 131,072
+    ("aten::mul", OpInputs([[4, 4096], []], [BF, "double"]), (2 * 2 * FLOAT_4x4096, FLOAT_4x4096)),  # 65,536
+    ("aten::add", OpInputs([[4, 8], [], []], [F, "long int", "Scalar"], ["", "", "1"]), (2 * 4 * 32, 32)),  # x + 1
+    # a real 0-dim tensor is read, and does not widen a dimensioned tensor of its category...
+    ("aten::add", OpInputs([[4, 8], [], []], [BF, F, "Scalar"]), (2 * 32 + 4 + 2 * 32, 32)),
+    # ...unless its category is higher: long [4] + 0-dim float -> float
+    ("aten::add", OpInputs([[4], [], []], ["long int", F, "Scalar"]), (8 * 4 + 4 + 4 * 4, 4)),
+    ("aten::add", OpInputs([[4], [4], []], ["c10::Half", BF, "Scalar"]), (2 * 4 + 2 * 4 + 4 * 4, 4)),  # -> float
+    # out=: written, never read; its shape and dtype are the output's
+    ("aten::mul", OpInputs([[4, 8], [4, 8], [4, 8]], [F, F, F]), (4 * 3 * 32, 32)),
+    ("aten::sigmoid", OpInputs([[4, 8], [4, 8]], [F, F]), (4 * 2 * 32, 4 * 32)),
+    ("aten::mm", OpInputs([[8, 64], [64, 32], [8, 32]], [F, F, F]), (4 * (512 + 2048 + 256), 2 * 8 * 64 * 32)),
+    ("aten::mean", OpInputs([[5, 128], [], [], [], []], [F, "ScalarList", "Scalar", "", F], ["", "[]", "False", "", ""]),
+     (4 * 640 + 4, 640)),  # a 0-dim out
+])  # fmt: skip
+def test_type_promotion_and_out_tensors(name, inputs, expected):
+    assert op_traffic(name, inputs) == expected
+
+
+X, XB = 8 * 16 * 32 * 32, 8 * 16 * 32 * 32 * 4  # the mi300 trace's [8, 16, 32, 32] float: elements, bytes
+QKV = 141 * 8 * 64 * 2  # the H100 trace's [1, 141, 8, 64] bf16
+
+
+@pytest.mark.parametrize(("name", "inputs", "expected"), [
+    # norms: input (and weight, bias) read; output and the native op's statistics written
+    ("aten::native_layer_norm", OpInputs([[8, 16, 32, 32], [], [16, 32, 32], [16, 32, 32], []],
+                                         [F, "ScalarList", F, F, "Scalar"], ["", "[16, 32, 32]", "", "", "1e-05"]),
+     (XB + 2 * 16384 * 4 + XB + 2 * 8 * 4, (5 + 2) * X)),
+    ("aten::native_layer_norm_backward", OpInputs([[8, 16, 32, 32], [8, 16, 32, 32], [], [8, 1, 1, 1], [8, 1, 1, 1], [], [], []],
+                                                  [F, F, "ScalarList", F, F, "", "", "ScalarList"],
+                                                  ["", "", "[16, 32, 32]", "", "", "", "", "[True, False, False]"]),
+     (2 * XB + 2 * 8 * 4 + XB, 9 * X)),  # no weight: only grad_input
+    ("aten::_fused_rms_norm", OpInputs([[4, 512], [], [512], []], [BF, "ScalarList", BF, ""], ["", "[512]", "", ""]),
+     (2 * (2048 + 512) + 2 * 2048 + 4 * 4, 4 * 2048)),  # rstd: 4 floats
+    ("aten::_fused_rms_norm_backward", OpInputs([[4, 512], [4, 512], [], [4, 1], [512], []],
+                                                [BF, BF, "ScalarList", F, BF, "ScalarList"],
+                                                ["", "", "[512]", "", "", "[True, True]"]),
+     (2 * 2 * 2048 + 16 + 2 * 512 + 2 * 2048 + 2 * 512, 6 * 2048 + 3 * 2048)),
+    ("aten::native_batch_norm", OpInputs([[8, 16, 32, 32], [], [], [16], [16], [], [], []],
+                                         [F, "", "", F, F, "Scalar", "Scalar", "Scalar"],
+                                         ["", "", "", "", "", "True", "0.1", "1e-05"]),
+     (XB + 2 * 64 + XB + 2 * 64 + 2 * 64, 5 * X)),  # running stats read and updated, save_mean/invstd
+    ("aten::native_batch_norm", OpInputs([[8, 16, 32, 32], [], [], [16], [16], [], [], []],
+                                         [F, "", "", F, F, "Scalar", "Scalar", "Scalar"],
+                                         ["", "", "", "", "", "False", "0.1", "1e-05"]), (XB + 2 * 64 + XB, 2 * X)),
+    ("aten::native_group_norm", OpInputs([[8, 16, 32, 32], [16], [16], [], [], [], [], []],
+                                         [F, F, F, "Scalar", "Scalar", "Scalar", "Scalar", "Scalar"],
+                                         ["", "", "", "8", "16", "1024", "4", "1e-05"]),
+     (XB + 2 * 64 + XB + 2 * 8 * 4 * 4, 5 * X)),  # weight and bias folded into a scale and shift
+    # elementwise backward, losses, fills
+    ("aten::threshold_backward", OpInputs([[5, 128], [5, 128], []], [F, F, "Scalar"], ["", "", "0"]), (3 * 2560, 640)),
+    ("aten::mse_loss", OpInputs([[5, 128], [5, 128], []], [F, F, "Scalar"], ["", "", "1"]), (2 * 2560 + 4, 3 * 640)),
+    ("aten::mse_loss_backward", OpInputs([[], [5, 128], [5, 128], []], [F, F, F, "Scalar"], ["", "", "", "1"]),
+     (4 + 3 * 2560, 4 * 640)),
+    ("aten::fill_", OpInputs([[5, 128], []], [F, "Scalar"], ["", "0"]), (2560, 0)),
+    # embeddings: the indices and the rows they pick, not the table
+    ("aten::embedding", OpInputs([[30522, 512], [1, 141], [], [], []], [BF, "long int", "Scalar", "Scalar", "Scalar"],
+                                 ["", "", "0", "False", "False"]), (141 * 8 + 2 * 141 * 512 * 2, 0)),
+    ("aten::index_select", OpInputs([[30522, 512], [], [141]], [BF, "Scalar", "long int"], ["", "0", ""]),
+     (141 * 8 + 2 * 141 * 512 * 2, 0)),
+    # attention: q, k, v read; out and logsumexp written; 2·L·S·(E + Ev) per head, halved when causal
+    ("aten::_flash_attention_forward", OpInputs([[1, 141, 8, 64]] * 3 + [[]] * 12, [BF] * 3 + ["", ""] + ["Scalar"] * 6
+                                                + [""] * 4, [""] * 5 + ["141", "141", "0.", "False", "False", "0.125"] + [""] * 4),
+     (3 * QKV + QKV + 4 * 8 * 141, 2 * 8 * 141 * 141 * 128)),
+    ("aten::_scaled_dot_product_flash_attention", OpInputs([[1, 2, 16, 8]] * 3 + [[]] * 4, [F] * 3 + ["Scalar"] * 4,
+                                                           ["", "", "", "0.", "True", "False", ""]),
+     (4 * 4 * 256 + 4 * 2 * 16, 2 * 2 * 16 * 16 * 16 // 2)),
+    ("aten::_scaled_dot_product_flash_attention", OpInputs([[1, 2, 16, 8], [1, 2, 32, 8], [1, 2, 32, 8]] + [[]] * 4,
+                                                           [F] * 3 + ["Scalar"] * 4, ["", "", "", "0.", "True", "False", ""]),
+     None),  # causal with L != S: the mask's alignment differs between backends
+    # convolution: 2 per multiply-add, bias excluded
+    ("aten::conv2d", OpInputs([[1, 3, 8, 8], [4, 3, 3, 3], [4], [], [], [], []],
+                              [F, F, F, "ScalarList", "ScalarList", "ScalarList", "Scalar"],
+                              ["", "", "", "[1, 1]", "[1, 1]", "[1, 1]", "1"]), (4 * (192 + 108 + 4 + 256), 2 * 64 * 4 * 27)),
+    ("aten::convolution_backward", OpInputs([[1, 4, 8, 8], [1, 3, 8, 8], [4, 3, 3, 3], [], [], [], [], [], [], [], []],
+                                            [F, F, F, "ScalarList", "ScalarList", "ScalarList", "ScalarList", "Scalar",
+                                             "ScalarList", "Scalar", "ScalarList"],
+                                            ["", "", "", "[4]", "[1, 1]", "[1, 1]", "[1, 1]", "False", "[0, 0]", "1",
+                                             "[True, True, True]"]),
+     (4 * (256 + 192 + 108) + 4 * (192 + 108 + 4), 2 * 2 * 64 * 4 * 27 + 256)),
+])  # fmt: skip
+def test_the_ops_that_launch_the_kernels(name, inputs, expected):
+    assert op_traffic(name, inputs) == expected
+
+
+def test_flops_of_products_and_convolutions_equal_torchs_own(tmp_path):
+    """torch's `with_flops=True` on a CPU profile, against the formulas read from the chrome export."""
+    import torch.nn.functional as functional
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_flops=True) as prof:
+        torch.mm(torch.randn(8, 16), torch.randn(16, 4))
+        torch.bmm(torch.randn(2, 8, 16), torch.randn(2, 16, 4))
+        torch.addmm(torch.randn(4), torch.randn(8, 16), torch.randn(16, 4))
+        functional.conv2d(torch.randn(2, 4, 9, 9), torch.randn(6, 2, 3, 3), torch.randn(6), stride=2, padding=1, groups=2)
+        functional.conv2d(torch.randn(1, 3, 10, 12), torch.randn(5, 3, 3, 2), dilation=2)  # torch counts conv2d only
+    torchs = {(e.name, json.dumps(e.input_shapes)): e.flops for e in prof.events() if e.flops}
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    ours = {}
+    for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]:
+        args = e.get("args") or {}
+        key = (e.get("name"), json.dumps(args.get("Input Dims")))
+        if e.get("cat") == "cpu_op" and key in torchs:
+            ours[key] = op_traffic(e["name"], OpInputs(args["Input Dims"], args["Input type"], args["Concrete Inputs"]))[1]
+    assert len(torchs) == 5 and ours == torchs

@@ -21,7 +21,7 @@ import pandas as pd
 from .._compare.explorer import summary_lines
 from .._compare.frame import flat
 from .._compare.model import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, TOO_FEW, TOO_FEW_CYCLES, TOTAL
-from .._compare.throughput import throughput_lines
+from .._compare.throughput import coverage_lines, throughput_lines
 from .._compare.verdict import short_names
 from .._compare.weather import host_note
 
@@ -157,6 +157,9 @@ def explanations(frame: pd.DataFrame) -> list[tuple[str, list[str]]]:
     if frame.attrs.get("throughput"):
         found.append(("achieved bandwidth (the last cycle's ops.json, recorded shapes)",
                       throughput_lines(frame.attrs["throughput"], frame.attrs.get("region"))))  # fmt: skip
+    if frame.attrs.get("bytes_coverage"):
+        found.append(("what those figures cover (the last cycle's op device time with bytes, and the largest ops without)",
+                      coverage_lines(frame.attrs["bytes_coverage"])))  # fmt: skip
     if frame.attrs.get("neuron_summary"):
         found.append(("Neuron Explorer's summary, the last cycle (percent)", summary_lines(frame.attrs["neuron_summary"])))
     if frame.attrs.get("regions"):

@@ -8,6 +8,9 @@ Example::
 The figures are the last compared cycle's (ops.json: bytes over the op's or region's inclusive
 time in that cycle), for the compared region, or else for the costliest ops that have them.
 Runs profiled without `record_shapes=True` have none, and are left out.
+
+`bytes_coverage` says, per run, how much of the last cycle's op device time has bytes at all, and
+names the largest ops without them: a GB/s figure covers only what the formulas know.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pandas as pd
 from .._compare.model import RunProfile
 
 SHOWN_OPS = 3
+UNCOVERED = "pct_device_time_without_bytes"  # ops.json's column (`_delivery.roofline`)
 FIELDS = ("achieved_gbps", "achieved_gflops", "pct_of_peak_bandwidth", "pct_of_peak_flops", "bound")
 
 
@@ -64,3 +68,29 @@ def _value(value):
     if value is None or (isinstance(value, float) and math.isnan(value)) or (not isinstance(value, str) and pd.isna(value)):
         return None
     return value if isinstance(value, str) else float(value)
+
+
+def bytes_coverage(profiles: list[RunProfile]) -> dict[str, dict]:
+    """Per run label: {"pct": the share of op device time that has bytes, "without": [(op, % of
+    device time), ...] largest first}; runs whose ops.json has no such column are left out."""
+    found = {}
+    for profile in profiles:
+        ops = profile.ops
+        if UNCOVERED not in ops or "kind" not in ops:
+            continue
+        rows = ops[(ops["kind"] == "op") & ops[UNCOVERED].notna()]
+        if rows.empty:
+            continue
+        missing = rows[rows[UNCOVERED] > 0].sort_values(UNCOVERED, ascending=False, kind="stable")
+        found[profile.label] = {"pct": 100.0 - float(missing[UNCOVERED].sum()),
+                                "without": [(str(n), float(v)) for n, v in zip(missing["name"], missing[UNCOVERED])]}
+    return found
+
+
+def coverage_lines(found: dict[str, dict]) -> list[str]:
+    """One line per run: "run a: 94% of op device time has bytes; without: aten::_foreach_add_ 5.7%"."""
+    lines = []
+    for label, entry in found.items():
+        without = ", ".join(f"{name} {pct:.1f}%" for name, pct in entry["without"][:SHOWN_OPS])
+        lines.append(f"{label}: {entry['pct']:.0f}% of op device time has bytes" + (f"; without: {without}" if without else ""))
+    return lines

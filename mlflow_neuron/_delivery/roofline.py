@@ -10,7 +10,11 @@ Columns (record_shapes=True; empty where the op's formula is unknown, `_trace.tr
   when the cycle has no device time);
 - where the peak is known: `pct_of_peak_bandwidth`, `pct_of_peak_flops` (the flops peak of the
   op's precision), and `bound`: `memory` when its FLOPs per byte lie below the device's ridge
-  point (peak FLOPs / peak bytes per second), else `compute`.
+  point (peak FLOPs / peak bytes per second), else `compute`;
+- `pct_device_time_without_bytes`: the share of the cycle's op device time (each kernel on the
+  innermost op that launched it) spent in this op's calls that have no bytes; 0 for an op whose
+  calls all have them, empty without device time. Sorted, it names the largest ops the formulas
+  miss; 100 minus its sum is the share that has bytes (`bytes_coverage_pct`).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from .._trace.profile import PRESENT, CycleProfile
 
 ROOFLINE_COLUMNS = ("bytes", "flops", "achieved_gbps", "achieved_gflops", "bound", "pct_of_peak_bandwidth",
                     "pct_of_peak_flops")  # fmt: skip
+UNCOVERED_COLUMN = "pct_device_time_without_bytes"
 
 
 def with_roofline(frame: pd.DataFrame, profile: CycleProfile, peak: dict | None, region_kind: str) -> pd.DataFrame:
@@ -45,7 +50,24 @@ def with_roofline(frame: pd.DataFrame, profile: CycleProfile, peak: dict | None,
         else:
             nbytes, flops, dtype = math.nan, math.nan, ""
         rows.append(_row(nbytes, flops, dtype, float(time_us), peak))
-    return pd.concat([frame.reset_index(drop=True), pd.DataFrame(rows, columns=list(ROOFLINE_COLUMNS))], axis=1)
+    columns = pd.DataFrame(rows, columns=list(ROOFLINE_COLUMNS))
+    columns[UNCOVERED_COLUMN] = _uncovered(frame, profile)
+    return pd.concat([frame.reset_index(drop=True), columns], axis=1)
+
+
+def bytes_coverage_pct(profile: CycleProfile) -> float:
+    """The share of the ops' device time that has bytes; NaN without shapes or device time."""
+    coverage = profile.traffic_coverage
+    return _round(coverage.percent) if coverage is not None else math.nan
+
+
+def _uncovered(frame: pd.DataFrame, profile: CycleProfile) -> list[float]:
+    coverage = profile.traffic_coverage
+    if coverage is None or not coverage.total_us > 0:
+        return [math.nan] * len(frame)
+    missing = dict(coverage.uncovered)
+    return [_round(100.0 * missing.get(name, 0.0) / coverage.total_us) if kind == "op" else math.nan
+            for name, kind in zip(frame["name"], frame["kind"])]  # fmt: skip
 
 
 def _row(nbytes: float, flops: float, dtype: str, time_us: float, peak: dict | None) -> tuple:

@@ -21,7 +21,7 @@ from .events import RawEvents
 from .names import STEP_NAME
 from .memory import allocated_by_event, private_use1_name, step_peaks
 from .regions import region_rows
-from .traffic import traffic_by_name
+from .traffic import traffic_by_name, traffic_coverage
 from .profile import ATEN_PREFIX, KINDS, CycleProfile, OpStats, cycle_profile
 from .steps import split_by_step, step_numbers
 
@@ -101,6 +101,8 @@ def _ranges_memory_traffic(raw: RawEvents, tree: EventTree, device: str, steps: 
         "step_memory": step_peaks(raw.memory, step_starts, tree.end_ns[step_at], numbers, private_use1_name(device)),
         "allocated": _allocated_by_name(allocated[counted], name[counted], names) if raw.memory is not None else None,
         "traffic": traffic_by_name(traffic, op_rows, name, names) if traffic is not None else None,
+        "traffic_coverage": traffic_coverage(traffic[0], tree.self_device_us, op_rows, name, names)
+        if traffic is not None else None,
     }
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 from .memory import StepMemory
 from .regions import RegionOp, RegionStep
 from .steps import StepOp, StepTotal
+from .traffic import TrafficCoverage
 
 PRESENT, MISSING, NOT_PROFILED = "present", "missing", "not_profiled"
 OP, KERNEL, DEVICE_ANNOTATION = "op", "kernel", "device_annotation"
@@ -61,6 +62,8 @@ class CycleProfile:
     # record_shapes=True: (name, bytes, FLOPs, dtype) of each op over its calls (NaN: a call's
     # formula is unknown, see `traffic`); None: recorded without shapes.
     traffic: tuple[tuple[str, float, float, str], ...] | None = field(default=None, compare=False)
+    # record_shapes=True: how much of the ops' device time has bytes (`traffic.TrafficCoverage`).
+    traffic_coverage: TrafficCoverage | None = field(default=None, compare=False)
 
     @property
     def ranking_metric(self) -> str:
@@ -93,7 +96,8 @@ def cycle_profile(device: str, device_profiled: bool, ops: Iterable[OpStats], *,
                   annotations: frozenset[str] = frozenset(), regions: tuple[RegionStep, ...] = (),
                   region_ops: tuple[RegionOp, ...] = (), step_memory: tuple[StepMemory, ...] = (),
                   allocated: tuple[tuple[str, int], ...] | None = None,
-                  traffic: tuple[tuple[str, float, float, str], ...] | None = None) -> CycleProfile:
+                  traffic: tuple[tuple[str, float, float, str], ...] | None = None,
+                  traffic_coverage: TrafficCoverage | None = None) -> CycleProfile:
     """A `CycleProfile` from either reader's sums (`aggregate`, `function_events`): the device-time
     state, the ops ranked, and a cycle with ops but no step marker counted as one step."""
     device_time = _device_time_state(device_profiled, total_device_us)
@@ -116,6 +120,7 @@ def cycle_profile(device: str, device_profiled: bool, ops: Iterable[OpStats], *,
         step_memory=step_memory,
         allocated=allocated,
         traffic=traffic,
+        traffic_coverage=traffic_coverage,
     )
 
 

@@ -3,52 +3,38 @@
 Example::
 
     op_traffic("aten::add", OpInputs([[8, 1], [1, 4]], ["float", "float"]))   # (4*8 + 4*4 + 4*32, 32)
+    op_traffic("aten::mul", OpInputs([[4, 4096], []], ["float", "double"]))  # (131072, 16384): 2.0 is not read
 
 `bytes` is the least traffic the call needs: each tensor input read once, each output written once.
-Outputs are not recorded, so their shapes are inferred from the inputs by op family, in the one
-table below (`FAMILIES`); an op that is not in it, or whose inputs do not say enough (a reduction
-without its dims), gets None: it is never guessed. FLOPs count one per output element for
-elementwise ops, one per input element for reductions, 2·m·k·n for matrix products, and the
-per-element counts written next to the norms and softmax.
+Outputs are not recorded, so their shapes and dtypes are inferred from the inputs, op by op, in the
+tables of `formulas` (elementwise, copies, reductions, softmax, matrix products) and `formulas_nn`
+(norms, losses, embeddings, attention, convolution), with PyTorch's type promotion (`dtypes`). An op
+that is not in them, or whose recorded arguments do not say enough (a reduction without its dims, a
+TensorList, whose dtypes torch does not record), gets None: it is never guessed.
+
+`coverage` says how much of a cycle's device time those numbers cover: the share of the kernel time
+of the ops that launched it (each kernel counted once, on its innermost op) whose op has bytes.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from .dtypes import ELEMENT_BYTES, NOT_TENSORS, Tensor
 from .event_tree import EventTree
 from .events import RawEvents
+from .formulas import BINARY, COPIES, FILLS, FORMULAS, MATMULS, REDUCTIONS, SOFTMAX, UNARY, ELEMENTWISE_BACKWARD, Call
+from .formulas_nn import ATTENTION, CONVOLUTIONS, FORMULAS_NN, NORM_BACKWARDS, NORMS
 
-ELEMENT_BYTES = {
-    "double": 8, "float": 4, "c10::Half": 2, "c10::BFloat16": 2, "Half": 2, "BFloat16": 2, "long int": 8,
-    "int": 4, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8,
-    "c10::complex<double>": 16, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
-}  # fmt: skip
-
-UNARY = {"abs", "neg", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt", "sin", "cos", "tanh",
-         "sigmoid", "relu", "gelu", "silu", "erf", "reciprocal", "square", "sign", "floor", "ceil", "round",
-         "hardtanh", "leaky_relu", "elu", "mish", "softplus", "clamp", "clamp_min", "clamp_max", "dropout",
-         "native_dropout", "nan_to_num"}  # fmt: skip
-BINARY = {"add", "sub", "rsub", "mul", "div", "pow", "maximum", "minimum", "remainder", "fmod", "atan2",
-          "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "bitwise_and", "bitwise_or",
-          "where", "addcmul", "addcdiv", "lerp", "masked_fill", "hypot", "copysign", "xlogy"}  # fmt: skip
-COMPARISONS = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or"}
-COPIES = {"copy", "clone", "contiguous"}  # move bytes, compute nothing (`to` may change the dtype: unknown)
-REDUCTIONS = {"sum", "mean", "amax", "amin", "nansum", "logsumexp"}  # (input, dim, keepdim, ...)
-# Per-element FLOPs of the norms and softmax (their output has the input's shape):
-# rms_norm: square, add into the sum, scale by rsqrt, scale by weight; layer_norm adds the mean's
-# sum and subtraction; softmax: max, subtract, exp, sum, divide.
-PER_ELEMENT = {"rms_norm": 4, "layer_norm": 6, "softmax": 5, "_softmax": 5, "log_softmax": 5,
-               "_log_softmax": 5}  # fmt: skip
-MATMULS = {"mm", "bmm", "matmul", "addmm", "baddbmm", "linear"}
-FAMILIES = {"unary": UNARY, "binary": BINARY, "copy": COPIES, "reduction": REDUCTIONS,
-            "norm/softmax": set(PER_ELEMENT), "matmul": MATMULS}  # fmt: skip
-_LIST = re.compile(r"-?\d+")
+FAMILIES = {"unary": UNARY, "binary": BINARY, "elementwise backward": ELEMENTWISE_BACKWARD, "copy": COPIES,
+            "fill": FILLS, "reduction": REDUCTIONS, "softmax": set(SOFTMAX), "matmul": MATMULS, "norm": set(NORMS),
+            "norm backward": set(NORM_BACKWARDS), "attention": set(ATTENTION), "convolution": set(CONVOLUTIONS),
+            "loss/embedding": set(FORMULAS_NN) - set(NORMS) - set(NORM_BACKWARDS) - set(ATTENTION) - set(CONVOLUTIONS)}  # fmt: skip
+_ALL = {**FORMULAS, **FORMULAS_NN}
+UNCOVERED_SHOWN = 5  # the largest ops without bytes that `coverage` names
 
 
 @dataclass(frozen=True)
@@ -64,94 +50,34 @@ class OpInputs:
 
 def op_traffic(name: str, inputs: OpInputs) -> tuple[int, int] | None:
     """(bytes, flops) of one call of `name` (ATen's, `aten::` prefixed), or None when unknown."""
+    call = _call(name, inputs)
+    if call is None:
+        return None
+    formula = _ALL.get(call.name)
+    cost = formula(call) if formula is not None else None
+    return (cost.read + cost.written, cost.flops) if cost is not None else None
+
+
+def _call(name: str, inputs: OpInputs) -> Call | None:
+    """The call's arguments by position; None for a range, or a tensor of a dtype not known here."""
     if not name.startswith("aten::"):
         return None
     base = name[len("aten::"):]
-    in_place = base.endswith("_") and not base.startswith("_")
-    base = base.rstrip("_") if in_place else base
-    tensors = [(list(s), ELEMENT_BYTES[d]) for s, d in zip(inputs.shapes, inputs.dtypes) if d in ELEMENT_BYTES]
-    if not tensors:
-        return None
-    out_size = tensors[0][1] if in_place else 1 if base in COMPARISONS else max(size for _, size in tensors[:2])
-    if base == "copy" and in_place and len(tensors) > 1:
-        tensors = tensors[1:]  # copy_(dst, src) reads only src; dst is written below
-    if base in REDUCTIONS:
-        tensors = tensors[:1]  # the rest is an `out=` tensor, written below
-    read = sum(_numel(s) * size for s, size in tensors)
-    out = _output(base, tensors, inputs)
-    if out is None:
-        return None
-    shape, flops = out
-    return read + _numel(shape) * out_size, flops
-
-
-def _output(base: str, tensors: list, inputs: OpInputs) -> tuple[list[int], int] | None:
-    """The output shape and FLOPs of a call, by family; None when the inputs do not say."""
-    shapes = [s for s, _ in tensors]
-    if base in UNARY or base in BINARY:
-        shape = _broadcast(shapes)
-        return (shape, _numel(shape)) if shape is not None else None
-    if base in COPIES:
-        return shapes[0], 0
-    if base in PER_ELEMENT:
-        return shapes[0], PER_ELEMENT[base] * _numel(shapes[0])
-    if base in REDUCTIONS:
-        shape = _reduced(shapes[0], inputs)
-        return (shape, _numel(shapes[0])) if shape is not None else None
-    if base in MATMULS:
-        return _matmul(base, shapes)
-    return None
-
-
-def _reduced(shape: list[int], inputs: OpInputs) -> list[int] | None:
-    """A reduction's output: over `dim` (input 1, a ScalarList; `[]` is every dim), kept as 1s with
-    `keepdim` (input 2); over everything when input 1 is no dim list (`sum(x, dtype=None)`).
-    Unknown when the dims were not recorded (no `Concrete Inputs`)."""
-    dtypes, concrete = list(inputs.dtypes), [str(c).strip() for c in inputs.concrete]
-    if len(dtypes) < 2 or dtypes[1] != "ScalarList":
-        return []
-    if len(concrete) < 2 or not concrete[1] or concrete[1] == "None":
-        return None
-    dims = [int(d) % max(len(shape), 1) for d in _LIST.findall(concrete[1])]
-    keep = len(concrete) > 2 and concrete[2] == "True"
-    if not dims:
-        dims = list(range(len(shape)))
-    return [1 if i in dims else n for i, n in enumerate(shape) if keep or i not in dims]
-
-
-def _matmul(base: str, shapes: list[list[int]]) -> tuple[list[int], int] | None:
-    if base in ("addmm", "baddbmm"):
-        shapes = shapes[1:3]  # (bias or input, a, b): the product's operands
-    if base == "linear":
-        if len(shapes) < 2 or len(shapes[1]) != 2 or not shapes[0]:
+    in_place = base.endswith("_") and not base.startswith("_") or base.startswith("_foreach_") and base.endswith("_")
+    base = base[:-1] if in_place else base
+    concrete = list(inputs.concrete)
+    args = []
+    for i, (shape, dtype) in enumerate(zip(inputs.shapes, inputs.dtypes)):
+        text = str(concrete[i]) if i < len(concrete) and concrete[i] is not None else ""
+        if dtype in ELEMENT_BYTES:
+            args.append(Tensor(tuple(int(n) for n in shape), dtype))
+        elif dtype == "TensorList":
+            args.append([list(s) for s in shape])
+        elif dtype in NOT_TENSORS:
+            args.append(text if dtype else None)
+        else:
             return None
-        x, (n, k) = shapes[0], shapes[1]
-        if x[-1] != k:
-            return None
-        return [*x[:-1], n], 2 * _numel(x[:-1]) * k * n
-    if len(shapes) < 2 or len(shapes[0]) < 2 or len(shapes[1]) < 2:
-        return None
-    (m, k), (k2, n) = shapes[0][-2:], shapes[1][-2:]
-    batch = _broadcast([shapes[0][:-2], shapes[1][:-2]])
-    if k != k2 or batch is None:
-        return None
-    return [*batch, m, n], 2 * _numel(batch) * m * k * n
-
-
-def _broadcast(shapes: list[list[int]]) -> list[int] | None:
-    """NumPy broadcasting of the shapes; None when they do not broadcast."""
-    rank = max(len(s) for s in shapes)
-    out = []
-    for axis in range(rank):
-        sizes = {s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0} - {1}
-        if len(sizes) > 1:
-            return None
-        out.append(sizes.pop() if sizes else 1)
-    return out
-
-
-def _numel(shape: Sequence[int]) -> int:
-    return math.prod(int(n) for n in shape)
+    return Call(base, in_place, tuple(args), tuple(inputs.dtypes))
 
 
 def event_traffic(raw: RawEvents, tree: EventTree, read_inputs) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -180,7 +106,7 @@ def _cost(name: str, call: OpInputs | None) -> tuple[int, int] | None:
         return None
     try:
         return op_traffic(name, call)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError):
         return None
 
 
@@ -196,3 +122,29 @@ def traffic_by_name(traffic: tuple[np.ndarray, ...], rows: np.ndarray,
         kinds = set(dtype[mine].tolist())
         found.append((names[k], float(nbytes[mine].sum()), float(flops[mine].sum()), kinds.pop() if len(kinds) == 1 else ""))
     return tuple(found)
+
+
+@dataclass(frozen=True)
+class TrafficCoverage:
+    """How much of the device time the ops launched has bytes: each kernel counted once, on the
+    innermost op that launched it (its self device time). `uncovered`: (op name, µs) of the calls
+    without bytes, largest first."""
+
+    covered_us: float
+    total_us: float
+    uncovered: tuple[tuple[str, float], ...]
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.covered_us / self.total_us if self.total_us > 0 else float("nan")
+
+
+def traffic_coverage(nbytes: np.ndarray, self_device_us: np.ndarray, rows: np.ndarray,
+                     name: np.ndarray, names: list[str]) -> TrafficCoverage:  # fmt: skip
+    """`TrafficCoverage` of the op rows `rows` (`nbytes`: `event_traffic`'s first column)."""
+    time, known = self_device_us[rows], np.isfinite(nbytes[rows])
+    missing = ~known & (time > 0)
+    ids, slot = np.unique(name[rows][missing], return_inverse=True)
+    sums = np.bincount(slot, weights=time[missing], minlength=len(ids))
+    uncovered = sorted(((names[k], float(v)) for k, v in zip(ids.tolist(), sums.tolist())), key=lambda p: (-p[1], p[0]))
+    return TrafficCoverage(float(time[known].sum()), float(time.sum()), tuple(uncovered))
