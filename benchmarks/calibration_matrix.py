@@ -87,14 +87,9 @@ def main() -> int:
         parser.error(f"--loads must be among {', '.join(LOADS)}; --pairs and --cycles at least 1")
 
     import calibration_runs
-    import fake_device
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="mlflow-neuron-matrix-"))
-    try:
-        so = str(fake_device.build(pathlib.Path(tempfile.gettempdir()) / f"fake_neuron_build_{os.getuid()}"))
-    except fake_device.FakeDeviceUnavailable as reason:
-        print(f"fake device unavailable ({reason}); A/A on CPU only")
-        so = None
+    so = calibration_runs.fake_device_library("A/A on CPU only")
     kinds = ["aa", "ab"] if so else ["aa"]
     plan = [(kind, load, n, i) for load in loads for n in cycles for kind in kinds for i in range(args.pairs)]
     uri = f"sqlite:///{work / 'mlflow.db'}"

@@ -115,6 +115,20 @@ def log_pairs(work: pathlib.Path, so: str | None, pairs: int, cpu_pairs: int, se
     return uri
 
 
+def fake_device_library(without: str) -> str | None:
+    """The fake PrivateUse1 profiler's library, built once per user in the temp folder; None where it
+    cannot be built, after saying why and what runs `without` it."""
+    import tempfile
+
+    import fake_device
+
+    try:
+        return str(fake_device.build(pathlib.Path(tempfile.gettempdir()) / f"fake_neuron_build_{os.getuid()}"))
+    except fake_device.FakeDeviceUnavailable as reason:
+        print(f"fake device unavailable ({reason}); {without}")
+        return None
+
+
 def run_worker(work: pathlib.Path, code: str, seed: int, extra_path: tuple[pathlib.Path, ...] = ()) -> None:
     """Runs `code` in a fresh interpreter in `work`, with the fake device's noise (seeded), tests/,
     examples/ and `extra_path` importable; raises CalledProcessError with its output when it fails."""
