@@ -463,3 +463,11 @@ def test_the_description_stays_under_the_backend_limit():
     text = with_block("u" * 4000, block)
     assert len(text) <= 5000 and text.startswith("u" * 4000) and text.endswith(END)
     assert with_block(text, block) == text  # replaces its own block, never stacks a second one
+
+
+@pytest.mark.parametrize("command", ["compare", "history"])
+def test_the_format_option_says_what_each_format_is_for(command, capsys):
+    with pytest.raises(SystemExit):
+        cli_main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--format {table,markdown,csv,json} table (default) or markdown for people;" in text

@@ -129,7 +129,8 @@ def parser() -> CommandParser:
     cmp.add_argument("--noise-pct", type=non_negative_float, default=2.0, metavar="PCT",
                      help="changes smaller than this are 'no change' (default: %(default)s)")
     cmp.add_argument("--top", type=positive_int, default=15, help="ops shown in table/markdown (default: %(default)s)")
-    cmp.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"])
+    cmp.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"],
+                     help="table (default) or markdown for people; csv and json keep every field and whole op names")
     cmp.add_argument("--fail-if-slower", type=non_negative_float, metavar="PCT",
                      help="exit 1 if the whole 95%% interval of an op or the total is above +PCT%%")
     cmp.add_argument("--fail-if-inconclusive", action="store_true",
@@ -247,6 +248,7 @@ def _history_parser(commands) -> None:
     his.add_argument("--fail-on-change", type=non_negative_float, metavar="PCT",
                      help="exit 1 when the latest segment is slower than the one before, its whole 95%% interval "
                      "above +PCT%%")
-    his.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"])
+    his.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"],
+                     help="table (default) or markdown for people; csv is one row per run; json adds the changes")
     his.add_argument("--log-to", metavar="RUN_ID", help="attach history.png, history.html and history.json to this run")
     his.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
