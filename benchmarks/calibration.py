@@ -23,7 +23,6 @@ noise is seeded); the CPU rate follows the host's load and is only printed here.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import signal
 import subprocess
@@ -52,14 +51,9 @@ def main() -> int:
     args = parser.parse_args()
 
     import calibration_runs
-    import fake_device
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="mlflow-neuron-calibration-"))
-    try:
-        so = str(fake_device.build(pathlib.Path(tempfile.gettempdir()) / f"fake_neuron_build_{os.getuid()}"))
-    except fake_device.FakeDeviceUnavailable as reason:
-        print(f"fake device unavailable ({reason}); CPU pairs only")
-        so = None
+    so = calibration_runs.fake_device_library("CPU pairs only")
     device_pairs = args.pairs if so else 0
     started = time.perf_counter()
     uri = calibration_runs.log_pairs(work, so, device_pairs, args.cpu_pairs, args.seed, args.load_pairs)

@@ -109,13 +109,33 @@ def log_pairs(work: pathlib.Path, so: str | None, pairs: int, cpu_pairs: int, se
     """Logs every pair's runs into a sqlite store under `work` (in one subprocess, where the fake
     device is activated once); returns the store's URI."""
     uri = f"sqlite:///{work / 'mlflow.db'}"
-    here = pathlib.Path(__file__).resolve().parent
     code = (f"import calibration_runs; calibration_runs.make_runs({uri!r}, {pairs}, {cpu_pairs}, "
             f"{so if so is None else repr(so)}, {load_pairs})")  # fmt: skip
-    env = {**os.environ, **NOISE, "FAKE_NEURON_SEED": str(seed),
-           "PYTHONPATH": os.pathsep.join([str(here.parent), str(here), str(here.parent / "examples")])}  # fmt: skip
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=work, env=env, capture_output=True, text=True)
+    run_worker(work, code, seed)
     return uri
+
+
+def fake_device_library(without: str) -> str | None:
+    """The fake PrivateUse1 profiler's library, built once per user in the temp folder; None where it
+    cannot be built, after saying why and what runs `without` it."""
+    import tempfile
+
+    import fake_device
+
+    try:
+        return str(fake_device.build(pathlib.Path(tempfile.gettempdir()) / f"fake_neuron_build_{os.getuid()}"))
+    except fake_device.FakeDeviceUnavailable as reason:
+        print(f"fake device unavailable ({reason}); {without}")
+        return None
+
+
+def run_worker(work: pathlib.Path, code: str, seed: int, extra_path: tuple[pathlib.Path, ...] = ()) -> None:
+    """Runs `code` in a fresh interpreter in `work`, with the fake device's noise (seeded), tests/,
+    examples/ and `extra_path` importable; raises CalledProcessError with its output when it fails."""
+    here = pathlib.Path(__file__).resolve().parent
+    paths = [str(here.parent), str(here), str(here.parent / "examples"), *map(str, extra_path)]
+    env = {**os.environ, **NOISE, "FAKE_NEURON_SEED": str(seed), "PYTHONPATH": os.pathsep.join(paths)}
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=work, env=env, capture_output=True, text=True)
 
 
 def rates(uri: str, kind: str, pairs: int) -> tuple[int, int]:

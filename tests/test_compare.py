@@ -167,12 +167,15 @@ def test_the_gate_fails_only_when_the_whole_interval_is_above_the_threshold():
 def test_a_stalled_step_is_named_and_does_not_flip_the_answer():
     frame = compare([jittery("base"), jittery("stalled", stall_step=4)])
     named = [o for o in frame.attrs["outliers"] if o["op"] == "aten::mul"]
-    assert named == [{"run": "stalled", "op": "aten::mul", "cycle": 1, "step": 14, "value_us": 7760.0,
-                      "median_us": 103.5, "times_median": 74.98}]  # fmt: skip
+    assert named == [{"run": "stalled", "op": "aten::mul", "cycle": 1, "cycle_index": 1, "cycles": 2, "step": 14,
+                      "value_us": 7760.0, "median_us": 103.5, "times_median": 74.98}]  # fmt: skip
     assert frame.loc["aten::mul", ("stalled", "verdict")] == "no change"  # the mean would say +7600%
     assert frame.loc["aten::mul", ("stalled", "outliers")] == 1
     text = render.text(frame)
-    assert "stalled step 14 (cycle 1) aten::mul: 7,760.000 us, 74.98x its median 103.500 us" in text
+    # the cycle by its place among the run's cycles, and the folder it was logged in
+    assert "stalled step 14 (cycle 1 of 2, profiler/step_1) aten::mul: 7,760.000 us, 74.98x its median 103.500 us" in text
+    # the count under the outliers says what it counts: samples of any row (the stall is in aten::mul and the total)
+    assert "outliers, samples of any row (base 0, stalled 2; in the medians" in text
     json.dumps(frame.attrs)  # the attrs travel as JSON
 
 
@@ -210,7 +213,8 @@ def test_tables_show_medians_intervals_verdicts_n_outliers_and_integer_aten_call
     assert any(line.startswith("aten::mul") and "slower" in line and "[" in line for line in lines)
     assert any(line.split()[:4] == ["n", "(steps)", "10", "10"] for line in lines)
     assert any(line.split()[:5] == ["ATen", "calls", "per", "step", "6"] for line in lines)
-    assert any(line.split()[:3] == ["outliers", "0", "2"] for line in lines)
+    # the table's row counts the total's outlier steps, under the steps it is counted in
+    assert any(line.split()[:5] == ["outlier", "steps", "(TOTAL)", "0", "1"] for line in lines)
     assert lines[-1].startswith("slow vs base: slower")
     assert "| `TOTAL` |" in render.markdown(frame) and "slow vs base: slower" in render.markdown(frame)
 
@@ -228,7 +232,7 @@ def test_renderings_are_self_contained_and_show_samples_and_outliers(tmp_path):
     assert frame.attrs["samples"]["fused"]["aten::mul"][3] == pytest.approx(0.6 * 100 * 1.05 * 80)
     page = render.html_page(frame, chart)
     assert "data:image/png;base64," in page and "fused vs naive: faster" in page
-    assert "fused step 13 (cycle 1) aten::mul" in page and "How to read this" in page
+    assert "fused step 13 (cycle 1 of 2, profiler/step_1) aten::mul" in page and "How to read this" in page
     assert "src=\"http" not in page and "href=" not in page and "<script" not in page
 
 
@@ -459,3 +463,11 @@ def test_the_description_stays_under_the_backend_limit():
     text = with_block("u" * 4000, block)
     assert len(text) <= 5000 and text.startswith("u" * 4000) and text.endswith(END)
     assert with_block(text, block) == text  # replaces its own block, never stacks a second one
+
+
+@pytest.mark.parametrize("command", ["compare", "history"])
+def test_the_format_option_says_what_each_format_is_for(command, capsys):
+    with pytest.raises(SystemExit):
+        cli_main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--format {table,markdown,csv,json} table (default) or markdown for people;" in text

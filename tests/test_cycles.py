@@ -213,3 +213,108 @@ def test_too_few_samples_stay_too_few_whatever_the_host_load():
     assert frame.loc[TOTAL, ("cand", "verdict")] == "too few samples" and not inconclusive_runs(frame)
     failed, lines = gate_lines(frame, 10)
     assert not failed and any(line.startswith("NOT CHECKED cand:") for line in lines), lines
+
+
+# -- the gate acts only on evidence that covers the variation between windows (issue 36) ----------
+
+
+def chosen_run(label, cycles_of_mul, host=None, rotation=None, add=5.0):
+    """A run of the chosen aten::mul times, one list per cycle (profiled window), and a steady aten::add."""
+    rows = [{"cycle": 8 * (c + 1), "step": 8 * c + i, "name": name, "calls": 1, "self_device_time_us": value,
+             "self_cpu_time_us": value}
+            for c, values in enumerate(cycles_of_mul) for i, mul in enumerate(values)
+            for name, value in (("aten::mul", mul), ("aten::add", add))]  # fmt: skip
+    samples = pd.DataFrame(rows)
+    table = samples.groupby("name", as_index=False)[[DEVICE_METRIC, CPU_METRIC, "calls"]].sum().assign(kind="op")
+    return RunProfile(label, f"id-{label}", 8 * len(cycles_of_mul), table, {}, "cpu", "present", samples=samples,
+                      source="steps", host=host or {}, extra={"rotation": rotation})  # fmt: skip
+
+
+# The A/A pair of issue 36: aten::mul median 12.80 -> 39.15 us, 2 vs 2 cycles of 5 steps, a busy host
+# beside both (0.9 and 1.4 cores busy elsewhere on 2 CPUs: half a core apart, so the old rule passed it).
+AA_BASE = [[12.5, 12.8, 13.1, 12.6, 12.9], [12.7, 12.8, 13.0, 12.4, 12.9]]
+AA_CAND = [[35.0, 39.15, 42.0, 38.0, 40.1], [36.2, 39.5, 41.0, 37.3, 39.0]]
+LOADED_BASE = {"other_cpu_cores": 0.9, "load_average_1m": 3.2, "cpu_count": 2.0}
+LOADED_CAND = {"other_cpu_cores": 1.4, "load_average_1m": 3.3, "cpu_count": 2.0}
+NOT_GATED = "2 windows a run: not gated; profile \u2265 3 cycles or use interleaved()"
+
+
+def test_host_time_from_two_windows_a_run_gets_its_numbers_and_a_verdict_but_never_the_gate():
+    frame = compare([chosen_run("base", AA_BASE), chosen_run("cand", AA_CAND)], metric=CPU_METRIC)
+    mul = frame.loc["aten::mul", "cand"]
+    assert mul["verdict"] == SLOWER and mul["unit"] == "steps" and mul["ratio_low"] > 1.1  # what once fired
+    assert frame.attrs["not_gated"] == {"cand": NOT_GATED}
+    assert f"; {NOT_GATED})" in frame.attrs["sentences"]["cand"]
+    failed, lines = gate_lines(frame, 10)
+    assert not failed and regressions(frame, 10) == []  # the total and the op rows alike
+    [line] = [line for line in lines if line.startswith("NOT GATED")]
+    assert line.startswith(f"NOT GATED cand: host time, {NOT_GATED} (aten::mul ratio 3.")
+    assert line.endswith(": above +10% but not proven)") and "TOTAL ratio" in line
+    from mlflow_neuron._compare.render import text
+
+    assert "slower (not gated)" in text(frame)
+
+
+def test_the_issues_aa_pair_under_load_is_inconclusive_and_the_cli_exits_0_or_4(tracking_uri, monkeypatch, capsys):
+    import mlflow_neuron._compare.profiles as loading
+    from mlflow_neuron.cli import main as cli_main
+
+    profiles = [chosen_run("base", AA_BASE, LOADED_BASE), chosen_run("cand", AA_CAND, LOADED_CAND)]
+    monkeypatch.setattr(loading, "resolve_runs", lambda client, names, experiment: names)
+    monkeypatch.setattr(loading, "load_profiles", lambda client, names, step=None: profiles)
+    argv = ["compare", "--runs", "base", "cand", "--metric", "self_cpu_time_us", "--fail-if-slower", "10"]
+    assert cli_main(argv) == 0
+    out = capsys.readouterr().out
+    why = "the host was busy (base 0.9 of 2 CPUs busy elsewhere, cand 1.4 of 2 CPUs busy elsewhere, over 25%)"
+    assert f"INCONCLUSIVE cand: {why}" in out and "REGRESSION" not in out
+    assert cli_main([*argv, "--fail-if-inconclusive"]) == 4
+    capsys.readouterr()
+    # without the busy rule it is the window rule that keeps the gate off: still exit 0, never 1
+    assert cli_main([*argv, "--host-busy-share", "1"]) == 0
+    assert f"NOT GATED cand: host time, {NOT_GATED}" in capsys.readouterr().out
+
+
+def test_device_time_over_two_cycles_is_gated_on_its_own_evidence():
+    base = chosen_run("base", [[100.0, 101, 99, 100.5, 99.5], [100.2, 100.8, 99.3, 100.1, 99.9]], LOADED_BASE)
+    slower = chosen_run("cand", [[130.0, 131, 129, 130.5, 129.5], [130.2, 130.8, 129.3, 130.1, 129.9]], LOADED_CAND)
+    frame = compare([base, slower], metric=DEVICE_METRIC)
+    assert not frame.attrs["not_gated"] and not inconclusive_runs(frame)
+    assert {r.op for r in regressions(frame, 10)} == {"aten::mul", TOTAL}
+
+
+def test_three_cycles_a_run_or_a_rotation_covers_the_windows_and_the_gate_acts():
+    third = [[12.6, 12.8, 13.0, 12.5, 12.9]]
+    cand_third = [[36.0, 39.2, 41.5, 37.9, 40.0]]
+    three = compare([chosen_run("base", AA_BASE + third), chosen_run("cand", AA_CAND + cand_third)], metric=CPU_METRIC)
+    assert not three.attrs["not_gated"] and "aten::mul" in {r.op for r in regressions(three, 10)}
+    rotated = compare([chosen_run("base", AA_BASE, rotation="r1"), chosen_run("cand", AA_CAND, rotation="r1")],
+                      metric=CPU_METRIC)  # fmt: skip
+    assert not rotated.attrs["not_gated"] and "aten::mul" in {r.op for r in regressions(rotated, 10)}
+    # two rotations are two experiments, not one: the windows of one do not sit next to the other's
+    apart = compare([chosen_run("base", AA_BASE, rotation="r1"), chosen_run("cand", AA_CAND, rotation="r2")],
+                    metric=CPU_METRIC)  # fmt: skip
+    assert apart.attrs["not_gated"] == {"cand": NOT_GATED} and regressions(apart, 10) == []
+    # one window each, even in rotation, cannot show that adjacent windows share their weather
+    single = compare([chosen_run("base", AA_BASE[:1], rotation="r1"), chosen_run("cand", AA_CAND[:1], rotation="r1")],
+                     metric=CPU_METRIC)  # fmt: skip
+    assert single.attrs["not_gated"] == {
+        "cand": "1 window a run: not gated; profile \u2265 3 cycles or 2 in rotation with interleaved()"}
+
+
+def test_a_busy_host_makes_host_time_inconclusive_even_when_both_runs_saw_the_same_load():
+    rng = np.random.default_rng(20)
+    busy_alike = [run_profile("base", rng, 4, host=LOADED_BASE), run_profile("cand", rng, 4, scale=1.6, host=LOADED_CAND)]
+    frame = compare(busy_alike, metric=CPU_METRIC)
+    assert frame.loc[TOTAL, ("cand", "verdict")] == INCONCLUSIVE
+    assert inconclusive_runs(frame)["cand"].startswith("the host was busy (base 0.9 of 2 CPUs busy elsewhere")
+    # a busy baseline alone is enough; a quiet pair, or a share the user widened, is judged
+    assert compare([busy_alike[0], run_profile("cand", rng, 4, host=QUIET)], metric=CPU_METRIC,
+                   host_load_threshold=2.0).loc[TOTAL, ("cand", "verdict")] == INCONCLUSIVE  # fmt: skip
+    quiet = {"other_cpu_cores": 0.4, "cpu_count": 2.0}  # 20%: what a run's own noise absorbs
+    judged = compare([run_profile("base", rng, 4, host=quiet), run_profile("cand", rng, 4, scale=1.6, host=quiet)],
+                     metric=CPU_METRIC)  # fmt: skip
+    assert judged.loc[TOTAL, ("cand", "verdict")] == SLOWER and not inconclusive_runs(judged)
+    widened = compare(busy_alike, metric=CPU_METRIC, host_busy_share=0.75)
+    assert widened.loc[TOTAL, ("cand", "verdict")] == SLOWER
+    # device time is judged on its own whatever the weather
+    assert compare(busy_alike, metric=DEVICE_METRIC).loc[TOTAL, ("cand", "verdict")] == SLOWER

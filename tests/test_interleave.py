@@ -43,15 +43,21 @@ def test_variants_are_profiled_in_rotation_each_into_a_run_of_its_own(tracking_u
     assert all(len(list(group)) == LENGTH for _, group in itertools.groupby(calls))
     client = MlflowClient(tracking_uri)
     assert list(runs.run_ids) == ["a", "b", "c"] and len(set(runs.run_ids.values())) == 3
+    rotations = set()
     for name, run_id in runs.run_ids.items():
         run = client.get_run(run_id)
         assert run.info.run_name == name and run.info.status == "FINISHED"
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        rotations.add(run.data.tags["mlflow_neuron.rotation"])
         # the cycles are logged where one profile with repeat=3 would log them
         assert cycle_steps(client, run_id) == [LENGTH, 2 * LENGTH, 3 * LENGTH]
     frame = compare_runs(list(runs.run_ids.values()), baseline="a")
     assert frame.attrs["n"] == {"a": 3 * ACTIVE, "b": 3 * ACTIVE, "c": 3 * ACTIVE}
     assert {tuple(key)[0] for key in frame.attrs["sample_steps"]["b"]} == {LENGTH, 2 * LENGTH, 3 * LENGTH}
+    # one mark for the runs of one rotation, read back with them: compare gates their host time from 2 cycles
+    from mlflow_neuron._compare.profiles import load_profile
+
+    assert len(rotations) == 1 and load_profile(client, client.get_run(runs.run_ids["b"])).extra["rotation"] in rotations
 
 
 def test_a_variant_that_raises_ends_failed_and_the_others_go_on(tracking_uri):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.tracking.context import registry as context_tags
 from torch.profiler import profile, schedule
 
+from .._delivery.model import ROTATION_TAG
 from .._delivery.report import MLflowNeuronWarning, strict_from_env
 from .._neuron.devices import ProfilingSetup, pick_device, profiling_setup, synchronize
 from .callback import MLflowProfilerCallback
@@ -166,13 +168,14 @@ def _gc_paused(pause: bool):
 
 def _create_runs(client: MlflowClient, names: list[str], parent_run_id: str | None,
                  experiment_id: str | None) -> dict[str, str]:  # fmt: skip
-    """One run per variant, created together, with the tags `mlflow.start_run` would give them."""
+    """One run per variant, created together, with the tags `mlflow.start_run` would give them and
+    one `ROTATION_TAG` for all: `compare` reads it to know that their cycles alternated."""
     if parent_run_id is None and mlflow.active_run() is not None:
         parent_run_id = mlflow.active_run().info.run_id
     if experiment_id is None:
         experiment_id = (client.get_run(parent_run_id).info.experiment_id if parent_run_id
                          else mlflow.tracking.fluent._get_experiment_id() or "0")  # fmt: skip
-    tags = {PARENT_TAG: parent_run_id} if parent_run_id else {}
+    tags = {ROTATION_TAG: uuid.uuid4().hex, **({PARENT_TAG: parent_run_id} if parent_run_id else {})}
     return {name: client.create_run(experiment_id, run_name=name, tags=context_tags.resolve_tags(tags)).info.run_id
             for name in names}  # fmt: skip
 

@@ -24,6 +24,16 @@ honest:
 3. **Too few cycles.** The cluster-level interval needs `MIN_CYCLES` (3) cycles in each run; with
    fewer, there is no honest interval and the verdict says how many cycles are needed.
 
+4. **Which evidence the gate may act on.** A step-level interval from one or two windows a run
+   covers the noise between steps, not the variation between windows: under host load, two
+   windows can sit far apart and take every step with them. Host time is therefore gated
+   (`window_rule`) only when each run has `MIN_CYCLES` cycles (the between-cycle test had windows
+   to compare), or when the runs were profiled in rotation by `interleaved()` with at least
+   `MIN_ROTATION_CYCLES` cycles each (each window of a variant sits next to one of the baseline,
+   so what moves one moves the other). Device time, which the host's load does not move, is
+   gated on its own evidence. Rows that fail this keep their numbers and verdict, say why they
+   are not gated, and never fail the gate.
+
 Rows whose samples are not all positive (an op absent from some steps) and runs with one sample
 per cycle are judged on steps alone: the first have no log scale, the second are cycle-level
 already.
@@ -42,6 +52,7 @@ from .._compare.stats import CONFIDENCE, RatioEstimate, outlier_mask, ratio_inte
 CYCLE_ALPHA = 0.2
 NEGLIGIBLE_SHIFT = 0.005  # standard deviation of the cycles' shifts, on the log scale
 MIN_CYCLES = 3
+MIN_ROTATION_CYCLES = 2  # runs of one interleaved() call: windows side by side, at least two pairs of them
 STEPS, CYCLES = "steps", "cycles"  # the unit an interval was computed on
 
 
@@ -87,6 +98,19 @@ def judge(base: np.ndarray, base_cycles: np.ndarray, run: np.ndarray, run_cycles
         point = ratio_interval(x, y, confidence).ratio
         return Judged(RatioEstimate(point, None, None), CYCLES, noise, too_few_cycles=True)
     return Judged(cluster_interval(x, cx, y, cy, confidence), CYCLES, noise)
+
+
+def window_rule(cycles: tuple[int, int], host_time: bool, rotation: bool) -> str | None:
+    """None when a comparison's intervals cover the variation between profiled windows, so the gate
+    may act on them; else why not, in words (`2 windows a run: not gated; ...`). `cycles`: the
+    baseline's and the run's; `rotation`: both runs come from one `interleaved()` call."""
+    fewest = min(cycles)
+    if not host_time or fewest >= MIN_CYCLES or (rotation and fewest >= MIN_ROTATION_CYCLES):
+        return None
+    base, run = cycles
+    count = f"{base} window{'s' if base != 1 else ''} a run" if base == run else f"{base} vs {run} windows a run"
+    fix = "use interleaved()" if fewest >= MIN_ROTATION_CYCLES else f"{MIN_ROTATION_CYCLES} in rotation with interleaved()"
+    return f"{count}: not gated; profile \u2265 {MIN_CYCLES} cycles or {fix}"
 
 
 def cycle_noise(x: np.ndarray, cx: np.ndarray, y: np.ndarray, cy: np.ndarray) -> CycleNoise:

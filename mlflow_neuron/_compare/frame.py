@@ -13,11 +13,13 @@ profiler step, over all of a run's active steps (see `samples`):
 - `verdict`: `faster`, `slower`, `no change` (the interval contains 1.0, or the change is under
   `noise_pct`), `too few samples` (no 95% interval), `too few cycles` (the cycles differ and a
   run has fewer than `cycles.MIN_CYCLES`), `inconclusive` (host time of runs that saw different
-  host load, see `weather`), `new` / `gone` (the op is in one run only), `baseline`.
+  host load, or a busy host, see `weather`), `new` / `gone` (the op is in one run only), `baseline`.
 
 `frame.attrs` (JSON-serializable) adds: the metric and any fallback, the baseline, runs, n,
 samples sources, ATen calls per step, `host` (each run's host while profiled) and
-`inconclusive` (the reason, per run whose verdicts it made inconclusive), `cycle_noise` (the
+`inconclusive` (the reason, per run whose verdicts it made inconclusive), `not_gated` (per run
+whose host-time intervals do not cover the variation between windows: why, `cycles.window_rule`;
+the gate never fails on them), `cycle_noise` (the
 TOTAL's between-cycle test per run), `outliers` (each one named: run, op, cycle, step, value,
 times the median), `sentences` (the verdict in words, per run), `verdicts` (the TOTAL's), and
 `samples` (of the TOTAL and the top ops, for plots) with their (cycle, step) in `sample_steps`
@@ -78,6 +80,7 @@ def compare(
     noise_pct: float = DEFAULT_NOISE_PCT,
     host_load_threshold: float = _weather.HOST_LOAD_THRESHOLD_CORES,
     region: str | None = None,
+    host_busy_share: float = _weather.HOST_BUSY_SHARE,
 ) -> pd.DataFrame:
     """The comparison frame; `baseline` is a label or run id (default: the first run).
 
@@ -88,7 +91,7 @@ def compare(
 
     With `region`, the TOTAL row is that `record_function` region's inclusive time per step, the
     op rows the ops inside it (`region.in_region`); else `attrs["regions"]` has each region's sentences."""
-    _check(profiles, metric, skip_steps, noise_pct, host_load_threshold, region)
+    _check(profiles, metric, skip_steps, noise_pct, (host_load_threshold, host_busy_share), region)
     whole, profiles = profiles, profiles if region is None else [in_region(p, region) for p in profiles]
     base = _find(profiles, baseline) if baseline else profiles[0]
     without_device = [p.label for p in profiles if p.device_time != "present"]
@@ -98,9 +101,9 @@ def compare(
     # Costliest first in any run, so an op that only one variant has (a compiled graph) shows too.
     order = list(medians.max(axis=1).sort_values(ascending=False, kind="stable").index)
     frame, noise = _table(samples, base.label, order, noise_pct)
-    hosts = {p.label: dict(p.host) for p in profiles}
+    hosts, weather = {p.label: dict(p.host) for p in profiles}, (host_load_threshold, host_busy_share)
     frame.attrs.update(
-        inconclusive=_weather_verdicts(frame, hosts, base.label, host_load_threshold) if used == CPU_METRIC else {},
+        **_evidence(frame, samples, profiles, base.label, used == CPU_METRIC, weather),
         metric=used,
         requested_metric=metric,
         fallback=f"compared on self CPU time: no device time in {', '.join(without_device)}" if used != metric else None,
@@ -111,7 +114,7 @@ def compare(
         method=METHOD,
         wrappers=sorted(_wrappers(profiles) & set(order)),
         host=hosts,
-        host_load_threshold_cores=host_load_threshold,
+        host_load_threshold_cores=host_load_threshold, host_busy_share=host_busy_share,
         cycle_noise=noise,
     )
     others = [label for label in samples if label != base.label]
@@ -119,7 +122,7 @@ def compare(
     frame.attrs["verdicts"] = {label: frame.loc[TOTAL, (label, "verdict")] for label in others}
     frame.attrs["sentences"] = {label: sentence(frame, label) for label in others}
     if region is None and used != MEMORY_METRIC:
-        frame.attrs["regions"] = _region_sentences(whole, base.label, metric, skip_steps, noise_pct, host_load_threshold)
+        frame.attrs["regions"] = _region_sentences(whole, base.label, metric, skip_steps, noise_pct, weather)
     # Added last: pandas deep-copies attrs on every operation, so the bulky ones come after.
     frame.attrs.update(
         outliers=_outliers(samples, order),
@@ -143,19 +146,21 @@ def _explanations(whole: list[RunProfile], profiles: list[RunProfile], region: s
 
 
 def _region_sentences(profiles: list[RunProfile], base: str, metric: str, skip_steps: int, noise_pct: float,
-                      host_load_threshold: float) -> dict[str, dict[str, str]]:  # fmt: skip
+                      weather: tuple[float, float]) -> dict[str, dict[str, str]]:  # fmt: skip
     """The sentence of each region the runs share, per run: {region: {run: sentence}}."""
     return {name: compare(profiles, base, metric, skip_steps=skip_steps, noise_pct=noise_pct,
-                          host_load_threshold=host_load_threshold, region=name).attrs["sentences"]
+                          host_load_threshold=weather[0], host_busy_share=weather[1], region=name).attrs["sentences"]
             for name in region_names(profiles)[:SHOWN_REGIONS]}  # fmt: skip
 
 
 def _check(profiles: list[RunProfile], metric: str, skip_steps: int, noise_pct: float,
-           host_load_threshold: float, region: str | None) -> None:  # fmt: skip
+           weather: tuple[float, float], region: str | None) -> None:  # fmt: skip
     if region is not None and metric == MEMORY_METRIC:
         raise ValueError("a region compares time; its memory is the allocated_bytes of its rows in ops.json")
-    if not host_load_threshold >= 0:
-        raise ValueError(f"host_load_threshold must be >= 0 cores; got {host_load_threshold}")
+    if not weather[0] >= 0:
+        raise ValueError(f"host_load_threshold must be >= 0 cores; got {weather[0]}")
+    if not weather[1] >= 0:
+        raise ValueError(f"host_busy_share must be >= 0 (a share of the host's CPUs); got {weather[1]}")
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}; got {metric!r}")
     if not profiles:
@@ -187,19 +192,45 @@ def _noise_attrs(judged: _cycles.Judged) -> dict:
             "between_cycle_share": None if np.isnan(share) else round(share, 4)}  # fmt: skip
 
 
-def _weather_verdicts(frame: pd.DataFrame, hosts: dict[str, dict], base: str, threshold: float) -> dict[str, str]:
-    """Host time of a run that saw different host load than the baseline is not judged: every
-    verdict of that run that an interval decided reads `inconclusive` (rows with too few samples
-    or cycles for one keep saying so: no weather makes them a claim). Returns the reason per run
-    with such rows."""
+def _evidence(frame: pd.DataFrame, samples: dict[str, StepSamples], profiles: list[RunProfile], base: str,
+              host_time: bool, weather: tuple[float, float]) -> dict[str, dict[str, str]]:  # fmt: skip
+    """`not_gated` and `inconclusive`: per run, why the gate may not act on its host time, and why
+    its host time is not judged at all (the second rewrites the run's verdicts)."""
+    hosts = {p.label: dict(p.host) for p in profiles}
+    return {"not_gated": _window_rules(frame, samples, profiles, base, host_time),
+            "inconclusive": _weather_verdicts(frame, hosts, base, weather) if host_time else {}}
+
+
+def _weather_verdicts(frame: pd.DataFrame, hosts: dict[str, dict], base: str,
+                      weather: tuple[float, float]) -> dict[str, str]:  # fmt: skip
+    """Host time of a run whose host, or the baseline's, was busy, or that saw a different host
+    load than the baseline, is not judged: every verdict of that run that an interval decided
+    reads `inconclusive` (rows with too few samples or cycles for one keep saying so: no weather
+    makes them a claim). Returns the reason per run with such rows."""
     found = {}
     for label, host in hosts.items():
-        if label == base or not _weather.load_differs(hosts[base], host, threshold):
+        why = None if label == base else _weather.verdict_weather(base, hosts[base], label, host, *weather)
+        if why is None:
             continue
         judged = frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE])
         if judged.any():
             frame.loc[judged, (label, "verdict")] = INCONCLUSIVE
-            found[label] = _weather.reason(base, hosts[base], label, host)
+            found[label] = why
+    return found
+
+
+def _window_rules(frame: pd.DataFrame, samples: dict[str, StepSamples], profiles: list[RunProfile], base: str,
+                  host_time: bool) -> dict[str, str]:  # fmt: skip
+    """Why the gate may not act on a run's judged rows, per run where it may not (`cycles.window_rule`):
+    the same rule for the TOTAL and every op, from the runs' cycles and whether they ran in rotation."""
+    rotation = {p.label: p.extra.get("rotation") for p in profiles}
+    windows = {label: len({cycle for cycle, _ in s.steps}) for label, s in samples.items()}
+    found = {}
+    for label in samples:
+        in_rotation = bool(rotation[base]) and rotation[label] == rotation[base]
+        why = None if label == base else _cycles.window_rule((windows[base], windows[label]), host_time, in_rotation)
+        if why and frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE]).any():
+            found[label] = why
     return found
 
 
@@ -308,10 +339,13 @@ def _judge(base_values, values, cycle_ids: tuple[np.ndarray, np.ndarray], is_bas
 
 
 def _outliers(samples: dict[str, StepSamples], order: list[str]) -> list[dict]:
+    """Each outlier named: run, op, `cycle` (the step the cycle was logged at, as in
+    `profiler/step_<N>/`), `cycle_index` of `cycles` (its place among the run's cycles), step, sizes."""
     found = []
     for label, run in samples.items():
         times = _columns(run.ops)
         series = [*((op, times[op], run.op_keys) for op in order if op in times), (TOTAL, run.total, run.steps)]
+        places = {cycle: i + 1 for i, cycle in enumerate(sorted({c for c, _ in run.steps}))}
         for op, values, keys in series:
             if len(values) < _stats.MIN_OUTLIER_SAMPLES:
                 continue
@@ -319,7 +353,8 @@ def _outliers(samples: dict[str, StepSamples], order: list[str]) -> list[dict]:
             for index in np.flatnonzero(_stats.outlier_mask(values)):
                 cycle, step = keys[index]
                 found.append({
-                    "run": label, "op": op, "cycle": cycle, "step": step,
+                    "run": label, "op": op, "cycle": cycle, "cycle_index": places.get(cycle), "cycles": len(places),
+                    "step": step,
                     "value_us": round(float(values[index]), 3), "median_us": round(median, 3),
                     "times_median": round(float(values[index]) / median, 2) if median else None,
                 })  # fmt: skip

@@ -5,7 +5,10 @@ estimate over the line is not enough, since per-step noise and stalls move it. R
 samples or cycles for an interval can never fail; the gate names them instead of passing in
 silence. Nor can the rows of a run whose verdicts are `inconclusive` (host time, and the host's
 load differed from the baseline's): the gate prints why, and `inconclusive_runs` lets the
-command line exit 4 for a CI job that wants to retry on a quieter host.
+command line exit 4 for a CI job that wants to retry on a quieter host. Nor can the rows of a
+run whose host-time intervals do not cover the variation between profiled windows (fewer than 3
+cycles a run, not in rotation: `cycles.window_rule`): the gate prints a NOT GATED line with the
+rows that would have failed, and exits 0 on them.
 """
 
 from __future__ import annotations
@@ -39,8 +42,12 @@ def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tupl
         n, total = frame.attrs["n"], next((r for r in rows if r.op == TOTAL), rows[0])
         lines.append(f"NOT CHECKED {run}: {len(rows)} row(s), {_too_few(frame, run, n[run], n[base])} for a 95% "
                      f"interval ({total.op} point ratio {total.ratio:.2f})")  # fmt: skip
-    for run, why in inconclusive_runs(frame).items():
+    inconclusive = inconclusive_runs(frame)
+    for run, why in inconclusive.items():
         lines.append(f"INCONCLUSIVE {run}: {why}; host time not gated (--fail-if-inconclusive: exit 4)")
+    for run, why in not_gated_runs(frame).items():
+        if run not in inconclusive:
+            lines.append(f"NOT GATED {run}: host time, {why}{_would_fail(frame, run, percent, min_us)}")
     if not slower:
         lines.append(f"no op or total is proven more than {percent:g}% slower than {base} (95% interval)")
     return bool(slower), lines
@@ -53,11 +60,33 @@ def regressions(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> lis
     interval says by how much. Ops under `min_us` (median) in both runs, and wrapper ranges, are
     left out; the TOTAL is always checked. Rows with too few samples for an interval never fail (see `unchecked`).
     """
+    not_gated = not_gated_runs(frame)
+    return [r for r in _above(frame, percent, min_us) if r.run not in not_gated]
+
+
+def not_gated_runs(frame: pd.DataFrame) -> dict[str, str]:
+    """{run: why} for the runs whose host-time intervals the gate may not act on (`cycles.window_rule`)."""
+    return dict(frame.attrs.get("not_gated") or {})
+
+
+def _above(frame: pd.DataFrame, percent: float, min_us: float) -> list[Regression]:
+    """Judged rows whose whole interval lies above +`percent`, whether or not the gate may act on them."""
     found = []
     for run, op, row in _gated_rows(frame, min_us):
         if row["verdict"] != INCONCLUSIVE and row["ratio_low"] > 1 + percent / 100:
             found.append(Regression(run, op, *_row_numbers(frame, run, op)))
     return found
+
+
+def _would_fail(frame: pd.DataFrame, run: str, percent: float, min_us: float) -> str:
+    """`` (aten::mul ratio 3.34, 95% CI over steps 1.19–5.25, above +10%)``: what the gate leaves alone."""
+    rows = [r for r in _above(frame, percent, min_us) if r.run == run]
+    if not rows:
+        return ""
+    shown = "; ".join(f"{r.op} ratio {r.ratio:.2f}, 95% CI over steps {r.ratio_low:.2f}\u2013{r.ratio_high:.2f}"
+                      for r in rows[:3])  # fmt: skip
+    more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
+    return f" ({shown}{more}: above +{percent:g}% but not proven)"
 
 
 def unchecked(frame: pd.DataFrame, min_us: float = 0.0) -> list[Regression]:

@@ -108,6 +108,8 @@ def describe(change: Change, runs: list, profiles: list[RunProfile], metric: str
     compare's sentence on the two segments' pooled steps."""
     before, after = runs[change.at - 1], runs[change.at]
     names = [_span(runs[slice(*part)]) for part in (change.before, change.after)]
+    if names[0] == names[1]:  # one commit on both sides (every run of the series has it): name them by place
+        names = [f"series runs {part[0] + 1}..{part[1]}" for part in (change.before, change.after)]
     pooled = [_pooled(profiles[slice(*part)], name) for part, name in zip((change.before, change.after), names)]
     words = compare(pooled, names[0], metric, region=region).attrs["sentences"][names[1]]
     return {
@@ -154,4 +156,4 @@ def _pooled(profiles: list[RunProfile], label: str) -> RunProfile:
     joined = {name: pd.concat(parts, ignore_index=True) if all(x is not None for x in parts) else None
               for name, parts in frames.items()}  # fmt: skip
     return RunProfile(label, label, last.step, last.ops, last.totals, last.device, last.device_time,
-                      {**last.extra, "neuron_summary": {}}, source=last.source, host={}, **joined)  # fmt: skip
+                      {**last.extra, "neuron_summary": {}, "rotation": None}, source=last.source, host={}, **joined)  # fmt: skip

@@ -19,7 +19,7 @@ from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
 from .._compare.frame import compare
-from .._compare.weather import HOST_LOAD_THRESHOLD_CORES, HOST_METRICS, run_host
+from .._compare.weather import HOST_BUSY_SHARE, HOST_LOAD_THRESHOLD_CORES, HOST_METRICS, run_host
 from .._compare.model import (
     MEMORY_METRIC,
     SAMPLE_COLUMNS,
@@ -40,6 +40,7 @@ from .._delivery.model import (
     HOST_METRIC_PREFIX,
     OPS_TABLE,
     PER_OP_METRICS,
+    ROTATION_TAG,
     REGION,
     REGION_OPS_TABLE,
     STEP_METRICS,
@@ -65,6 +66,7 @@ def compare_runs(
     noise_pct: float = 2.0,
     host_load_threshold: float = HOST_LOAD_THRESHOLD_CORES,
     region: str | None = None,
+    host_busy_share: float = HOST_BUSY_SHARE,
 ) -> pd.DataFrame:
     """Per-op comparison of profiled runs as a DataFrame (see `frame.compare`).
 
@@ -76,7 +78,8 @@ def compare_runs(
     `runs` is an experiment name, or a list of run ids / run names (within `experiment`) /
     parent runs / `models:/NAME/VERSION`. A run's samples are its profiler steps, over all its
     cycles; `step` keeps one cycle only, `skip_steps` leaves out each run's first steps. Host
-    time of runs whose hosts' load differed by more than `host_load_threshold` cores is
+    time of runs whose hosts' load differed by more than `host_load_threshold` cores, or whose
+    host (or the baseline's) had more than `host_busy_share` of its CPUs busy elsewhere, is
     `inconclusive` (see `weather`). `region` compares one `record_function` range: its inclusive
     time per step, and the ops inside it as the rows.
     """
@@ -85,7 +88,7 @@ def compare_runs(
         experiment, runs = runs, []
     resolved = resolve_runs(client, runs, experiment)
     return compare(load_profiles(client, resolved, step), baseline, metric, skip_steps=skip_steps, noise_pct=noise_pct,
-                   host_load_threshold=host_load_threshold, region=region)
+                   host_load_threshold=host_load_threshold, region=region, host_busy_share=host_busy_share)
 
 
 def load_profiles(client: MlflowClient, runs: list[Run], step: int | None = None) -> list[RunProfile]:
@@ -131,6 +134,7 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
         device=run.data.tags.get(DEVICE_TAG, ""),
         device_time=run.data.tags.get(DEVICE_TIME_TAG, ""),
         extra={"torch_version": run.data.params.get("versions.torch", ""), "cycles": chosen, "names": names,
+               "rotation": run.data.tags.get(ROTATION_TAG),
                "neuron_summary": {k: v for k, v in run.data.metrics.items() if k.startswith(NEURON_SUMMARY_PREFIX)}},
         samples=pd.concat([c[2] for c in loaded], ignore_index=True),
         step_totals=pd.concat([c[3] for c in loaded], ignore_index=True),

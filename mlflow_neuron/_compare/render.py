@@ -36,9 +36,13 @@ METHOD_NOTE = (
     "Cycles are checked first: when a run's cycles differ beyond the noise between its steps (a "
     "nested F test on log times, p < 0.2), each cycle is one sample and the interval is Welch's on "
     "the cycles' medians; with fewer than 3 cycles per run the verdict is too few cycles. Host time "
-    "of runs whose hosts had different load (cores busy with other processes differing by more "
-    "than 0.5) is inconclusive; device time is judged on its own, with the host's load shown. "
-    "The gate (--fail-if-slower PCT) fails only when the whole interval lies above +PCT. "
+    "is inconclusive when either run's host had more than a quarter of its CPUs busy with other "
+    "processes, or when the runs' loads differ by more than 0.5 cores; device time is judged on its "
+    "own, with the host's load shown. The gate (--fail-if-slower PCT) fails only when the whole "
+    "interval lies above +PCT, and, for host time, only when it covers the variation between "
+    "profiled windows: 3 or more cycles a run, or runs profiled in rotation by interleaved(). "
+    "A range's own time (ProfilerStep, a record_function region, a compiled graph) is the time "
+    "inside it that no op took; its region with everything it runs is compared under regions. "
     "Outliers: steps more than 5 robust standard deviations (1.4826 · MAD, at least 1% of the "
     "median) from their run's median. They are named here and drawn in the chart; the medians keep "
     "them, the ratio and its interval leave them out, so one stall cannot decide a verdict."
@@ -76,20 +80,27 @@ def table(frame: pd.DataFrame, top: int | None = 15) -> pd.DataFrame:
     base = frame.attrs["baseline"]
     runs = list(frame.columns.get_level_values("run").unique())
     ops = [op for op in frame.index if op != TOTAL][:top]
-    outliers = {run: sum(1 for o in frame.attrs.get("outliers", []) if o["run"] == run) for run in runs}
     region = frame.attrs.get("region")
     counts = frame.attrs["launches"] if region is not None else frame.attrs["aten_calls"]
     columns: dict[str, list[str]] = {}
     for run in runs:
         columns[run] = [_number(frame.loc[op, (run, "time_us")]) for op in [*ops, TOTAL]]
-        columns[run] += [_count(frame.attrs["n"][run]), str(outliers[run]), _count(counts[run])]
+        columns[run] += [_count(frame.attrs["n"][run]), _count(frame.loc[TOTAL, (run, "outliers")]), _count(counts[run])]
         if run == base:
             continue
+        not_gated = run in (frame.attrs.get("not_gated") or {})
         columns[f"{run} ratio (95% CI)"] = [_ratio_cell(frame.loc[op, run]) for op in [*ops, TOTAL]] + ["", "", ""]
-        columns[f"{run} verdict"] = [str(frame.loc[op, (run, "verdict")]) for op in [*ops, TOTAL]] + ["", "", ""]
+        columns[f"{run} verdict"] = [_verdict_cell(frame.loc[op, (run, "verdict")], not_gated)
+                                     for op in [*ops, TOTAL]] + ["", "", ""]  # fmt: skip
     last = ("region " + region, "launches per step") if region is not None else (TOTAL, "ATen calls per step")
-    index = [*short_names(ops), last[0], "n (steps)", "outliers", last[1]]
+    wrappers = set(frame.attrs.get("wrappers", []))
+    names = [f"{name} (range's own time)" if op in wrappers else name for op, name in zip(ops, short_names(ops))]
+    index = [*names, last[0], "n (steps)", f"outlier steps ({last[0]})", last[1]]
     return pd.DataFrame(columns, index=index)
+
+
+def _verdict_cell(verdict: str, not_gated: bool) -> str:
+    return f"{verdict} (not gated)" if not_gated and verdict in (FASTER, SLOWER) else str(verdict)
 
 
 def text(frame: pd.DataFrame, top: int | None = 15) -> str:
@@ -127,7 +138,7 @@ def outlier_lines(frame: pd.DataFrame, limit: int = SHOWN_OUTLIERS) -> list[str]
         names[TOTAL] = f"region {frame.attrs['region']}"
     unit = "bytes" if frame.attrs.get("metric") == "peak_memory_bytes" else "us"
     lines = [
-        f"{o['run']} step {o['step']} (cycle {o['cycle']}) {names.get(o['op'], o['op'])}: {o['value_us']:,.3f} {unit}, "
+        f"{o['run']} step {o['step']} ({_cycle(o)}) {names.get(o['op'], o['op'])}: {o['value_us']:,.3f} {unit}, "
         + (f"{o['times_median']:g}x its median {o['median_us']:,.3f} {unit}" if o["times_median"] else "median 0")
         for o in found[:limit]
     ]
@@ -136,11 +147,27 @@ def outlier_lines(frame: pd.DataFrame, limit: int = SHOWN_OUTLIERS) -> list[str]
     return lines
 
 
+def _cycle(outlier: dict) -> str:
+    """`cycle 4 of 4, profiler/step_32`: its place among the run's cycles, and where its files are."""
+    if outlier.get("cycle_index") is None:
+        return f"cycle at step {outlier['cycle']}"
+    return f"cycle {outlier['cycle_index']} of {outlier['cycles']}, profiler/step_{outlier['cycle']}"
+
+
+def outlier_counts(frame: pd.DataFrame) -> str:
+    """`naive 35, fused 46`: each run's outlier samples over every row (op samples and total steps)."""
+    counts = {run: 0 for run in frame.attrs.get("runs", {})}
+    for o in frame.attrs.get("outliers", []):
+        counts[o["run"]] = counts.get(o["run"], 0) + 1
+    return ", ".join(f"{run} {count}" for run, count in counts.items())
+
+
 def _notes(frame: pd.DataFrame) -> list[str]:
     notes = []
     outliers = outlier_lines(frame)
     if outliers:
-        notes += ["", "outliers (in the medians and the charts; left out of the ratios):", *(f"  {line}" for line in outliers)]
+        notes += ["", f"outliers, samples of any row ({outlier_counts(frame)}; in the medians and the charts, left out "
+                  "of the ratios):", *(f"  {line}" for line in outliers)]  # fmt: skip
     host = host_note(frame.attrs.get("host") or {})
     if host:
         notes += ["", host]
@@ -230,7 +257,7 @@ img {{ max-width: 100%; }} .timeline {{ overflow-x: auto; }}
 <table class="compact">{header}{rows}</table>
 {"".join(f"<h3>{html.escape(title)}</h3><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines) + "</ul>"
          for title, lines in explanations(frame))}
-<h3>Outliers</h3>
+<h3>Outliers{html.escape(": samples of any row, " + outlier_counts(frame)) if outliers else ""}</h3>
 {f"<ul>{outliers}</ul>" if outliers else "<p>none</p>"}
 <h3>How to read this</h3>
 <p>{html.escape(METHOD_NOTE)}</p>
@@ -264,4 +291,4 @@ def _timelines_html(timelines: Mapping) -> str:
 
 def _css(cell: str) -> str:
     return {FASTER: "faster", SLOWER: "slower", NO_CHANGE: "nochange", TOO_FEW: "toofew", TOO_FEW_CYCLES: "toofew",
-            INCONCLUSIVE: "toofew"}.get(cell, "")  # fmt: skip
+            INCONCLUSIVE: "toofew"}.get(cell, "toofew" if cell.endswith("(not gated)") else "")  # fmt: skip

@@ -44,8 +44,9 @@ def sentence(frame: pd.DataFrame, run: str) -> str:
                    f"per run, {base} has {noise['cycles'][0]} and {run} {noise['cycles'][1]})")  # fmt: skip
     elif not pd.isna(total["ratio_low"]):
         low, high = _percents(total["ratio_low"], total["ratio_high"])
-        change += f" (95% CI {low}…{high}%{_unit(total['unit'], noise)})" if low != high else \
-            " (exact: no spread in either run)"
+        why = frame.attrs.get("not_gated", {}).get(run)
+        change += f" (95% CI {low}…{high}%{_unit(total['unit'], noise, why)})" if low != high else \
+            f" (exact: no spread in either run{'; ' + why if why else ''})"
     parts = [f"{run} vs {base}: {verdict}, {change}"]
     calls = _calls(frame.attrs["aten_calls"].get(run), frame.attrs["aten_calls"].get(base))
     if calls:
@@ -60,9 +61,12 @@ def sentence(frame: pd.DataFrame, run: str) -> str:
     return "".join(parts) + "."
 
 
-def _unit(unit: str, noise: dict) -> str:
-    """What the interval stands on, where it matters: cycles, or steps of too few cycles to check."""
+def _unit(unit: str, noise: dict, not_gated: str | None = None) -> str:
+    """What the interval stands on, where it matters: cycles, or steps of too few cycles to check
+    (and, for host time, why the gate does not act on it)."""
     counts = noise.get("cycles") or [0, 0]
+    if not_gated:
+        return f"; {not_gated}"
     if unit == CYCLES:
         return f", over {counts[0]} vs {counts[1]} cycles"
     if 0 < min(counts) < MIN_CYCLES:

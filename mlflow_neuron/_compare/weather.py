@@ -8,11 +8,20 @@ short for the host's 10 ms counters), and a run's cores busy elsewhere are the s
 the sum of the other, so the rounding errors of many windows cancel. Runs without `other_cpu_s`
 use the mean of their windows' `other_cpu_cores`, weighted by window length.
 
-When two runs' figures differ by more than `HOST_LOAD_THRESHOLD_CORES` (0.5 cores: on a host
-with as many cores as busy threads, half a core taken elsewhere already delays every step a
-little), a host-time comparison between them cannot tell the code from the weather, and its
-verdicts read `inconclusive`. Device time is judged on its own evidence: the host's load is shown
-beside it, never applied to it.
+A host-time comparison cannot tell the code from the weather, and its verdicts read
+`inconclusive` (`verdict_weather`), when:
+
+- **either run's host was busy**: other processes kept more than `HOST_BUSY_SHARE` of its CPUs
+  busy (25%: half a core on 2 CPUs). Below that a run's own step-to-step noise absorbs the
+  load; above it, a window that shares its cores with other work is late by however much the
+  scheduler decides, and two runs that both saw it (0.9 and 1.4 cores busy elsewhere on 2 CPUs)
+  are not the same weather, only equally bad weather. A run without `cpu_count` is not judged
+  busy;
+- **or the runs' figures differ** by more than `HOST_LOAD_THRESHOLD_CORES` (0.5 cores: on a host
+  with as many cores as busy threads, half a core taken elsewhere already delays every step a
+  little).
+
+Device time is judged on its own evidence: the host's load is shown beside it, never applied to it.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import pandas as pd
 from .._delivery.model import HOST_VALUES, NEURON_UTILIZATION
 
 HOST_LOAD_THRESHOLD_CORES = 0.5
+HOST_BUSY_SHARE = 0.25  # of the host's CPUs busy with other processes: beyond it, a run's host time is not judged
 OTHER_CPU, OTHER_CPU_S, SPAN_S, WINDOW_S = "other_cpu_cores", "other_cpu_s", "span_s", "window_s"
 HOST_METRICS = (*HOST_VALUES, NEURON_UTILIZATION)  # logged as system/profile/<name>
 
@@ -60,6 +70,24 @@ def load_differs(base: dict[str, float], run: dict[str, float], threshold: float
     """Whether both runs' load is known and differs by more than `threshold` cores."""
     b, r = base.get(OTHER_CPU), run.get(OTHER_CPU)
     return b is not None and r is not None and abs(r - b) > threshold  # NaN compares False
+
+
+def busy(host: dict[str, float], share: float = HOST_BUSY_SHARE) -> bool:
+    """Whether other processes kept more than `share` of the host's CPUs busy (False when unknown)."""
+    cores, cpus = host.get(OTHER_CPU), host.get("cpu_count")
+    return cores is not None and bool(cpus) and cores > share * cpus  # NaN compares False
+
+
+def verdict_weather(base_label: str, base: dict[str, float], label: str, run: dict[str, float],
+                    threshold: float = HOST_LOAD_THRESHOLD_CORES, share: float = HOST_BUSY_SHARE) -> str | None:  # fmt: skip
+    """Why a host-time comparison of `run` against `base` cannot be judged, or None when it can:
+    `the host was busy (cand 1.4 of 2 CPUs busy elsewhere, over 25%)`, or `reason`'s words."""
+    crowded = [(name, host) for name, host in ((base_label, base), (label, run)) if busy(host, share)]
+    if crowded:
+        figures = ", ".join(f"{name} {_cores(host[OTHER_CPU])} of {host['cpu_count']:g} CPUs busy elsewhere"
+                            for name, host in crowded)  # fmt: skip
+        return f"the host was busy ({figures}, over {share:.0%})"
+    return reason(base_label, base, label, run) if load_differs(base, run, threshold) else None
 
 
 def reason(base_label: str, base: dict[str, float], label: str, run: dict[str, float]) -> str:

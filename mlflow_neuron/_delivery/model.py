@@ -14,6 +14,8 @@ DEVICE_TAG = "mlflow_neuron.device"  # neuron | cuda | cpu (ingest also: rocm | 
 DEVICE_TIME_TAG = "mlflow_neuron.device_time"  # present | missing | not_profiled
 RUN_KEY_TAG = "mlflow_neuron.run_key"  # a run the callback creates, found again by this key
 SOURCE_TAG = "mlflow_neuron.source"  # "ingest" for runs logged from traces made elsewhere
+# the variants of one `interleaved()` call share this tag (a random id): their cycles ran in rotation
+ROTATION_TAG = "mlflow_neuron.rotation"
 
 # Files of a cycle, under profiler/step_<N>/ (rank 0) or profiler/step_<N>/rank_<r>/.
 OPS_TABLE = "ops.json"  # every op: the log_table layout, a sortable table in the UI

@@ -9,7 +9,8 @@
 Exit codes: 0 done; 1 the gate failed (compare) or records were kept or found damaged (sync); 2
 usage error (bad arguments, or a run, experiment, model version or folder that does not exist); 3
 the tracking server is down, refuses connections, or does not answer in time, and nothing was
-changed; 4 inconclusive (compare --fail-if-inconclusive); 5 another sync holds the outbox (sync).
+changed; 4 inconclusive (compare --fail-if-inconclusive); 5 another sync holds the outbox (sync);
+70 an error of mlflow-neuron itself (a bug: one line, the traceback with -v), never read as 1.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import contextlib
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from .._delivery.report import RedactingStream, redact
-from .arguments import EXIT_UNREACHABLE, EXIT_USAGE, parser, usage_error
+from .arguments import EXIT_INTERNAL, EXIT_UNREACHABLE, EXIT_USAGE, parser, usage_error
 from .commands import COMMANDS, exit_code, sync  # noqa: F401 - `sync` and its exit code, for Python callers
 
 # The CLI's own process gives up on a server that answers nothing in seconds, not minutes: MLflow's
@@ -49,10 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             _check_server(args)
             return COMMANDS[args.command](args)
-        except Exception as error:  # noqa: BLE001 - mapped to an exit code and one line, or re-raised
+        except Exception as error:  # noqa: BLE001 - mapped to an exit code and one line
             code, message = _exit_for(error)
-            if code is None:
-                raise
+            if code is None:  # a bug of ours: never exit 1, which a CI job reads as "regression found"
+                code, message = EXIT_INTERNAL, _internal(error, args.verbose)
     print(redact(f"mlflow-neuron {args.command}: error: {message}"), file=sys.stderr)
     return code
 
@@ -116,6 +118,14 @@ def _exit_for(error: BaseException) -> tuple[int | None, str]:
     if isinstance(error, MlflowException) and error.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
         return EXIT_USAGE, " ".join(error.message.split())
     return None, ""
+
+
+def _internal(error: Exception, verbose: bool) -> str:
+    """The line for an error that is a bug of mlflow-neuron; with -v its traceback is printed first."""
+    if verbose:
+        traceback.print_exception(error)
+    where = " (-v prints the traceback)" if not verbose else ""
+    return f"internal error, a bug in mlflow-neuron: {type(error).__name__}: {error}{where}".replace("\n", " ")
 
 
 def _quiet(verbose: bool) -> None:

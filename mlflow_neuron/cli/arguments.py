@@ -19,6 +19,7 @@ EXIT_USAGE = 2  # bad arguments, or a run, experiment, model version or folder t
 EXIT_UNREACHABLE = 3  # the tracking server is down, refuses, or does not answer in time; nothing was changed
 EXIT_INCONCLUSIVE = 4  # compare --fail-if-inconclusive: host time of runs that saw different host load
 EXIT_BUSY = 5  # sync: another sync is delivering this outbox; nothing was done
+EXIT_INTERNAL = 70  # an error of mlflow-neuron itself (sysexits' EX_SOFTWARE): a bug, never read as a regression
 
 
 def non_negative_int(text: str) -> int:
@@ -73,7 +74,7 @@ def parser() -> CommandParser:
                      epilog="exit codes: 0 done, 1 regression found (compare) or records kept or damaged (sync), "
                      "2 usage error or unknown run/experiment/model version, 3 tracking server unreachable "
                      "(nothing changed), 4 inconclusive (compare --fail-if-inconclusive), 5 another sync is "
-                     "delivering the outbox")  # fmt: skip
+                     "delivering the outbox, 70 an internal error (a bug in mlflow-neuron)")  # fmt: skip
     root.add_argument("--version", action="version", version=f"mlflow-neuron {__version__}")
     root.add_argument("-v", "--verbose", action="store_true", help="show MLflow's own INFO messages")
     commands = root.add_subparsers(dest="command", required=True)
@@ -128,15 +129,19 @@ def parser() -> CommandParser:
     cmp.add_argument("--noise-pct", type=non_negative_float, default=2.0, metavar="PCT",
                      help="changes smaller than this are 'no change' (default: %(default)s)")
     cmp.add_argument("--top", type=positive_int, default=15, help="ops shown in table/markdown (default: %(default)s)")
-    cmp.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"])
+    cmp.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"],
+                     help="table (default) or markdown for people; csv and json keep every field and whole op names")
     cmp.add_argument("--fail-if-slower", type=non_negative_float, metavar="PCT",
                      help="exit 1 if the whole 95%% interval of an op or the total is above +PCT%%")
     cmp.add_argument("--fail-if-inconclusive", action="store_true",
-                     help="exit 4 when host time was not judged because the runs saw different host load "
-                     "(a CI job can retry on a quieter host); a proven regression still exits 1")
+                     help="exit 4 when host time was not judged because the host was busy or the runs saw "
+                     "different host load (a CI job can retry on a quieter host); a proven regression still exits 1")
     cmp.add_argument("--host-load-threshold", type=non_negative_float, default=0.5, metavar="CORES",
                      help="host time is inconclusive when the runs' cores busy with other processes differ by "
                      "more than this (default: %(default)s)")
+    cmp.add_argument("--host-busy-share", type=non_negative_float, default=0.25, metavar="SHARE",
+                     help="host time is inconclusive when other processes kept more than this share of either "
+                     "run's CPUs busy (default: %(default)s, half a core on 2 CPUs)")
     cmp.add_argument("--min-time-us", type=non_negative_float, default=0.0, metavar="US",
                      help="the gate ignores ops below this median in both runs (the total is always checked)")
     cmp.add_argument("--log-to", metavar="RUN_ID", help="attach the table, a PNG chart and an HTML report to this run")
@@ -243,6 +248,7 @@ def _history_parser(commands) -> None:
     his.add_argument("--fail-on-change", type=non_negative_float, metavar="PCT",
                      help="exit 1 when the latest segment is slower than the one before, its whole 95%% interval "
                      "above +PCT%%")
-    his.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"])
+    his.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"],
+                     help="table (default) or markdown for people; csv is one row per run; json adds the changes")
     his.add_argument("--log-to", metavar="RUN_ID", help="attach history.png, history.html and history.json to this run")
     his.add_argument("--tracking-uri", help=TRACKING_URI_HELP)

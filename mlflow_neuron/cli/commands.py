@@ -65,7 +65,8 @@ def compare(args: argparse.Namespace, out=None) -> int:
     out = out or sys.stdout
     frame = compare_runs(args.runs or [], args.baseline, args.metric, args.step, experiment=args.experiment,
                          tracking_uri=args.tracking_uri, skip_steps=args.skip_steps, noise_pct=args.noise_pct,
-                         host_load_threshold=args.host_load_threshold, region=args.region)
+                         host_load_threshold=args.host_load_threshold, region=args.region,
+                         host_busy_share=args.host_busy_share)
     rendered = {
         "table": lambda: _render.text(frame, args.top),
         "markdown": lambda: _render.markdown(frame, args.top),

@@ -1,0 +1,126 @@
+"""The gate's calibration matrix (issue 36): A/A pairs on CPU and A/B pairs on the fake device,
+under each load pattern, with 1, 2, 3 and 4 cycles a run.
+
+    python benchmarks/calibration_matrix.py [--pairs 20] [--loads quiet,one,both,periodic] [--cycles 1,2,3,4]
+
+Every run is a real torch.profiler run through `MLflowProfilerCallback` into a sqlite store,
+profiled with `schedule(wait=1, warmup=1, active=5, repeat=CYCLES)`, and each pair is its own
+experiment, judged as a CI job would: `mlflow-neuron compare --experiment E --baseline base
+--fail-if-slower 10` (tests/calibration_runs.py). The loads:
+
+- `quiet`: nothing added;
+- `one`: two CPU hogs beside the candidate run only;
+- `both`: two CPU hogs beside each run;
+- `periodic`: two CPU hogs, 3 s on and 3 s off, for the whole of each pair.
+
+A/A on CPU is naive RMSNorm twice (host time); A/B is the same loop on the fake PrivateUse1
+device whose kernels are 30% longer in the candidate (device time, with the fake device's seeded
+jitter and stalls). Prints one table: per cell, how often the gate fired on A/A (should be 0 of
+N) and how often it found the +30% (should be N of N), with the A/A pairs' total verdicts.
+Asserts nothing: its CPU figures follow the machine's load. The hogs make it unfit for a shared
+machine where others are timing things; `--loads quiet --pairs 1` is a smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+
+ROOT = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(ROOT.parent), str(ROOT.parent / "tests"), str(ROOT)]
+
+LOADS = ("quiet", "one", "both", "periodic")
+HOGS_BESIDE = {"quiet": (0, 0), "one": (0, 2), "both": (2, 2), "periodic": (0, 0)}  # (base, candidate)
+KINDS = {"aa": ("base", 1.0, "same", 1.0), "ab": ("base", 1.0, "slower", 1.3)}
+
+
+def make_cells(uri: str, so: str | None, plan: list[tuple[str, str, int, int]]) -> None:
+    """Worker: logs each pair of `plan` ((kind, load, cycles, index)) into its own experiment."""
+    import mlflow
+    import torch
+    from calibration import PeriodicHogs
+    from calibration_runs import cpu_hogs, kernels
+    from rmsnorm_variants import garbage_collector_paused
+    from torch.profiler import ProfilerActivity
+    from workloads import profile_rmsnorm
+
+    from mlflow_neuron import MLflowProfilerCallback
+
+    torch.set_num_threads(1)  # as the example does
+    mlflow.set_tracking_uri(uri)
+    if so is not None:
+        import fake_device
+
+        fake_device.activate(pathlib.Path(so))
+    for kind, load, cycles, index in plan:
+        mlflow.set_experiment(experiment(kind, load, cycles, index))
+        base_name, base_scale, name, scale = KINDS[kind]
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if kind == "ab" else [])
+        with PeriodicHogs(2, 3.0) if load == "periodic" else nullcontext():
+            for (run_name, run_scale), hogs in zip(((base_name, base_scale), (name, scale)), HOGS_BESIDE[load]):
+                os.environ["FAKE_NEURON_KERNELS"] = kernels(run_scale)
+                with mlflow.start_run(run_name=run_name) as run, cpu_hogs(hogs):
+                    with MLflowProfilerCallback(run_id=run.info.run_id, strict=True, background=False) as callback:
+                        with garbage_collector_paused():
+                            profile_rmsnorm(callback, steps=7 * cycles, activities=activities, wait=1, warmup=1,
+                                            active=5, repeat=cycles)  # fmt: skip
+
+
+def experiment(kind: str, load: str, cycles: int, index: int) -> str:
+    return f"{kind}-{load}-{cycles}-{index}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=20, help="pairs per cell and kind (default: %(default)s)")
+    parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated, of " + ", ".join(LOADS))
+    parser.add_argument("--cycles", default="1,2,3,4", help="cycles a run, comma-separated (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=2026, help="FAKE_NEURON_SEED for the fake device's noise")
+    args = parser.parse_args()
+    loads, cycles = args.loads.split(","), [int(c) for c in args.cycles.split(",")]
+    if set(loads) - set(LOADS) or args.pairs < 1 or min(cycles) < 1:
+        parser.error(f"--loads must be among {', '.join(LOADS)}; --pairs and --cycles at least 1")
+
+    import calibration_runs
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix="mlflow-neuron-matrix-"))
+    so = calibration_runs.fake_device_library("A/A on CPU only")
+    kinds = ["aa", "ab"] if so else ["aa"]
+    plan = [(kind, load, n, i) for load in loads for n in cycles for kind in kinds for i in range(args.pairs)]
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    started = time.perf_counter()
+    calibration_runs.run_worker(work, f"import calibration_matrix; calibration_matrix.make_cells({uri!r}, "
+                                f"{so!r}, {plan!r})", args.seed, (ROOT,))  # fmt: skip
+    print(f"logged {2 * len(plan)} runs in {time.perf_counter() - started:.0f} s ({uri})\n")
+    print(f"| load | cycles a run | A/A on CPU: gate fired | A/A: total's verdicts | A/B +30% on the fake device: found |")
+    print("|---|---|---|---|---|")
+    for load in loads:
+        for n in cycles:
+            print(cell_row(uri, load, n, args.pairs, "ab" in kinds))
+    return 0
+
+
+def cell_row(uri: str, load: str, cycles: int, pairs: int, with_device: bool) -> str:
+    """One cell: the A/A pairs' alarms and verdicts, and the A/B pairs the gate found."""
+    import calibration_runs
+
+    fired, verdicts = 0, []
+    for index in range(pairs):
+        code, report = calibration_runs.gate(uri, experiment("aa", load, cycles, index))
+        fired += code == 1
+        verdicts.append(calibration_runs.total_verdict(report))
+    counted = ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts)))
+    found = "-"
+    if with_device:
+        found = sum(calibration_runs.gate(uri, experiment("ab", load, cycles, i))[0] == 1 for i in range(pairs))
+        found = f"{found}/{pairs}"
+    return f"| {load} | {cycles} | {fired}/{pairs} | {counted} | {found} |"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
