@@ -262,7 +262,8 @@ class MLflowProfilerCallback:
                     self._system_metrics.stop()
                 ends_run = self._owns_run and self.rank.is_primary
                 self._owns_run = False  # its end is queued once: a second close() does not queue another
-                self._producer.close(self._budget.left() if timeout is None else timeout, end_run=ends_run)
+                # An explicit timeout gets at least a second: ending the run is one request.
+                self._producer.close(self._budget.left() if timeout is None else max(timeout, 1.0), end_run=ends_run)
             except Exception as error:  # noqa: BLE001
                 self.reporter.problem("close", f"could not close run {self.run_id} cleanly", error)
 

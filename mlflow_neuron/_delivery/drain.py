@@ -31,7 +31,7 @@ from .files import sent_files
 from .http_budget import remember_retry_after
 from .job import CycleJob
 from .model import Delivery, RunRef
-from .report import rejected_message, report_delivery
+from .report import report_delivery
 from .seal import DamagedRecord
 
 BATCH = 16  # prepared entries of one run sent together at most (one log_batch, one artifact pass)
@@ -316,9 +316,8 @@ class Drain:
         except OSError as unmoved:
             self._kept(item.held.path, unmoved, done, on_outcome, item)
             return
+        # Said by whoever waits for it, from its reason file (`Producer`, `sync`): on that thread, once.
         self._outcome(done, on_outcome, Outcome(item.held.path, REJECTED, why, item.delivery, item.run, moved=moved))
-        message = rejected_message(f"profiler step {item.delivery.step}", item.run, why, moved)
-        self.reporter.problem("rejected", message, error)  # strict mode raises the refusal itself
 
     def _damaged(self, entry: Path, why: str, done: Pass, on_outcome) -> None:
         try:

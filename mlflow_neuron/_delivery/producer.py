@@ -32,14 +32,13 @@ from . import outbox as _outbox
 from .drain import DELIVERED, KEPT, SETTLED, Drain, Pass
 from .entries import END, FILES, JOB, Held
 from .files import human_size
-from .helper_process import HelperLauncher
+from .helper_process import STOP_WAIT_S, HelperLauncher
 from .job import CycleJob
 from .model import RunRef
 from .report import logger as _log
-from .report import one_line, redact
+from .report import one_line, redact, rejected_message
 
 PROGRESS_AFTER_S = 2.0  # a wait longer than this prints one progress line on stderr
-END_FLOOR_S = 1.0  # close() waits at least this long: ending the run is one request, even with the budget spent
 
 
 class Producer:
@@ -58,6 +57,7 @@ class Producer:
         self.helper = HelperLauncher(self.outbox, {"credentials": credentials, "retries": retries,
                                                    "retry_wait_s": retry_wait_s}, reporter, command) if helper and background else None  # fmt: skip
         self.mine: list[tuple[Path, int | None]] = []  # (entry, step) of this process; step None: the run's end
+        self._refusals_said: set[Path] = set()
         self.lost: list[tuple[int, str]] = []  # (step, why) of cycles neither queued nor delivered
         self.errors: list[BaseException] = []  # strict mode: raised on the training thread
         self._cond = threading.Condition()
@@ -213,6 +213,7 @@ class Producer:
                 said = self._say_progress(left)
             with self._cond:
                 self._cond.wait(0.05 if left is None else min(left, 0.05))
+        self._say_refusals()
         self.raise_errors()
         return not self._unsettled()
 
@@ -221,12 +222,14 @@ class Producer:
         in), flushes within `timeout`, stops the helper, and says once what is left and how to send it."""
         if end_run and (self.mine or self.run.run_id):
             self._queue_end()
-        self.flush(None if timeout is None else max(timeout, END_FLOOR_S), progress=True)
+        started = time.monotonic()
+        self.flush(timeout, progress=True)
         self._stop.set()
         for drain in self.drains.values():
             drain.memory.clear()  # what is left is read from its entry by whoever drains it next
-        if self.helper is not None:
-            self.helper.stop()
+        if self.helper is not None:  # within the budget: one killed mid-delivery leaves its entry whole
+            left = STOP_WAIT_S if timeout is None else timeout - (time.monotonic() - started)
+            self.helper.stop(min(max(left, 0.1), STOP_WAIT_S))
         self._say_left()
         self.say_refused()
         self._learn_run_id()  # before the run's id file goes with the outbox
@@ -307,6 +310,19 @@ class Producer:
         print(redact(f"mlflow-neuron: delivering {len(unsettled)} profiler cycle(s), {human_size(size)}, to "
                      f"{self.run.tracking_uri}{more}"), file=sys.stderr, flush=True)  # fmt: skip
         return True
+
+    def _say_refusals(self) -> None:
+        """Each of this process's cycles the server refused for good, said once, on this thread (the
+        drain that refused it may be the helper's), from its reason file; strict mode raises it."""
+        from mlflow.exceptions import MlflowException
+
+        for path in self.rejected:
+            if path not in self._refusals_said:
+                self._refusals_said.add(path)
+                step = next((s for e, s in self.mine if e.name == path.name), "?")
+                why = _outbox.reason_of(path)
+                self.reporter.problem("rejected", rejected_message(f"profiler step {step}", self.run, why, path),
+                                      MlflowException(why))  # fmt: skip
 
     def say_refused(self) -> None:
         """One line for every cycle of this process refused for good or lost, where the first

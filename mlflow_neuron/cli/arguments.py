@@ -86,9 +86,10 @@ def parser() -> CommandParser:
         "an invalid value) wait in <outbox>/rejected/ with a reason file; --retry-rejected sends them again.\n"
         "Each record's files are checked against the size and SHA-256 taken when it was written; a damaged\n"
         "record is never sent: it waits in <outbox>/damaged/ with a reason file (--retry-damaged).\n"
-        "Cycles staged for a helper process (.job-* folders) are read and sent once the training process\n"
-        "and its helper have both ended.\n"
-        "One sync at a time per outbox: a second one says which process holds it and exits 5.\n\n"
+        "Queued cycles (a training process that ended, was killed, or ran in a container that ended) are\n"
+        "read from their saved traces and sent; a run the callback created is ended once its cycles are in.\n"
+        "One consumer at a time per outbox: while a training job's helper or another sync delivers it,\n"
+        "sync says which process holds it and exits 5.\n\n"
         "example: mlflow-neuron sync --outbox ./mlflow-neuron-outbox\n"
         "         mlflow-neuron sync --retry-rejected --run-id 0123abcd...   # refused records, into another run",
         formatter_class=argparse.RawDescriptionHelpFormatter,
