@@ -21,22 +21,19 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from . import entries
+from . import closing, entries
 from . import outbox as _outbox
-from .drain import DELIVERED, KEPT, SETTLED, Drain, Pass
+from .drain import DELIVERED, SETTLED, Drain, Pass
 from .entries import END, FILES, JOB, Held
-from .files import human_size
 from .helper_process import STOP_WAIT_S, HelperLauncher
 from .job import CycleJob
 from .model import RunRef
-from .report import logger as _log
-from .report import one_line, redact, rejected_message
+from .report import one_line
 
 PROGRESS_AFTER_S = 2.0  # a wait longer than this prints one progress line on stderr
 
@@ -58,6 +55,7 @@ class Producer:
                                                    "retry_wait_s": retry_wait_s}, reporter, command) if helper and background else None  # fmt: skip
         self.mine: list[tuple[Path, int | None]] = []  # (entry, step) of this process; step None: the run's end
         self._refusals_said: set[Path] = set()
+        self._final: dict[Path, str] = {}  # settled entries: delivered, rejected or damaged
         self.lost: list[tuple[int, str]] = []  # (step, why) of cycles neither queued nor delivered
         self.errors: list[BaseException] = []  # strict mode: raised on the training thread
         self._cond = threading.Condition()
@@ -154,7 +152,15 @@ class Producer:
     # -- what became of this process's cycles --------------------------------------------------------
 
     def _states(self) -> list[tuple[Path, int | None, str]]:
-        return [(entry, step, entries.where(entry)) for entry, step in self.mine]
+        """Each entry of this process with its state; a settled one is looked up once (a long run
+        makes thousands, and a flush asks every 50 ms)."""
+        states = []
+        for entry, step in self.mine:
+            state = self._final.get(entry) or entries.where(entry)
+            if state not in _QUEUE:
+                self._final[entry] = state
+            states.append((entry, step, state))
+        return states
 
     @property
     def delivered(self) -> int:
@@ -188,7 +194,7 @@ class Producer:
                     self.run = RunRef(**{**asdict(self.run), "run_id": found})
 
     def _unsettled(self) -> list[tuple[Path, int | None]]:
-        return [(entry, step) for entry, step in self.mine if entry.exists()]
+        return [(entry, step) for entry, step, state in self._states() if state in _QUEUE]
 
     # -- waiting ----------------------------------------------------------------------------------------
 
@@ -304,64 +310,16 @@ class Producer:
             held.release()
 
     def _say_progress(self, left: float | None) -> bool:
-        unsettled = [entry for entry, step in self._unsettled() if step is not None]
-        size = sum(f.stat().st_size for entry in unsettled for f in entry.rglob("*") if f.is_file())
-        more = f"; waiting up to {left:.0f} s more" if left is not None else ""
-        print(redact(f"mlflow-neuron: delivering {len(unsettled)} profiler cycle(s), {human_size(size)}, to "
-                     f"{self.run.tracking_uri}{more}"), file=sys.stderr, flush=True)  # fmt: skip
-        return True
+        return closing.progress(self, left)
 
     def _say_refusals(self) -> None:
-        """Each of this process's cycles the server refused for good, said once, on this thread (the
-        drain that refused it may be the helper's), from its reason file; strict mode raises it."""
-        from mlflow.exceptions import MlflowException
-
-        for path in self.rejected:
-            if path not in self._refusals_said:
-                self._refusals_said.add(path)
-                step = next((s for e, s in self.mine if e.name == path.name), "?")
-                why = _outbox.reason_of(path)
-                self.reporter.problem("rejected", rejected_message(f"profiler step {step}", self.run, why, path),
-                                      MlflowException(why))  # fmt: skip
+        closing.refusals(self)
 
     def say_refused(self) -> None:
-        """One line for every cycle of this process refused for good or lost, where the first
-        warning named only one (said once)."""
-        refused = self.rejected
-        if len(refused) > 1:
-            self.reporter.problem(
-                "rejected_summary",
-                f"{len(refused)} profiler cycle(s) were refused by the server and are kept in {refused[0].parent} (see "
-                f"the reason file in each); once the cause is fixed, `mlflow-neuron sync --outbox {self.outbox} "
-                "--retry-rejected [--run-id ID]` sends them",
-            )  # fmt: skip
-        if len(self.lost) > 1:
-            self.reporter.problem("lost_summary", f"{len(self.lost)} profiler cycle(s) lost (steps "
-                                  f"{', '.join(str(step) for step, _ in self.lost)}): neither queued nor delivered")  # fmt: skip
+        closing.summaries(self)
 
     def _say_left(self) -> None:
-        left = self._unsettled()
-        cycles = [step for _, step in left if step is not None]
-        if not left:
-            return
-        if not cycles:  # only the run's end
-            self.reporter.problem("end_run", f"run {self.run_id} was left RUNNING: it could not be ended in time; "
-                                  f"`mlflow-neuron sync --outbox {self.outbox}` ends it")  # fmt: skip
-            return
-        done = self._last
-        why = next(iter(done.unreachable.values()), None) if done is not None else None
-        why = why or next((o.why for o in (done.outcomes if done else []) if o.state == KEPT and o.why), None)
-        why = why or "not delivered before the callback closed"
-        ending = " The run stays RUNNING until then; sync ends it." if any(step is None for _, step in left) else ""
-        folders = sorted({str(entry.parent) for entry, _ in left})
-        commands = " and ".join(f"`mlflow-neuron sync --outbox {folder}`" for folder in folders)
-        self.reporter.problem(
-            "kept",
-            f"{len(cycles)} profiler cycle(s) (steps {', '.join(map(str, cycles))}) were not sent to "
-            f"{self.run.tracking_uri} ({one_line(RuntimeError(why))}); they are kept in "
-            f"{' and '.join(folders)}: run {commands} to send them.{ending}",
-        )  # fmt: skip
-        _log.debug("kept entries: %s", [str(entry) for entry, _ in left])
+        closing.left(self)
 
     def _writable(self, outbox: Path) -> Path:
         """`outbox`, or where it cannot be written, the fallback folder (said once)."""

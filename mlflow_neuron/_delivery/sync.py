@@ -136,8 +136,8 @@ def _say(done: Outcome, prefix: str, folder: str, result: SyncResult, out, err) 
 
 
 class _Notes:
-    """The drain's reporter in sync: what preparing a cycle found is printed; refusals and damage
-    have their own lines."""
+    """The drain's reporter in sync: what preparing a cycle found is printed; refusals, damage and
+    a server that does not answer have their own lines."""
 
     strict = False
 
@@ -145,7 +145,7 @@ class _Notes:
         self.out = out
 
     def problem(self, kind: str, message: str, error: BaseException | None = None) -> None:
-        if kind not in ("rejected", "damaged", "kept"):
+        if kind not in ("rejected", "damaged", "kept", "unreachable"):
             print(f"  {message}" + (f" ({error})" if error else ""), file=self.out, flush=True)
 
 

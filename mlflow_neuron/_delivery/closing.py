@@ -1,0 +1,87 @@
+"""What the end of a profile says: a progress line while it waits, each refusal once, and one
+warning for what is left, where it is, and the `sync` command that sends it.
+
+The functions read a `Producer` (its entries, their states on disk, its run and reporter); they
+are apart from it because they are wording, not delivery.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from . import outbox as _outbox
+from .drain import KEPT
+from .files import human_size
+from .report import logger as _log
+from .report import one_line, redact, rejected_message
+
+
+def progress(producer, left: float | None) -> bool:
+    """One line on stderr while close() waits: the cycles and bytes left, and for how long more."""
+    unsettled = [entry for entry, step in producer._unsettled() if step is not None]
+    size = sum(f.stat().st_size for entry in unsettled for f in entry.rglob("*") if f.is_file())
+    more = f"; waiting up to {left:.0f} s more" if left is not None else ""
+    print(redact(f"mlflow-neuron: delivering {len(unsettled)} profiler cycle(s), {human_size(size)}, to "
+                 f"{producer.run.tracking_uri}{more}"), file=sys.stderr, flush=True)  # fmt: skip
+    return True
+
+
+def refusals(producer) -> None:
+    """Each of this process's cycles the server refused for good, said once, on this thread (the
+    drain that refused it may be the helper's), from its reason file; strict mode raises it."""
+    from mlflow.exceptions import MlflowException
+
+    for path in producer.rejected:
+        if path not in producer._refusals_said:
+            producer._refusals_said.add(path)
+            step = next((s for e, s in producer.mine if e.name == path.name), "?")
+            why = _outbox.reason_of(path)
+            producer.reporter.problem("rejected", rejected_message(f"profiler step {step}", producer.run, why, path),
+                                      MlflowException(why))  # fmt: skip
+
+
+def summaries(producer) -> None:
+    """One line for every cycle of this process refused for good or lost, where the first
+    warning named only one (said once)."""
+    refused = producer.rejected
+    if len(refused) > 1:
+        producer.reporter.problem(
+            "rejected_summary",
+            f"{len(refused)} profiler cycle(s) were refused by the server and are kept in {refused[0].parent} (see "
+            f"the reason file in each); once the cause is fixed, `mlflow-neuron sync --outbox {producer.outbox} "
+            "--retry-rejected [--run-id ID]` sends them",
+        )  # fmt: skip
+    if len(producer.lost) > 1:
+        producer.reporter.problem("lost_summary", f"{len(producer.lost)} profiler cycle(s) lost (steps "
+                                  f"{', '.join(str(step) for step, _ in producer.lost)}): neither queued nor "
+                                  "delivered")  # fmt: skip
+
+
+def left(producer) -> None:
+    """One warning for what close() leaves in the outbox: how many cycles, their steps, why, where,
+    and the command that sends them."""
+    unsettled = producer._unsettled()
+    cycles = [step for _, step in unsettled if step is not None]
+    if not unsettled:
+        return
+    if not cycles:  # only the run's end
+        producer.reporter.problem("end_run", f"run {producer.run_id} was left RUNNING: it could not be ended in "
+                                  f"time; `mlflow-neuron sync --outbox {producer.outbox}` ends it")  # fmt: skip
+        return
+    done = producer._last
+    why = next(iter(done.unreachable.values()), None) if done is not None else None
+    why = why or next((o.why for o in (done.outcomes if done else []) if o.state == KEPT and o.why), None)
+    why = why or "not delivered before the callback closed"
+    ending = ""
+    if any(step is None for _, step in unsettled):  # the run's end waits behind them
+        ending = (" The run stays RUNNING until then; sync ends it." if producer.run_id else
+                  " That sync creates the run and ends it.")  # fmt: skip
+    folders = sorted({str(entry.parent) for entry, _ in unsettled})
+    commands = " and ".join(f"`mlflow-neuron sync --outbox {folder}`" for folder in folders)
+    producer.reporter.problem(
+        "kept",
+        f"{len(cycles)} profiler cycle(s) (steps {', '.join(map(str, cycles))}) were not sent to "
+        f"{producer.run.tracking_uri} ({one_line(RuntimeError(why))}); they are kept in "
+        f"{' and '.join(folders)}: run {commands} to send them.{ending}",
+    )  # fmt: skip
+    _log.debug("kept entries: %s", [str(entry) for entry, _ in unsettled])
