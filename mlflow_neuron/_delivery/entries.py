@@ -20,7 +20,8 @@ Ownership is never decided by pid liveness, which breaks across PID namespaces a
 
 Lock files in the outbox (each taken with `lock_file`):
 - `.consumer.lock`: the one consumer that follows the outbox (the helper process, or a `sync`);
-- `.store.lock`: one process at a time opens a fresh store or creates a run;
+- `.mlflow-neuron-<uid>-<outbox's hash>.store.lock`, in the temp folder: one process at a time opens
+  a fresh store or creates a run;
 - `.send.lock`: one request at a time goes to the server from this outbox (the helper and training
   prepare cycles side by side, but send in turn, and a refusal's Retry-After holds for both).
 """
@@ -28,10 +29,12 @@ Lock files in the outbox (each taken with `lock_file`):
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import json
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -200,11 +203,16 @@ def mark_holder(held: Held) -> None:
 @contextlib.contextmanager
 def store_lock(outbox: Path, timeout: float = 60.0) -> Iterator[None]:
     """One process of a node at a time opens a fresh store or creates a run (MLflow's sqlite schema
-    creation is not safe against a second process doing the same). Where the outbox cannot be
-    written, or the lock does not come within `timeout`, goes on without it."""
+    creation is not safe against a second process doing the same). The lock file is in the temp
+    folder, named after the outbox, so that taking it (in the callback's constructor, before any
+    cycle) leaves no outbox folder behind. Where it cannot be made, or does not come within
+    `timeout`, goes on without it."""
     held = None
+    digest = hashlib.sha1(str(Path(outbox).absolute()).encode()).hexdigest()[:16]
+    uid = os.getuid() if hasattr(os, "getuid") else 0
     with contextlib.suppress(OSError):
-        held = lock_file(_outbox.private_folder(outbox) / STORE_LOCK, blocking=True, timeout=timeout)
+        path = Path(tempfile.gettempdir()) / f".mlflow-neuron-{uid}-{digest}{STORE_LOCK}"
+        held = lock_file(path, blocking=True, timeout=timeout)
     try:
         yield
     finally:
