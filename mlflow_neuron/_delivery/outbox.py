@@ -1,10 +1,11 @@
-"""The local outbox: cycles that could not reach the tracking server, kept for `mlflow-neuron sync`.
+"""The outbox's records: a prepared cycle's `record.json`, its privacy, and `rejected/` and `damaged/`.
 
-One folder per cycle, written under a temporary name and renamed when complete, so a crash never
-leaves a half record that sync would trust. Files are hard-linked where possible (no copy, no
-extra disk); files above the copy cap are kept as paths to where the profiler left them. Each
-record is sealed (`seal`: the size and SHA-256 of its files); one that fails its seal is set aside
-in `damaged/` with a reason, never sent.
+The queue itself (an entry per cycle, its states and locks) is `entries`; a prepared entry holds a
+record written here (`write_record`), with record.json renamed in last, so a crash never leaves a
+half record that sync would trust. Files are hard-linked where possible (no copy, no extra disk);
+files above the copy cap are kept as paths to where the profiler left them. Each record is sealed
+(`seal`: the size and SHA-256 of its files); one that fails its seal is set aside in `damaged/`
+with a reason, never sent. `put` writes a whole record elsewhere in one go (tests, benchmarks).
 
 The outbox is private: on a shared Trainium host other users must neither read records nor plant
 them. The folder is created 0700 and its files 0600; an existing folder that is a symlink or
@@ -29,7 +30,6 @@ from pathlib import Path
 
 from .files import link_or_copy
 from .model import Delivery, RunRef
-from .report import one_line
 from .seal import CHECKS, DamagedRecord, check_files, check_shape, seal
 
 DEFAULT_OUTBOX = "mlflow-neuron-outbox"
@@ -49,19 +49,6 @@ _sequence = itertools.count()
 def fallback_folder() -> Path:
     """Where the outbox goes when the configured folder cannot be written."""
     return Path(tempfile.gettempdir()) / f"mlflow-neuron-outbox-{os.getuid() if hasattr(os, 'getuid') else 0}"
-
-
-def put_or_fallback(outbox: Path, delivery: Delivery, run: RunRef, copy_max_bytes: int, reporter) -> Path:
-    """`put` into `outbox`, or, where that folder cannot be written, into `fallback_folder()`
-    (the reporter says so once)."""
-    try:
-        return put(outbox, delivery, run, copy_max_bytes=copy_max_bytes)
-    except OSError as unwritable:
-        fallback = fallback_folder()
-        reporter.problem(
-            "outbox_unwritable", f"outbox {outbox} is not writable ({one_line(unwritable)}); using {fallback} instead"
-        )
-        return put(fallback, delivery, run, copy_max_bytes=copy_max_bytes)
 
 
 def put(outbox: str | os.PathLike, delivery: Delivery, run: RunRef, *, copy_max_bytes: int,
@@ -151,36 +138,6 @@ def damaged(folder: str | os.PathLike) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
 
 
-def not_records(folder: str | os.PathLike) -> list[Path]:
-    """Folders in the outbox that look like records but hold no record.json."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
-                  and p.name not in (REJECTED, DAMAGED) and not any((p / n).is_file() for n in (RECORD, JOB, END)))
-
-
-def abandoned_partials(folder: str | os.PathLike) -> list[Path]:
-    """Records whose writer ended before renaming them into place (a kill while writing)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.name.startswith(".") and p.name.endswith(PARTIAL)
-                  and p.is_dir() and not alive(_writer_pid(p.name)))  # fmt: skip
-
-
-def finish_partial(partial: Path) -> Path:
-    """An abandoned record put in place when its record.json was written (only the rename was
-    missing; the seal then decides whether it is whole), else set aside as damaged."""
-    name = partial.name[1 : -len(PARTIAL)]
-    if (partial / RECORD).is_file():
-        final = partial.parent / name
-        os.rename(partial, final)
-        return final
-    return set_aside(partial, f"half-written: its writer (pid {_writer_pid(partial.name)}) ended before the "
-                     "record was complete", into=DAMAGED, name=name)  # fmt: skip
-
-
 def reject(record_dir: Path, why: str) -> Path:
     """Moves a pending record to `rejected/`, or updates the reason of one already there."""
     return set_aside(record_dir, why, into=REJECTED)
@@ -262,12 +219,6 @@ def remove(record_dir: Path) -> None:
     shutil.rmtree(record_dir, ignore_errors=True)
 
 
-def remove_if_empty(folder: Path) -> None:
-    """Removes an outbox folder that holds nothing (every record written ahead was delivered)."""
-    with contextlib.suppress(OSError):
-        os.rmdir(folder)
-
-
 # -- privacy ------------------------------------------------------------------------------------
 
 
@@ -338,23 +289,3 @@ def _make_private(record_dir: Path) -> None:
             path = os.path.join(root, name)
             if generated or os.lstat(path).st_nlink == 1:
                 os.chmod(path, 0o600)
-
-
-def _writer_pid(partial_name: str) -> int | None:
-    """The pid in a `.<time>-<pid>-<seq>.partial` name."""
-    try:
-        return int(partial_name[1:].split("-")[1])
-    except (IndexError, ValueError):
-        return None
-
-
-def alive(pid: int | None) -> bool:
-    if pid is None:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
