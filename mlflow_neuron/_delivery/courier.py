@@ -100,15 +100,14 @@ class Courier:
                 logger.warm()  # a fresh sqlite store creates its schema here: one process at a time
             self._loggers[key] = logger
         if logger.run.run_id is None and run.run_key:
-            id_file = self.outbox / f".run-{run.run_key}.id"
             with entries.store_lock(self.outbox):
-                known = _read_text(id_file)
+                known = entries.read_run_id(self.outbox, run.run_key)
                 if known:
                     logger.run = replace(logger.run, run_id=known)
                 elif create:
                     logger.ensure_run()
                     with contextlib.suppress(OSError):
-                        id_file.write_text(logger.run.run_id, encoding="ascii")
+                        entries.run_id_file(self.outbox, run.run_key).write_text(logger.run.run_id, encoding="ascii")
                 else:
                     found = logger._runs_with_key()
                     logger.run = replace(logger.run, run_id=found[0].info.run_id if found else None)
@@ -120,10 +119,3 @@ class Courier:
     def server(self, run: RunRef) -> str:
         """The server a run is sent to, as named in messages (without credentials)."""
         return _outbox.without_credentials(self.uri(run))
-
-
-def _read_text(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="ascii").strip() or None
-    except OSError:
-        return None

@@ -224,7 +224,7 @@ class Drain:
         except (OSError, ValueError, KeyError, TypeError) as error:
             self._damaged(entry, f"its {END} cannot be read ({error})", done, on_outcome)
             return
-        earlier = [e for e in entries.listed(self.folder) if e.name < entry.name and _run_key_of(e) == run.run_key]
+        earlier = [e for e in entries.listed(self.folder) if e.name < entry.name and _outbox.run_key_of(e) == run.run_key]
         if earlier:  # delivered, or kept, by this drain or another: ended on a later pass
             done.busy += 1
             return
@@ -351,13 +351,6 @@ class Drain:
 def _key(run: RunRef) -> str:
     """Runs are told apart for batching by server and run; a URI's credentials do not count."""
     return f"{_outbox.without_credentials(run.tracking_uri)}|{run.run_id}|{run.run_key}"
-
-
-def _run_key_of(entry: Path) -> str | None:
-    for name in (entries.RECORD, JOB):
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-            return entries.read_json(entry / name)["run"].get("run_key")
-    return None
 
 
 def _unreachable_why(error: BaseException, uri: str) -> str:

@@ -253,5 +253,17 @@ def remove_if_idle(outbox: Path) -> None:
         held.release()
 
 
+def run_id_file(outbox: Path, run_key: str) -> Path:
+    """Where the id of the run created for `run_key` is kept, for the other processes and the callback."""
+    return outbox / f".run-{run_key}.id"
+
+
+def read_run_id(outbox: Path, run_key: str) -> str | None:
+    try:
+        return run_id_file(outbox, run_key).read_text(encoding="ascii").strip() or None
+    except OSError:
+        return None
+
+
 def _run_files(names: set[str]) -> set[str]:
     return {n for n in names if n.startswith(".run-") or n.startswith(".keys-")}

@@ -207,12 +207,15 @@ def load(record_dir: Path, *, check_seal: bool = True) -> tuple[Delivery, RunRef
 
 
 def run_key_of(record_dir: Path) -> str | None:
-    """The run key a record names, read without checking its seal (None when unreadable)."""
-    try:
-        data = json.loads((record_dir / RECORD).read_text(encoding="utf-8"))
-        return data["run"].get("run_key")
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return None
+    """The run key a record (or a queued job) names, read without checking its seal (None when
+    unreadable)."""
+    for name in (RECORD, JOB):
+        try:
+            data = json.loads((record_dir / name).read_text(encoding="utf-8"))
+            return data["run"].get("run_key")
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return None
 
 
 def remove(record_dir: Path) -> None:

@@ -188,10 +188,9 @@ class Producer:
     def _learn_run_id(self) -> None:
         """The id of the run the drain created for this callback (kept in the outbox by its key)."""
         if self.run.run_id is None and self.run.run_key:
-            with contextlib.suppress(OSError):
-                found = (self.outbox / f".run-{self.run.run_key}.id").read_text(encoding="ascii").strip()
-                if found:
-                    self.run = RunRef(**{**asdict(self.run), "run_id": found})
+            found = entries.read_run_id(self.outbox, self.run.run_key)
+            if found:
+                self.run = RunRef(**{**asdict(self.run), "run_id": found})
 
     def _unsettled(self) -> list[tuple[Path, int | None]]:
         return [(entry, step) for entry, step, state in self._states() if state in _QUEUE]
