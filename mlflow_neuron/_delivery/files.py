@@ -23,7 +23,7 @@ def gzip_file(source: Path, target: Path) -> None:
     if source.suffix == ".gz":
         shutil.copyfile(source, target)
         return
-    with open(source, "rb") as fin, gzip.open(target, "wb", compresslevel=6) as fout:
+    with open(source, "rb") as fin, gzip.open(target, "wb", compresslevel=1) as fout:
         shutil.copyfileobj(fin, fout, 1024 * 1024)
 
 

@@ -23,7 +23,6 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
-from .._trace.timeline import Timeline
 from . import uploads
 from .model import DEVICE_TAG, MANIFEST, RUN_KEY_TAG, Delivery, RunRef
 from .probe import check_reachable
@@ -181,7 +180,7 @@ class RunLogger:
         """The cycles' traces, last: everything else is in when one says `complete`. Idempotent.
         A timeline file gone or damaged is added to its cycle's `vanished` (no trace then;
         retrying cannot help)."""
-        from .traces import log_timelines  # MLflow's tracing client: only for cycles with a timeline
+        from .traces import TraceDraft, log_timelines  # MLflow's tracing client: only for cycles with a timeline
 
         timelines = {}  # device tag -> timelines (one run: one device, but the tag is per cycle)
         for d, gone in zip(deliveries, vanished):
@@ -189,7 +188,7 @@ class RunLogger:
                 continue
             path = Path(d.files_dir, d.timeline)
             try:
-                timelines.setdefault(d.tags.get(DEVICE_TAG), []).append(Timeline.from_json(path.read_text(encoding="utf-8")))
+                timelines.setdefault(d.tags.get(DEVICE_TAG), []).append(TraceDraft.from_json(path.read_bytes()))
             except (OSError, ValueError, TypeError, KeyError):
                 gone.append(str(path))
         info = self._run_info

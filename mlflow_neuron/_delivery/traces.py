@@ -35,6 +35,7 @@ import json
 import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from mlflow.entities import Metric, Span, TraceInfo, TraceLocation, TraceState
@@ -42,7 +43,7 @@ from mlflow.store.artifact.artifact_repository_registry import get_artifact_repo
 from mlflow.tracing.client import TracingClient
 from mlflow.tracing.utils.artifact_utils import get_artifact_uri_for_trace
 
-from .._trace.json_text import compact
+from .._trace.json_text import parse
 from .._trace.timeline import Timeline
 
 CYCLE_KEY_TAG = "mlflow_neuron.cycle_key"
@@ -80,7 +81,7 @@ def log_timeline(
     client: Any,
     run_id: str,
     experiment_id: str,
-    timeline: Timeline,
+    timeline: Timeline | TraceDraft,
     *,
     device: str | None = None,
     run_name: str | None = None,
@@ -108,7 +109,7 @@ def log_timeline(
     return trace_id
 
 
-def log_timelines(client: Any, run_id: str, experiment_id: str, timelines: list[Timeline], *, device: str | None = None,
+def log_timelines(client: Any, run_id: str, experiment_id: str, timelines: list[Timeline | TraceDraft], *, device: str | None = None,
                   run_name: str | None = None, fresh: bool = False) -> list[str]:  # fmt: skip
     """`log_timeline` for several cycles of one run: their links to the run and their marks in one
     request each."""
@@ -119,7 +120,7 @@ def log_timelines(client: Any, run_id: str, experiment_id: str, timelines: list[
     return [trace_id for trace_id, _ in done]
 
 
-def _written_unless_complete(client: Any, run_id: str, experiment_id: str, timeline: Timeline, fresh: bool,
+def _written_unless_complete(client: Any, run_id: str, experiment_id: str, timeline: Timeline | TraceDraft, fresh: bool,
                              span_storage: str, marked: set[int] | None = None, **tags: Any) -> tuple[str, bool]:  # fmt: skip
     """(the cycle's trace id, whether it was written now): a complete trace of the cycle is kept.
     `marked`: the run's marked steps, when the caller read them already."""
@@ -135,7 +136,7 @@ def _written_unless_complete(client: Any, run_id: str, experiment_id: str, timel
     return trace_id, True
 
 
-def mark_complete(client: Any, run_id: str, timelines: list[Timeline]) -> None:
+def mark_complete(client: Any, run_id: str, timelines: list[Timeline | TraceDraft]) -> None:
     """Links the written traces of these cycles to the run (MLflow takes up to 100 a request),
     then marks them complete in one `log_batch`: only then does a later attempt take one as done."""
     trace_ids = [trace_id_for(cycle_key(run_id, t.cycle_step)) for t in timelines]
@@ -152,37 +153,36 @@ def marked_steps(client: Any, run_id: str) -> set[int]:
     return {point.step for point in client.get_metric_history(run_id, MARK_METRIC)}
 
 
-def _write_trace(client: Any, run_id: str, experiment_id: str, timeline: Timeline, trace_id: str,
+def _write_trace(client: Any, run_id: str, experiment_id: str, timeline: Timeline | TraceDraft, trace_id: str,
                  tags: dict[str, str], span_storage: str) -> None:  # fmt: skip
     """The trace's info and spans, not linked nor complete yet."""
-    shift = 0 if timeline.origin_ns else time.time_ns() - timeline.spans[0].end_ns
-    dicts = span_dicts(timeline, trace_id, shift)
+    draft = TraceDraft.of(timeline)
+    root = draft.spans[0]
+    shift = 0 if draft.origin_ns else time.time_ns() - root["end_ns"]
+    text = trace_data_text(draft, trace_id, shift)
     tracing = TracingClient(client.tracking_uri)
     in_store = False
     if span_storage == "tracking_store":
         try:
-            tracing.log_spans(experiment_id, [Span.from_dict(d) for d in dicts])
+            tracing.log_spans(experiment_id, [Span.from_dict(d) for d in parse(text)["spans"]])
             in_store = True
         except NotImplementedError:
             pass  # stores without span logging keep the spans in an artifact (below)
-    root = timeline.spans[0]
     info = TraceInfo(
         trace_id=trace_id,
         trace_location=TraceLocation.from_experiment_id(experiment_id),
-        request_time=(root.start_ns + shift) // 1_000_000,
-        execution_duration=(root.end_ns - root.start_ns) // 1_000_000,
+        request_time=(root["start_ns"] + shift) // 1_000_000,
+        execution_duration=(root["end_ns"] - root["start_ns"]) // 1_000_000,
         state=TraceState.OK,
         trace_metadata={"mlflow.sourceRun": run_id, "mlflow.trace_schema.version": "3"},
         tags=tags,
     )
     stored = tracing.start_trace(info)
     if not in_store or stored.tags.get(_SPANS_IN_STORE[0]) != _SPANS_IN_STORE[1]:
-        # What MLflow's exporter uploads (`TraceData.to_dict()` as JSON), written from the dicts:
-        # building 2,000 `Span`s only to dump them again costs more than the rest of the write.
         # The client's URI, not the process-wide one: an `mlflow-artifacts:` location resolves
         # against it (MLflow's own `_upload_trace_data` takes the process-wide one).
         repo = get_artifact_repository(get_artifact_uri_for_trace(stored), tracking_uri=client.tracking_uri)
-        repo.upload_trace_data(compact({"spans": dicts}))
+        repo.upload_trace_data(text)
 
 
 def _complete_or_cleared(client: Any, experiment_id: str, key: str, trace_id: str) -> str | None:
@@ -198,7 +198,7 @@ def _complete_or_cleared(client: Any, experiment_id: str, key: str, trace_id: st
     return keep
 
 
-def _trace_tags(timeline: Timeline, key: str, run_id: str, device: str | None, run_name: str | None,
+def _trace_tags(timeline: Timeline | TraceDraft, key: str, run_id: str, device: str | None, run_name: str | None,
                 tags: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
     return {
         "mlflow.traceName": timeline.name,
@@ -213,41 +213,86 @@ def _trace_tags(timeline: Timeline, key: str, run_id: str, device: str | None, r
     }
 
 
-def mlflow_spans(timeline: Timeline, trace_id: str, shift_ns: int = 0) -> list[Span]:
+@dataclass(frozen=True)
+class TraceDraft:
+    """What a cycle's trace is written from: a `Timeline`'s header, and its spans as the plain
+    dicts of `Timeline.to_json`. The outbox's `timeline.json` is read into one without building
+    2,000 span objects only to turn them into text again."""
+
+    name: str
+    cycle_step: int
+    origin_ns: int
+    dropped: int
+    spans: list[dict]
+
+    @classmethod
+    def of(cls, timeline: Timeline | TraceDraft) -> TraceDraft:
+        if isinstance(timeline, TraceDraft):
+            return timeline
+        spans = [{"name": s.name, "kind": s.kind, "start_ns": s.start_ns, "end_ns": s.end_ns, "parent": s.parent,
+                  "attributes": s.attributes} for s in timeline.spans]  # fmt: skip
+        return cls(timeline.name, timeline.cycle_step, timeline.origin_ns, timeline.dropped, spans)
+
+    @classmethod
+    def from_json(cls, text: bytes | str) -> TraceDraft:
+        """ValueError (or KeyError, TypeError) for text that is not a `Timeline.to_json`."""
+        data = parse(text)
+        spans = data["spans"]
+        if not spans or any(span.keys() != _SPAN_KEYS for span in spans):
+            raise ValueError("not a timeline: a span lacks a field, or has one of its own")
+        return cls(str(data["name"]), int(data["cycle_step"]), int(data["origin_ns"]), int(data["dropped"]), spans)
+
+
+_SPAN_KEYS = {"name", "kind", "start_ns", "end_ns", "parent", "attributes"}
+
+
+def mlflow_spans(timeline: Timeline | TraceDraft, trace_id: str, shift_ns: int = 0) -> list[Span]:
     """The timeline's spans as MLflow `Span`s of `trace_id` (span ids: position + 1)."""
     return [Span.from_dict(d) for d in span_dicts(timeline, trace_id, shift_ns)]
 
 
-def span_dicts(timeline: Timeline, trace_id: str, shift_ns: int = 0) -> list[dict]:
+def span_dicts(timeline: Timeline | TraceDraft, trace_id: str, shift_ns: int = 0) -> list[dict]:
     """The timeline's spans in the dict form `Span.from_dict` reads (attribute values JSON-encoded,
     as MLflow stores them; ids as hex)."""
-    request_id = _json_string(trace_id)
+    return parse(trace_data_text(TraceDraft.of(timeline), trace_id, shift_ns))["spans"]
+
+
+_SPAN_TEXT = ('{"trace_id":%s,"span_id":"%016x","parent_span_id":%s,"name":%s,"start_time_unix_nano":%d,'
+              '"end_time_unix_nano":%d,"status":{"code":"STATUS_CODE_OK","message":""},"attributes":{%s},"events":[]}')
+
+
+def trace_data_text(draft: TraceDraft, trace_id: str, shift_ns: int = 0) -> str:
+    """What MLflow's exporter uploads as a trace's data (`TraceData.to_dict()` as JSON), written
+    straight from the spans: each attribute value JSON-encoded inside the JSON, as MLflow stores
+    it. Text, not dicts for a JSON writer: ~16,000 values a cycle, most of them op names that
+    repeat (encoded once each) and numbers."""
+    quoted_id = _json_string(trace_id)
+    fixed = '"mlflow.traceRequestId":' + _json_string(quoted_id) + ',"mlflow.spanType":"\\"UNKNOWN\\"","kind":'
+    keys: dict[str, str] = {}
+    texts: dict[str, str] = {}  # a str value -> its JSON inside JSON
+    int_text, float_text, finite = int.__repr__, float.__repr__, math.isfinite
     out = []
-    append = out.append
-    for i, s in enumerate(timeline.spans):
-        attributes = {"mlflow.traceRequestId": request_id, "mlflow.spanType": '"UNKNOWN"', "kind": _json_string(s.kind)}
-        for k, v in s.attributes.items():  # inline: ~16,000 values a cycle, most of them str or int
-            kind = type(v)
-            attributes[k] = _json_string(v) if kind is str else int.__repr__(v) if kind is int else _json_value(v)
-        append({
-            "trace_id": trace_id,
-            "span_id": f"{i + 1:016x}",
-            "parent_span_id": f"{s.parent + 1:016x}" if s.parent >= 0 else "",
-            "name": s.name,
-            "start_time_unix_nano": s.start_ns + shift_ns,
-            "end_time_unix_nano": s.end_ns + shift_ns,
-            "status": {"code": "STATUS_CODE_OK", "message": ""},
-            "attributes": attributes,
-            "events": [],
-        })  # fmt: skip
-    return out
-
-
-def _json_value(value: Any) -> str:
-    """`json.dumps(value)`, without its per-call overhead for the floats many attributes are."""
-    if type(value) is float and math.isfinite(value):
-        return float.__repr__(value)
-    return json.dumps(value)
+    for i, s in enumerate(draft.spans):
+        kind = s["kind"]
+        parts = [fixed + (texts.get(kind) or texts.setdefault(kind, _json_string(_json_string(kind))))]
+        for k, v in s["attributes"].items():
+            key = keys.get(k) or keys.setdefault(k, _json_string(k) + ":")
+            of = type(v)
+            if of is str:
+                text = texts.get(v)
+                if text is None:
+                    text = texts[v] = _json_string(_json_string(v))
+            elif of is int:
+                text = '"' + int_text(v) + '"'
+            elif of is float and finite(v):
+                text = '"' + float_text(v) + '"'
+            else:
+                text = _json_string(json.dumps(v))
+            parts.append(key + text)
+        parent = s["parent"]
+        out.append(_SPAN_TEXT % (quoted_id, i + 1, f'"{parent + 1:016x}"' if parent >= 0 else '""', _json_string(s["name"]),
+                                 s["start_ns"] + shift_ns, s["end_ns"] + shift_ns, ",".join(parts)))  # fmt: skip
+    return '{"spans":[' + ",".join(out) + "]}"
 
 
 _json_string = json.encoder.encode_basestring_ascii  # what json.dumps uses for a str (C when available)
