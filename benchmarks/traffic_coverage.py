@@ -5,8 +5,8 @@
 Per trace in tests/fixtures/real_traces (recorded on real GPUs, with shapes): each kernel's time
 goes to the innermost op that launched it (its self device time, as `_trace.event_tree` links
 them); the covered share is the part whose call has a non-empty `bytes`. Prints a Markdown table
-with the largest ops without bytes. Run against another checkout (PYTHONPATH=that checkout) for a
-before/after comparison: where that checkout's `_trace.traffic` has no `traffic_coverage`, the same
+with the largest ops without bytes (a collective is covered by its message size). Run against
+another checkout (PYTHONPATH=that checkout) for a before/after comparison: where that checkout's `_trace.traffic` has no `traffic_coverage`, the same
 sum is made here from `event_traffic`.
 """
 
@@ -34,11 +34,12 @@ def coverage(path: Path) -> tuple[float, list[tuple[str, float]]]:
     """(% of op kernel time with bytes, [(op, % without bytes), ...] largest first)."""
     cycle = read_chrome_file(path)
     raw, tree = cycle.raw, event_tree(cycle.raw)
-    nbytes = traffic.event_traffic(raw, tree, cycle.inputs.op_inputs)[0]
+    columns = traffic.event_traffic(raw, tree, cycle.inputs.op_inputs)
+    nbytes = columns[0]
     order = tree.order
     rows = np.flatnonzero(tree.survivor & tree.sync_host & ~raw.is_async[order] & ~raw.is_user_annotation[order])
-    if hasattr(traffic, "traffic_coverage"):
-        found = traffic.traffic_coverage(nbytes, tree.self_device_us, rows, tree.name, tree.names)
+    if hasattr(traffic, "traffic_coverage"):  # before collectives' message sizes, it took the bytes alone
+        found = traffic.traffic_coverage(columns if len(columns) > 3 else nbytes, tree.self_device_us, rows, tree.name, tree.names)  # fmt: skip
         total, covered, uncovered = found.total_us, found.covered_us, list(found.uncovered)
     else:
         time, known = tree.self_device_us[rows], np.isfinite(nbytes[rows])

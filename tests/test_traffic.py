@@ -15,7 +15,7 @@ from mlflow_neuron._trace import peaks as _peaks
 from mlflow_neuron._trace.chrome import read_chrome_cycle
 from mlflow_neuron._trace.kineto import read_kineto_cycle
 from mlflow_neuron._trace.summarize import CycleSettings, summarize
-from mlflow_neuron._trace.traffic import FAMILIES, OpInputs, op_traffic
+from mlflow_neuron._trace.traffic import FAMILIES, OpInputs, message_bytes, op_traffic
 
 F, BF = "float", "c10::BFloat16"
 
@@ -96,7 +96,7 @@ def test_both_readers_give_the_same_bytes_and_flops(tmp_path):
     chrome = summarize(cycle.raw, CycleSettings("cpu", False, default_step=2), cycle.inputs).profile
     as_text = [tuple(map(str, row)) for row in chrome.traffic]
     assert as_text == [tuple(map(str, row)) for row in box["kineto"].traffic]
-    mm = {name: (nbytes, flops) for name, nbytes, flops, _ in chrome.traffic}["aten::mm"]
+    mm = {name: (nbytes, flops) for name, nbytes, flops, *_ in chrome.traffic}["aten::mm"]
     assert mm == (2 * 4 * (16 * 32 + 32 * 8 + 16 * 8), 2 * 2 * 16 * 32 * 8)  # two steps
     assert [r.bytes for r in chrome.regions] == [4 * (16 * 32 + 32 * 8 + 16 * 8) + 4 * 2 * 128 + 4 * (128 + 16)] * 2
 
@@ -136,10 +136,13 @@ def test_roofline_columns_against_a_known_peak():
     from mlflow_neuron._trace.profile import CycleProfile, OpStats
 
     ops = (OpStats("aten::mm", "op", 1, 0.0, 10.0, 0.0, 10.0), OpStats("aten::add", "op", 1, 0.0, 10.0, 0.0, 10.0),
-           OpStats("aten::weird", "op", 1, 0.0, 10.0, 0.0, 10.0))  # fmt: skip
-    profile = CycleProfile("neuron", "present", ops, 30.0, 30.0, 30.0, 3, 1, 3,
-                           traffic=(("aten::mm", 1e6, 1e9, "c10::BFloat16"), ("aten::add", 1e6, 1e5, "c10::BFloat16"),
-                                    ("aten::weird", math.nan, math.nan, "")))  # fmt: skip
+           OpStats("aten::weird", "op", 1, 0.0, 10.0, 0.0, 10.0),
+           OpStats("record_param_comms", "op", 1, 0.0, 10.0, 0.0, 10.0))  # fmt: skip
+    nan = math.nan
+    profile = CycleProfile("neuron", "present", ops, 40.0, 40.0, 40.0, 3, 1, 4,
+                           traffic=(("aten::mm", 1e6, 1e9, "c10::BFloat16", nan),
+                                    ("aten::add", 1e6, 1e5, "c10::BFloat16", nan), ("aten::weird", nan, nan, "", nan),
+                                    ("record_param_comms", nan, nan, "", 4e6)))  # fmt: skip
     peak = {"memory_bytes_per_s": 1e12, "flops_per_s": {"bf16": 1e14}}  # ridge: 100 FLOPs per byte
     frame = with_roofline(profile.to_frame(), profile, peak, "region").set_index("name")
     assert frame.loc["aten::mm", "achieved_gbps"] == pytest.approx(100.0)  # 1 MB in 10 us
@@ -150,6 +153,9 @@ def test_roofline_columns_against_a_known_peak():
     assert pd.isna(frame.loc["aten::weird", "bytes"]) and pd.isna(frame.loc["aten::weird", "achieved_gbps"])
     assert pd.isna(frame.loc["aten::weird", "bound"])
     assert frame["pct_device_time_without_bytes"].isna().all()  # no coverage: recorded by another reader
+    # a collective's message size is link traffic: its own column, in no HBM rate
+    assert frame.loc["record_param_comms", "comm_bytes"] == 4e6 and pd.isna(frame.loc["aten::mm", "comm_bytes"])
+    assert pd.isna(frame.loc["record_param_comms", "bytes"]) and pd.isna(frame.loc["record_param_comms", "achieved_gbps"])
 
 
 def test_ops_json_names_the_device_time_without_bytes():
@@ -158,7 +164,7 @@ def test_ops_json_names_the_device_time_without_bytes():
 
     ops = (OpStats("aten::mm", "op", 1, 0.0, 10.0, 0.0, 75.0), OpStats("aten::_foreach_add_", "op", 1, 0.0, 10.0, 0.0, 25.0))
     profile = CycleProfile("cuda", "present", ops, 100.0, 20.0, 100.0, 2, 1, 2,
-                           traffic=(("aten::mm", 1e6, 1e9, "float"), ("aten::_foreach_add_", math.nan, math.nan, "")),
+                           traffic=(("aten::mm", 1e6, 1e9, "float", math.nan), ("aten::_foreach_add_", math.nan, math.nan, "", math.nan)),
                            traffic_coverage=TrafficCoverage(75.0, 100.0, (("aten::_foreach_add_", 25.0),)))  # fmt: skip
     frame = with_roofline(profile.to_frame(), profile, None, "region").set_index("name")
     assert frame["pct_device_time_without_bytes"].to_dict() == {"aten::mm": 0.0, "aten::_foreach_add_": 25.0}
@@ -215,6 +221,38 @@ FLOAT_4x4096 = 4 * 4096
 ])  # fmt: skip
 def test_type_promotion_and_out_tensors(name, inputs, expected):
     assert op_traffic(name, inputs) == expected
+
+
+@pytest.mark.parametrize(("name", "inputs", "expected"), [
+    # older torch names int64 "long": a 0-dim one is a Python int, passed by value
+    ("aten::add_", OpInputs([[], [], []], ["long", "long", "Scalar"]), (8 + 8, 1)),
+    ("aten::div", OpInputs([[1024], []], [F, "long"]), (2 * 4 * 1024, 1024)),
+    ("aten::copy_", OpInputs([[1024], [1024], []], ["long", F, "Scalar"]), (4 * 1024 + 8 * 1024, 0)),
+    # ...and records a dim list as "": the dims, so the output, are unknown; the overload without
+    # dims (two arguments) reduces everything
+    ("aten::sum", OpInputs([[1024, 512], [], [], []], [F, "", "Scalar", ""]), None),
+    ("aten::sum", OpInputs([[1024, 512], []], [F, ""]), (4 * (1024 * 512 + 1), 1024 * 512)),
+    ("aten::sum", OpInputs([[0], []], ["int", ""]), (8, 0)),  # an int32 sum is int64
+    # a layer norm's normalized shape is its weight's, when the list was not recorded
+    ("aten::native_layer_norm", OpInputs([[1024, 512], [], [512], [512], []], [F, "", F, F, "Scalar"]),
+     (4 * (2 * 1024 * 512 + 2 * 512) + 2 * 1024 * 4, 7 * 1024 * 512)),
+    ("aten::native_layer_norm", OpInputs([[1024, 512], [], [], [], []], [F, "", "", "", "Scalar"]), None),
+    # FLOPs as the kernels write them: g * (1 - y) * y, g * (1 - y * y)
+    ("aten::sigmoid_backward", OpInputs([[4, 8], [4, 8]], [F, F]), (4 * 3 * 32, 3 * 32)),
+    ("aten::tanh_backward", OpInputs([[4, 8], [4, 8]], [F, F]), (4 * 3 * 32, 3 * 32)),
+])  # fmt: skip
+def test_older_torchs_records_and_kernel_flops(name, inputs, expected):
+    assert op_traffic(name, inputs) == expected
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ({"In msg nelems": 1024, "Out msg nelems": 8192, "dtype": "BFloat16"}, 2 * 8192),  # an all-gather's output
+    ({"In msg nelems": 4096, "Out msg nelems": 4096, "dtype": "Float"}, 4 * 4096),  # an all-reduce
+    ({"In msg nelems": 4096, "Out msg nelems": 4096}, None),  # no dtype: unknown
+    ({"In msg nelems": 4096, "Out msg nelems": 4096, "dtype": "Float4_e2m1fn_x2"}, None),  # a dtype not known here
+])  # fmt: skip
+def test_a_collectives_message_size_from_its_args(args, expected):
+    assert message_bytes(args) == expected
 
 
 X, XB = 8 * 16 * 32 * 32, 8 * 16 * 32 * 32 * 4  # the mi300 trace's [8, 16, 32, 32] float: elements, bytes

@@ -11,9 +11,11 @@ Columns (record_shapes=True; empty where the op's formula is unknown, `_trace.tr
 - where the peak is known: `pct_of_peak_bandwidth`, `pct_of_peak_flops` (the flops peak of the
   op's precision), and `bound`: `memory` when its FLOPs per byte lie below the device's ridge
   point (peak FLOPs / peak bytes per second), else `compute`;
+- `comm_bytes`: a collective's message size summed over its calls (`record_param_comms`), kept
+  apart from `bytes`: link traffic, not HBM traffic, so it enters no GB/s or % of peak;
 - `pct_device_time_without_bytes`: the share of the cycle's op device time (each kernel on the
   innermost op that launched it) spent in this op's calls that have no bytes; 0 for an op whose
-  calls all have them, empty without device time. Sorted, it names the largest ops the formulas
+  calls all have them (or a message size), empty without device time. Sorted, it names the largest ops the formulas
   miss; 100 minus its sum is the share that has bytes (`bytes_coverage_pct`).
 """
 
@@ -28,6 +30,7 @@ from .._trace.profile import PRESENT, CycleProfile
 
 ROOFLINE_COLUMNS = ("bytes", "flops", "achieved_gbps", "achieved_gflops", "bound", "pct_of_peak_bandwidth",
                     "pct_of_peak_flops")  # fmt: skip
+COMM_COLUMN = "comm_bytes"
 UNCOVERED_COLUMN = "pct_device_time_without_bytes"
 
 
@@ -35,7 +38,8 @@ def with_roofline(frame: pd.DataFrame, profile: CycleProfile, peak: dict | None,
     """`frame` (ops.json's rows) with the roofline columns; unchanged without recorded shapes."""
     if profile.traffic is None:
         return frame
-    by_op = {name: (nbytes, flops, dtype) for name, nbytes, flops, dtype in profile.traffic}
+    by_op = {name: (nbytes, flops, dtype) for name, nbytes, flops, dtype, _ in profile.traffic}
+    messages = {name: message for name, *_, message in profile.traffic}
     regions = {}
     for r in profile.regions:
         total = regions.setdefault(r.name, [0.0, 0.0])
@@ -51,6 +55,8 @@ def with_roofline(frame: pd.DataFrame, profile: CycleProfile, peak: dict | None,
             nbytes, flops, dtype = math.nan, math.nan, ""
         rows.append(_row(nbytes, flops, dtype, float(time_us), peak))
     columns = pd.DataFrame(rows, columns=list(ROOFLINE_COLUMNS))
+    columns[COMM_COLUMN] = [messages.get(name, math.nan) if kind == "op" else math.nan
+                            for name, kind in zip(frame["name"], frame["kind"])]  # fmt: skip
     columns[UNCOVERED_COLUMN] = _uncovered(frame, profile)
     return pd.concat([frame.reset_index(drop=True), columns], axis=1)
 

@@ -101,7 +101,7 @@ def _ranges_memory_traffic(raw: RawEvents, tree: EventTree, device: str, steps: 
         "step_memory": step_peaks(raw.memory, step_starts, tree.end_ns[step_at], numbers, private_use1_name(device)),
         "allocated": _allocated_by_name(allocated[counted], name[counted], names) if raw.memory is not None else None,
         "traffic": traffic_by_name(traffic, op_rows, name, names) if traffic is not None else None,
-        "traffic_coverage": traffic_coverage(traffic[0], tree.self_device_us, op_rows, name, names)
+        "traffic_coverage": traffic_coverage(traffic, tree.self_device_us, op_rows, name, names)
         if traffic is not None else None,
     }
 

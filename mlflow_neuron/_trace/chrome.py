@@ -42,7 +42,7 @@ from .chrome_links import (
     linking_summary,
 )
 from .device_names import device_of
-from .traffic import OpInputs
+from .traffic import OpInputs, message_bytes
 from .events import (
     DEVICE_KERNEL,
     DEVICE_OTHER,
@@ -212,9 +212,9 @@ class ChromeReader:
                 name_id = names.get(name)
                 if name_id is None:
                     name_id = names[name] = len(names)
-                if self.shapes and kind[0] == HOST and args.get("Input Dims"):
-                    self.dims[self.rows + len(rows)] = (args["Input Dims"], args.get("Input type") or (),
-                                                        args.get("Concrete Inputs") or ())  # fmt: skip
+                if self.shapes and kind[0] == HOST and (args.get("Input Dims") or "In msg nelems" in args):
+                    self.dims[self.rows + len(rows)] = (args.get("Input Dims") or [], args.get("Input type") or (),
+                                                        args.get("Concrete Inputs") or (), message_bytes(args))  # fmt: skip
                 if cat in _HIP_CALL_CATEGORIES and name.startswith("hip"):
                     self.hip_calls = True
                 rows.append((name_id, ts, dur, thread, *kind, external, correlation, index))

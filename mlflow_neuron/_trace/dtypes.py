@@ -5,11 +5,12 @@ Example::
     result_type([Tensor((4, 4096), "c10::BFloat16"), Tensor((), "double")])   # "c10::BFloat16"
 
 A Python number passed where an op takes a tensor (`x.mul(2.0)`, `x + 1`) is recorded as a 0-dim
-tensor of dtype `double` or `long int` (a "wrapped number"). It is passed to the kernel by value:
-it is never read from memory, and it never sets the output's dtype unless its category (bool <
-integer < floating < complex) is higher than every tensor's. A real 0-dim tensor looks the same in
-the record; where the difference would change the result (an integer tensor times a 0-dim
-`double`: float32 if wrapped, float64 if a tensor), the result is unknown.
+tensor of dtype `double` or `long int` (`long` in older torch: int64 either way), a "wrapped
+number". It is passed to the kernel by value: it is never read from memory, and it never sets the
+output's dtype unless its category (bool < integer < floating < complex) is higher than every
+tensor's. A real 0-dim tensor looks the same in the record; where the difference would change the
+result (an integer tensor times a 0-dim `double`: float32 if wrapped, float64 if a tensor), the
+result is unknown.
 
 Promotion follows `c10::promoteTypes` and ATen's `result_type` (dimensioned tensors, then 0-dim
 ones, then wrapped numbers, each group promoted within itself and combined by category).
@@ -21,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 ELEMENT_BYTES = {
-    "double": 8, "float": 4, "c10::Half": 2, "c10::BFloat16": 2, "Half": 2, "BFloat16": 2, "long int": 8,
+    "double": 8, "float": 4, "c10::Half": 2, "c10::BFloat16": 2, "Half": 2, "BFloat16": 2, "long int": 8, "long": 8,
     "int": 4, "short int": 2, "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8,
     "c10::complex<double>": 16, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1,
     "c10::Float8_e5m2fnuz": 1,
@@ -30,10 +31,10 @@ ELEMENT_BYTES = {
 # unknown dtype: its call's numbers are unknown).
 NOT_TENSORS = frozenset({"", "Scalar", "ScalarList", "TensorList", "GenericList", "String", "Device", "Layout",
                          "ScalarType", "MemoryFormat", "Generator", "Storage", "None"})  # fmt: skip
-WRAPPED = frozenset({"double", "long int"})  # what a Python float / int becomes as a 0-dim tensor
+WRAPPED = frozenset({"double", "long int", "long"})  # what a Python float / int becomes as a 0-dim tensor
 BOOL, INTEGRAL, FLOATING, COMPLEX = 0, 1, 2, 3
 _INTEGERS = {"unsigned char": (1, False), "signed char": (1, True), "short int": (2, True), "int": (4, True),
-             "long int": (8, True)}  # fmt: skip
+             "long int": (8, True), "long": (8, True)}  # fmt: skip
 _FLOAT_RANK = {"c10::Float8_e4m3fn": 0, "c10::Float8_e5m2": 0, "c10::Float8_e4m3fnuz": 0, "c10::Float8_e5m2fnuz": 0,
                "c10::Half": 1, "Half": 1, "c10::BFloat16": 1, "BFloat16": 1, "float": 2, "double": 3}  # fmt: skip
 DEFAULT_FLOAT = "float"  # torch.get_default_dtype() of nearly every program: a wrapped Python float's dtype

@@ -50,9 +50,10 @@ ARITY = {"add": 3, "sub": 3, "rsub": 3, "where": 3, "addcmul": 4, "addcdiv": 4, 
          "baddbmm": 5, "linear": 3, "softmax": 3, "_softmax": 3, "log_softmax": 3, "_log_softmax": 3,
          "_softmax_backward_data": 4, "_log_softmax_backward_data": 4}  # fmt: skip
 DTYPE_FROM = {"where": (1, 2), "masked_fill": (0,)}  # operands that decide the output's dtype
-# FLOPs per output element, where not 1: mse_loss_backward is (x - y) * 2 * grad / n.
+# FLOPs per output element, where not 1, as the kernel writes it: mse_loss_backward is (x - y) * 2 * grad / n,
+# sigmoid 1 / (1 + exp(-x)), sigmoid_backward g * (1 - y) * y, tanh_backward g * (1 - y * y).
 FLOPS_PER_ELEMENT = {"mse_loss_backward": 4, "addcmul": 2, "addcdiv": 2, "lerp": 2, "gelu": 8, "gelu_backward": 8,
-                     "silu": 4, "silu_backward": 5, "sigmoid": 4, "sigmoid_backward": 2, "tanh_backward": 2}  # fmt: skip
+                     "silu": 4, "silu_backward": 5, "sigmoid": 4, "sigmoid_backward": 3, "tanh_backward": 3}  # fmt: skip
 COPIES = {"copy", "clone", "contiguous", "_local_scalar_dense"}  # move bytes, compute nothing (`to` may change the dtype: its child copies)
 FILLS = {"fill", "zero", "normal", "uniform", "random", "bernoulli", "exponential"}  # write only
 REDUCTIONS = {"sum", "mean", "amax", "amin", "nansum", "logsumexp", "all", "any"}  # (input, dim, keepdim, ...)
@@ -166,10 +167,11 @@ def reduction(call: Call) -> Cost | None:
 
 def _reduced(shape: tuple, call: Call) -> list[int] | None:
     """A reduction's output: over `dim` (argument 1, a ScalarList; `[]` is every dim), kept as 1s
-    with `keepdim` (argument 2); over everything when argument 1 is no dim list (`sum(x,
-    dtype=None)`). Unknown when the dims were not recorded (no `Concrete Inputs`)."""
+    with `keepdim` (argument 2); over everything for the overload without dims (`sum(x,
+    dtype=None)`, `all(x)`: at most two arguments). Unknown when the dims were not recorded (no
+    `Concrete Inputs`, or older torch, which records a dim list as "")."""
     if len(call.kinds) < 2 or call.kinds[1] != "ScalarList" and not (call.name in ONE_DIM and call.kinds[1] == "Scalar"):
-        return []
+        return [] if len(call.kinds) <= 2 else None
     dims = call.ints(1)
     if dims is None:
         return None

@@ -104,7 +104,8 @@ def norm(call: Call) -> Cost | None:
             return None
         stats = 2 * x.shape[0] * groups[0]
     elif spec.stats:
-        normalized = call.ints(1)
+        weight = call.tensor(spec.weight)  # has the normalized shape (checked by torch): older torch records no list
+        normalized = call.ints(1) if call.kinds[1:2] == ("ScalarList",) or weight is None else list(weight.shape)
         if normalized is None or len(normalized) > len(x.shape):
             return None
         stats = math.prod(x.shape[: len(x.shape) - len(normalized)]) * (2 if spec.kind == "layer" else 1)

@@ -59,9 +59,9 @@ class CycleProfile:
     # None: no memory records.
     step_memory: tuple[StepMemory, ...] = field(default=(), compare=False)
     allocated: tuple[tuple[str, int], ...] | None = field(default=None, compare=False)
-    # record_shapes=True: (name, bytes, FLOPs, dtype) of each op over its calls (NaN: a call's
-    # formula is unknown, see `traffic`); None: recorded without shapes.
-    traffic: tuple[tuple[str, float, float, str], ...] | None = field(default=None, compare=False)
+    # record_shapes=True: (name, bytes, FLOPs, dtype, message bytes) of each op over its calls (NaN: a
+    # call's formula is unknown; message bytes: a collective's, see `traffic`); None: recorded without shapes.
+    traffic: tuple[tuple[str, float, float, str, float], ...] | None = field(default=None, compare=False)
     # record_shapes=True: how much of the ops' device time has bytes (`traffic.TrafficCoverage`).
     traffic_coverage: TrafficCoverage | None = field(default=None, compare=False)
 
@@ -96,7 +96,7 @@ def cycle_profile(device: str, device_profiled: bool, ops: Iterable[OpStats], *,
                   annotations: frozenset[str] = frozenset(), regions: tuple[RegionStep, ...] = (),
                   region_ops: tuple[RegionOp, ...] = (), step_memory: tuple[StepMemory, ...] = (),
                   allocated: tuple[tuple[str, int], ...] | None = None,
-                  traffic: tuple[tuple[str, float, float, str], ...] | None = None,
+                  traffic: tuple[tuple[str, float, float, str, float], ...] | None = None,
                   traffic_coverage: TrafficCoverage | None = None) -> CycleProfile:
     """A `CycleProfile` from either reader's sums (`aggregate`, `function_events`): the device-time
     state, the ops ranked, and a cycle with ops but no step marker counted as one step."""

@@ -12,8 +12,15 @@ tables of `formulas` (elementwise, copies, reductions, softmax, matrix products)
 that is not in them, or whose recorded arguments do not say enough (a reduction without its dims, a
 TensorList, whose dtypes torch does not record), gets None: it is never guessed.
 
+A collective (`record_param_comms`, which launches the NCCL/RCCL kernel) gets its message size
+instead, apart: it is link traffic, not HBM traffic. The size is `max(In msg nelems, Out msg
+nelems)` times the element size (the args newer torch writes on the event; nccl-tests' "size"),
+or, in older traces, the bytes of the tensor recorded on its `nccl:all_reduce` / `nccl:all_to_all`
+/ ... range, for the collectives whose message is their input. Else it is unknown.
+
 `coverage` says how much of a cycle's device time those numbers cover: the share of the kernel time
-of the ops that launched it (each kernel counted once, on its innermost op) whose op has bytes.
+of the ops that launched it (each kernel counted once, on its innermost op) whose op has bytes or,
+for a collective, a message size.
 """
 
 from __future__ import annotations
@@ -46,6 +53,29 @@ class OpInputs:
     shapes: Sequence[Sequence[int]]
     dtypes: Sequence[str]
     concrete: Sequence[str] = ()
+    message_bytes: int | None = None  # a collective's, from the event's args (`message_bytes`)
+
+
+COLLECTIVE = "record_param_comms"
+# Older torch's range around a collective, whose recorded tensor is the whole message: the input of
+# an all-reduce, a broadcast, a reduce, a send or receive, and an all-to-all's send buffer (not an
+# all-gather's or a reduce-scatter's, whose message is another size).
+MESSAGE_RANGES = frozenset({"nccl:all_reduce", "nccl:all_to_all", "nccl:broadcast", "nccl:reduce", "nccl:send",
+                            "nccl:recv"})  # fmt: skip
+# The dtype names newer torch writes in a collective's args (c10::ScalarType names).
+MESSAGE_DTYPES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2, "Char": 1,
+                  "Byte": 1, "Bool": 1, "ComplexFloat": 8, "ComplexDouble": 16, "Float8_e4m3fn": 1,
+                  "Float8_e5m2": 1, "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1}  # fmt: skip
+
+
+def message_bytes(args: dict) -> int | None:
+    """A collective's message size from its event's args (`In msg nelems`, `Out msg nelems`,
+    `dtype`), or None when they are missing or of an unknown dtype."""
+    sizes = [args.get("In msg nelems"), args.get("Out msg nelems")]
+    size = MESSAGE_DTYPES.get(str(args.get("dtype")))
+    if size is None or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes):
+        return None
+    return max(sizes) * size
 
 
 def op_traffic(name: str, inputs: OpInputs) -> tuple[int, int] | None:
@@ -80,10 +110,10 @@ def _call(name: str, inputs: OpInputs) -> Call | None:
     return Call(base, in_place, tuple(args), tuple(inputs.dtypes))
 
 
-def event_traffic(raw: RawEvents, tree: EventTree, read_inputs) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Per tree row, the bytes and FLOPs of that call (NaN: unknown; 0: not an op) and its first
-    tensor's dtype; None when the cycle was recorded without shapes (`read_inputs`:
-    `TimelineInputs.op_inputs`)."""
+def event_traffic(raw: RawEvents, tree: EventTree, read_inputs) -> tuple[np.ndarray, ...] | None:
+    """Per tree row, the bytes and FLOPs of that call (NaN: unknown; 0: not an op), its first
+    tensor's dtype and a collective's message size (NaN: not a collective, or unknown); None when
+    the cycle was recorded without shapes (`read_inputs`: `TimelineInputs.op_inputs`)."""
     if read_inputs is None:
         return None
     order = tree.order
@@ -92,12 +122,32 @@ def event_traffic(raw: RawEvents, tree: EventTree, read_inputs) -> tuple[np.ndar
     if not any(c is not None for c in calls):
         return None
     nbytes, flops, dtype = np.zeros(len(tree)), np.zeros(len(tree)), np.full(len(tree), "", object)
+    message = np.full(len(tree), np.nan)
     for row, call in zip(ops.tolist(), calls):
         cost = _cost(tree.names[tree.name[row]], call)
         nbytes[row], flops[row] = cost if cost is not None else (np.nan, np.nan)
         if call is not None:
             dtype[row] = next((d for d in call.dtypes if d in ELEMENT_BYTES), "")
-    return nbytes, flops, dtype
+            if call.message_bytes is not None:
+                message[row] = call.message_bytes
+    _messages_from_ranges(tree, read_inputs, message)
+    return nbytes, flops, dtype, message
+
+
+def _messages_from_ranges(tree: EventTree, read_inputs, message: np.ndarray) -> None:
+    """Older torch: a collective's message size from the one `MESSAGE_RANGES` range inside it."""
+    kinds = [i for i, n in enumerate(tree.names) if n in MESSAGE_RANGES]
+    ranges = np.flatnonzero(tree.survivor & tree.sync_host & np.isin(tree.name, kinds)) if kinds else ()
+    if not len(ranges):
+        return
+    found: dict[int, float] = {}
+    for parent, call in zip(tree.parent[ranges].tolist(), read_inputs(tree.order[ranges])):
+        if parent < 0 or tree.names[tree.name[parent]] != COLLECTIVE or not np.isnan(message[parent]):
+            continue
+        tensors = [Tensor(tuple(s), d) for s, d in zip(call.shapes, call.dtypes) if d in ELEMENT_BYTES] if call else []
+        found[parent] = tensors[0].nbytes if len(tensors) == 1 and parent not in found else np.nan
+    for parent, size in found.items():
+        message[parent] = size
 
 
 def _cost(name: str, call: OpInputs | None) -> tuple[int, int] | None:
@@ -111,16 +161,18 @@ def _cost(name: str, call: OpInputs | None) -> tuple[int, int] | None:
 
 
 def traffic_by_name(traffic: tuple[np.ndarray, ...], rows: np.ndarray,
-                    name: np.ndarray, names: list[str]) -> tuple[tuple[str, float, float, str], ...]:  # fmt: skip
-    """(op name, bytes, FLOPs, dtype) summed over its calls among `rows`; NaN where one call is
-    unknown; the dtype its calls share ("" when they differ)."""
-    nbytes, flops, dtype = traffic[0][rows], traffic[1][rows], traffic[2][rows]
+                    name: np.ndarray, names: list[str]) -> tuple[tuple[str, float, float, str, float], ...]:  # fmt: skip
+    """(op name, bytes, FLOPs, dtype, message bytes) summed over its calls among `rows`; NaN where
+    one call is unknown (message bytes: NaN for an op that is not a collective); the dtype its
+    calls share ("" when they differ)."""
+    nbytes, flops, dtype, message = traffic[0][rows], traffic[1][rows], traffic[2][rows], traffic[3][rows]
     ids = name[rows]
     found = []
     for k in np.unique(ids).tolist():
         mine = ids == k
         kinds = set(dtype[mine].tolist())
-        found.append((names[k], float(nbytes[mine].sum()), float(flops[mine].sum()), kinds.pop() if len(kinds) == 1 else ""))
+        found.append((names[k], float(nbytes[mine].sum()), float(flops[mine].sum()), kinds.pop() if len(kinds) == 1 else "",
+                      float(message[mine].sum())))  # fmt: skip
     return tuple(found)
 
 
@@ -139,10 +191,11 @@ class TrafficCoverage:
         return 100.0 * self.covered_us / self.total_us if self.total_us > 0 else float("nan")
 
 
-def traffic_coverage(nbytes: np.ndarray, self_device_us: np.ndarray, rows: np.ndarray,
+def traffic_coverage(traffic: tuple[np.ndarray, ...], self_device_us: np.ndarray, rows: np.ndarray,
                      name: np.ndarray, names: list[str]) -> TrafficCoverage:  # fmt: skip
-    """`TrafficCoverage` of the op rows `rows` (`nbytes`: `event_traffic`'s first column)."""
-    time, known = self_device_us[rows], np.isfinite(nbytes[rows])
+    """`TrafficCoverage` of the op rows `rows` (`traffic`: `event_traffic`'s columns): a call is
+    covered by its bytes or, a collective, by its message size."""
+    time, known = self_device_us[rows], np.isfinite(traffic[0][rows]) | np.isfinite(traffic[3][rows])
     missing = ~known & (time > 0)
     ids, slot = np.unique(name[rows][missing], return_inverse=True)
     sums = np.bincount(slot, weights=time[missing], minlength=len(ids))
