@@ -1,6 +1,10 @@
 """Bad input gets a clear message and loses nothing else in the cycle."""
 
+import math
+import warnings
+
 import mlflow
+import numpy as np
 import pytest
 from conftest import artifact_files, read_json_artifact
 from mlflow.tracking import MlflowClient
@@ -13,6 +17,7 @@ from workloads import profile_rmsnorm
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._delivery.mlflow_io import RunLogger
 from mlflow_neuron._delivery.model import Delivery, RunRef
+from mlflow_neuron._trace.steps import split_by_step
 
 
 def ops_rows(client, run_id, tmp_path, step=4):
@@ -104,6 +109,25 @@ def test_nan_and_infinite_times_are_reported_once_and_left_out_of_the_metrics(tr
     assert "profiler/self_cpu_time_us/aten.inf" not in metrics
     names = {r["name"] for r in ops_rows(client, run.info.run_id, tmp_path)}
     assert {"aten::ok", "aten::nan", "aten::inf"} <= names
+    # The step holding them has no number either: not -9.2e15 us from a NaN cast to an integer.
+    assert "profiler/step/self_cpu_time_us" not in metrics
+
+
+@pytest.mark.parametrize("broken", [math.nan, math.inf])
+def test_a_step_with_a_broken_time_sums_to_nan_and_the_other_steps_stay_exact(broken):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the NaN cast to an integer warned, then logged garbage
+        rows, totals = split_by_step(
+            step_starts=np.array([0.0, 100.0]), step_numbers=[1, 2], default_step=2,
+            placed_at=np.array([10.0, 20.0, 110.0, 120.0]), name_id=np.array([0, 1, 0, 2]), names=["a", "b", "c"],
+            kind_id=np.zeros(4, np.int64), kinds=("op",), self_device_us=np.array([0.0, broken, 0.0, 0.0]),
+            self_cpu_us=np.array([1.5, broken, 2.25, 0.125]), in_device_total=np.ones(4, bool),
+            aten_starts=np.array([10.0, 110.0]),
+        )  # fmt: skip
+    cpu = {(r.step, r.name): r.self_cpu_time_us for r in rows}
+    assert cpu[(1, "a")] == 1.5 and math.isnan(cpu[(1, "b")]) and cpu[(2, "a")] == 2.25 and cpu[(2, "c")] == 0.125
+    assert [math.isnan(t.self_cpu_time_us) for t in totals] == [True, False] and totals[1].self_cpu_time_us == 2.375
+    assert math.isnan(totals[0].self_device_time_us) and totals[1].self_device_time_us == 0
 
 
 def test_truncated_trace_files_are_uploaded_as_they_are(tracking_uri, strict, neuron_double, tmp_path):

@@ -471,3 +471,30 @@ def test_the_format_option_says_what_each_format_is_for(command, capsys):
         cli_main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--format {table,markdown,csv,json} table (default) or markdown for people;" in text
+
+
+def test_the_bandwidth_lines_say_why_a_run_has_no_figure():
+    """compare's "achieved bandwidth" names every run: with its GB/s, or with the reason it has none."""
+    from mlflow_neuron._compare.throughput import throughput, throughput_lines, throughput_missing
+
+    def region_row(gbps, nbytes):
+        return pd.DataFrame({"name": ["aten::mul", "rmsnorm"], "kind": ["op", "region"], "achieved_gbps": [1.0, gbps],
+                             "bytes": [8.0, nbytes]})  # fmt: skip
+
+    profiles = [
+        RunProfile("naive", "a", 4, region_row(2.5, 100.0), {}),
+        RunProfile("compiled", "b", 4, region_row(np.nan, np.nan), {}),  # an op inside without a formula
+        RunProfile("idle", "c", 4, region_row(np.nan, 100.0), {}),  # bytes, but no time to divide by
+        RunProfile("no_shapes", "d", 4, pd.DataFrame({"name": ["rmsnorm"], "kind": ["region"]}), {}),
+        RunProfile("elsewhere", "e", 4, region_row(1.0, 8.0).assign(name=["aten::mul", "other"]), {}),
+    ]
+    lines = throughput_lines(throughput(profiles, "rmsnorm", []), "rmsnorm", throughput_missing(profiles, "rmsnorm"))
+    assert lines == [
+        "region rmsnorm: naive 2.5 GB/s",
+        "compiled: none, the bytes of region rmsnorm are unknown: an op inside it has no traffic formula "
+        "(a compiled graph's kernels, for one)",
+        "idle: none, region rmsnorm took no measurable time in its last cycle",
+        "no_shapes: none, no bytes in its ops.json (profiled without record_shapes=True)",
+        "elsewhere: none, no region rmsnorm in its last cycle",
+    ]
+    assert throughput_missing(profiles[:1], None) == {}  # whole steps: naive's ops have figures

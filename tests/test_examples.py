@@ -92,6 +92,8 @@ def test_rmsnorm_variants_leaves_three_child_runs_and_prints_the_table(rmsnorm_t
     assert any(line.split()[:2] == ["region", "rmsnorm"] for line in lines)
     assert any(line.split() == ["launches", "per", "step", "0", "0", "0"] for line in lines)  # CPU: no kernels
     assert any(line.strip().startswith("region rmsnorm: naive ") and "GB/s" in line for line in lines)
+    # torch.compile's region runs a compiled graph, whose bytes no formula knows: named, with the reason
+    assert any(line.strip().startswith("compiled: none, the bytes of region rmsnorm are unknown") for line in lines)
     assert any(line.startswith("fused vs naive: ") for line in lines)
     assert any(line.startswith("compiled vs naive: ") for line in lines)
     assert f"mlflow ui --backend-store-uri {uri}" in out

@@ -8,13 +8,15 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import run_python
 from mlflow.tracking import MlflowClient
 from synthetic_steps import Noise, steps
 
-from mlflow_neuron._compare.changes import change_points
+from mlflow_neuron._compare.changes import change_points, search_changes
 from mlflow_neuron._compare.history import environment_changes, median_interval
+from mlflow_neuron._compare.history_report import no_change_line
 from mlflow_neuron.cli import main as cli_main
 
 
@@ -44,6 +46,24 @@ def test_flat_series_and_one_outlier_run_report_nothing():
 def test_a_change_inside_the_noise_band_is_not_reported():
     scales = [1.0] * 10 + [1.01] * 10  # +1%, below the 2% noise band
     assert change_points(series(0, scales, n=200), noise_pct=2.0) == []
+
+
+def test_no_change_says_which_it_was_a_suggestion_inside_the_band_none_or_no_search():
+    rng = np.random.default_rng(0)
+    within = search_changes([100 * s * (1 + 0.001 * rng.standard_normal(20)) for s in [1.0] * 8 + [1.015] * 8])
+    flat, short = search_changes(series(0, [1.0] * 20)), search_changes(series(0, [1.0] * 3))
+    assert (within.changes, within.suggested, within.skipped) == ([], 1, None)  # +1.5%: clear, but inside +-2%
+    assert (flat.changes, flat.suggested, flat.skipped) == ([], 0, None)
+    assert short.changes == [] and short.skipped.startswith("3 runs are too few")
+
+    def line(found) -> str:
+        frame = pd.DataFrame()
+        frame.attrs.update(noise_pct=2.0, suggested=found.suggested, not_searched=found.skipped)
+        return no_change_line(frame)
+
+    assert line(within) == "no change: the series suggested 1 change point, and it stayed within \u00b12% (95% interval)"
+    assert line(flat).startswith("no change: the series suggested no change point")
+    assert line(short) == "no change looked for: 3 runs are too few to look for a change (3 a side, 6 in all)"
 
 
 def test_the_median_interval_and_the_environment_lines():

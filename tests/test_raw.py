@@ -416,6 +416,13 @@ def test_trace_only_profiles_give_none_and_other_settings_are_read():
         ({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1.0, "dur": 1.0,
                            "args": {"External id": "7"}}]}, r"args\['External id'\] is not an integer"),
         ({"traceEvents": [{"ph": "i", "name": "[memory]", "ts": "soon"}]}, "has no numeric 'ts'"),
+        ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": -1.0, "dur": 1.0}]}, "has a negative 'ts'"),
+        ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1.0, "dur": 10**30}]},
+         r"has an impossibly large \(over 2\*\*52 us\) 'dur'"),
+        ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1.0, "dur": 1.0, "tid": [1]}]},
+         r"traceEvents\[0\] has a field of the wrong type"),
+        ({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1.0, "dur": 1.0,
+                           "args": {"External id": 2**64}}]}, r"traceEvents\[0\] has a field of the wrong type"),
     ],
 )  # fmt: skip
 def test_malformed_chrome_traces_are_rejected_with_the_reason(trace, message):

@@ -4,6 +4,7 @@ Example::
 
     found = change_points([run1_steps, run2_steps, ...])   # one array of per-step samples per run
     [(c.at, c.ratio, c.low, c.high, c.verdict) for c in found]
+    search_changes(runs).suggested   # PELT's candidates, confirmed or not
 
 Two stages, as Apache Otava and asv do it (candidates, then a test), with one statistic shared
 with `compare`:
@@ -60,18 +61,38 @@ class Change:
         return (self.ratio - 1) * 100
 
 
+@dataclass(frozen=True)
+class Search:
+    """What a search of a series found: the confirmed `changes`, how many change points PELT
+    `suggested` before confirmation (none kept: all stayed within the noise band), and why no
+    search was made (`skipped`), if none was."""
+
+    changes: list[Change]
+    suggested: int = 0
+    skipped: str | None = None
+
+
 def change_points(runs: list[np.ndarray], noise_pct: float = DEFAULT_NOISE_PCT,
                   penalty: float = PENALTY) -> list[Change]:  # fmt: skip
     """The confirmed changes of a series of runs (each an array of per-step samples, in run order)."""
+    return search_changes(runs, noise_pct, penalty).changes
+
+
+def search_changes(runs: list[np.ndarray], noise_pct: float = DEFAULT_NOISE_PCT, penalty: float = PENALTY) -> Search:
+    """`change_points`, with how many candidates there were, or why there was no search."""
     runs = [np.asarray(r, float) for r in runs]
-    if len(runs) < 2 * MIN_RUNS or any(len(r) == 0 or (r <= 0).any() for r in runs):
-        return []
+    if len(runs) < 2 * MIN_RUNS:
+        return Search([], skipped=f"{len(runs)} runs are too few to look for a change ({MIN_RUNS} a side, "
+                      f"{2 * MIN_RUNS} in all)")  # fmt: skip
+    if any(len(r) == 0 or (r <= 0).any() for r in runs):
+        return Search([], skipped="a run has no samples, or a time of zero or less")
     breaks = candidates(np.array([np.log(without_outliers(r)).mean() for r in runs]), penalty)
+    suggested = len(breaks)
     while True:
         judged = [_judge(runs, start, at, end, noise_pct) for start, at, end in _segments(breaks, len(runs))]
         kept = [change for change in judged if change is not None]
         if len(kept) == len(judged):
-            return kept
+            return Search(kept, suggested)
         dropped = next(i for i, change in enumerate(judged) if change is None)
         breaks = breaks[:dropped] + breaks[dropped + 1:]
 

@@ -61,7 +61,7 @@ from .._compare.model import (
 )
 from .._compare.region import in_region, region_names
 from .._compare.samples import StepSamples, step_samples, wrapper_names
-from .._compare.throughput import bytes_coverage, throughput
+from .._compare.throughput import bytes_coverage, throughput, throughput_missing
 from .._compare.verdict import sentence
 
 PLOTTED_OPS = 12  # ops whose samples travel in attrs for the charts (plus the TOTAL)
@@ -140,6 +140,7 @@ def _explanations(whole: list[RunProfile], profiles: list[RunProfile], region: s
         "launches": {p.label: p.extra["launches"] for p in profiles} if region else {},
         "kernels": sorted(set().union(*(p.extra.get("kernels", ()) for p in profiles))) if region else [],
         "throughput": throughput(whole, region, order),
+        "throughput_missing": throughput_missing(whole, region),
         "bytes_coverage": bytes_coverage(whole),
         "neuron_summary": summary_deltas({p.label: p.extra.get("neuron_summary") or {} for p in whole}),
     }

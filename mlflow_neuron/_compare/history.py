@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from .._compare.changes import Change, change_points
+from .._compare.changes import Change, search_changes
 from .._compare.frame import compare
 from .._compare.model import CPU_METRIC, DEFAULT_NOISE_PCT, DEVICE_METRIC, TOTAL, RunProfile
 from .._compare.profiles import load_profile
@@ -41,7 +41,8 @@ def history_runs(experiment: str, *, run_name: str | None = None, filter_string:
                  tracking_uri: str | None = None, noise_pct: float = DEFAULT_NOISE_PCT) -> pd.DataFrame:  # fmt: skip
     """One row per run (start order): `run_id`, `run_name`, `start_time`, `commit`, `n`, `median`,
     and its 95% interval `low`/`high`, `segment`. `attrs`: `changes` (dicts, see `describe`),
-    `metric`, `subject` (TOTAL, `region NAME` or the op), `fallback`."""
+    `metric`, `subject` (TOTAL, `region NAME` or the op), `fallback`, `suggested` (change points
+    PELT suggested, confirmed or not), `not_searched` (why there was no search, or None)."""
     if noise_pct < 0:
         raise ValueError(f"noise_pct must be >= 0; got {noise_pct}")
     if region is not None and op is not None:
@@ -51,13 +52,15 @@ def history_runs(experiment: str, *, run_name: str | None = None, filter_string:
     profiles = [load_profile(client, run) for run in runs]
     used = CPU_METRIC if metric == DEVICE_METRIC and any(p.device_time != "present" for p in profiles) else metric
     samples = [_values(p, used, region, op) for p in profiles]
-    changes = change_points(samples, noise_pct)
+    found = search_changes(samples, noise_pct)
+    changes = found.changes
     segment = np.searchsorted([c.at for c in changes], np.arange(len(runs)), side="right")
     frame = pd.DataFrame([_row(run, values, int(s)) for run, values, s in zip(runs, samples, segment)])
     frame.attrs.update(
         experiment=experiment, metric=used, requested_metric=metric, noise_pct=noise_pct,
         subject=TOTAL if region is None and op is None else (f"region {region}" if region else op),
         fallback=None if used == metric else "compared on self CPU time: a run has no device time",
+        suggested=found.suggested, not_searched=found.skipped,
         changes=[describe(c, runs, profiles, used, region) for c in changes],
     )  # fmt: skip
     return frame

@@ -44,8 +44,7 @@ def table(frame: pd.DataFrame) -> pd.DataFrame:
 def change_lines(frame: pd.DataFrame) -> list[str]:
     """One paragraph per change: where, by how much, what else changed, what accounts for it."""
     if not frame.attrs["changes"]:
-        return [f"no change: every change point the series suggested stayed within \u00b1{frame.attrs['noise_pct']:g}% "
-                "(95% interval), or there was none"]  # fmt: skip
+        return [no_change_line(frame)]
     lines = []
     for c in frame.attrs["changes"]:
         low, high = (_pct(c["ratio_low"]), _pct(c["ratio_high"]))
@@ -57,6 +56,18 @@ def change_lines(frame: pd.DataFrame) -> list[str]:
             + (f"; {', '.join(c['environment'])}" if c["environment"] else "") + f". {c['sentence']}"
         )  # fmt: skip
     return lines
+
+
+def no_change_line(frame: pd.DataFrame) -> str:
+    """Which of the three it was: no search (too few runs), no change point suggested, or every one
+    suggested inside the noise band."""
+    suggested, band = frame.attrs.get("suggested", 0), f"\u00b1{frame.attrs['noise_pct']:g}%"
+    if frame.attrs.get("not_searched"):
+        return f"no change looked for: {frame.attrs['not_searched']}"
+    if not suggested:
+        return "no change: the series suggested no change point (the runs' levels stay within their run-to-run noise)"
+    return (f"no change: the series suggested {suggested} change point{'s' if suggested > 1 else ''}, and "
+            f"{'each' if suggested > 1 else 'it'} stayed within {band} (95% interval)")
 
 
 def text(frame: pd.DataFrame) -> str:

@@ -183,7 +183,8 @@ def explanations(frame: pd.DataFrame) -> list[tuple[str, list[str]]]:
     found = []
     if frame.attrs.get("throughput"):
         found.append(("achieved bandwidth (the last cycle's ops.json, recorded shapes)",
-                      throughput_lines(frame.attrs["throughput"], frame.attrs.get("region"))))  # fmt: skip
+                      throughput_lines(frame.attrs["throughput"], frame.attrs.get("region"),
+                                       frame.attrs.get("throughput_missing"))))  # fmt: skip
     if frame.attrs.get("bytes_coverage"):
         found.append(("what those figures cover (the last cycle's op device time with bytes, and the largest ops without)",
                       coverage_lines(frame.attrs["bytes_coverage"])))  # fmt: skip

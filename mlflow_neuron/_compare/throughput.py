@@ -3,11 +3,14 @@
 Example::
 
     found = throughput(profiles, "rmsnorm", order)   # {run: [{"name", "achieved_gbps", ...}]}
-    throughput_lines(found)  # ["region rmsnorm: naive 12.1 GB/s (9% of peak), fused 80.4 GB/s (61% of peak)"]
+    throughput_lines(found, "rmsnorm", throughput_missing(profiles, "rmsnorm"))
+    # ["region rmsnorm: naive 12.1 GB/s (9% of peak), fused 80.4 GB/s (61% of peak)",
+    #  "compiled: none, the bytes of region rmsnorm are unknown: an op inside it has no traffic formula ..."]
 
 The figures are the last compared cycle's (ops.json: bytes over the op's or region's inclusive
 time in that cycle), for the compared region, or else for the costliest ops that have them.
-Runs profiled without `record_shapes=True` have none, and are left out.
+Runs profiled without `record_shapes=True` have none, and are left out with the reason
+(`throughput_missing`), as are runs whose region has no bytes.
 
 `bytes_coverage` says, per run, how much of the last cycle's op device time has bytes at all, and
 names the largest ops without them: a GB/s figure covers only what the formulas know.
@@ -44,8 +47,30 @@ def throughput(profiles: list[RunProfile], region: str | None, order: list[str])
     return {label: entries for label, entries in found.items() if entries}
 
 
-def throughput_lines(found: dict[str, list[dict]], region: str | None) -> list[str]:
-    """One line per op or region: each run's achieved GB/s and its % of the peak where known."""
+def throughput_missing(profiles: list[RunProfile], region: str | None) -> dict[str, str]:
+    """Per run label that `throughput` leaves out, why: the reader is told, not left to guess."""
+    found = {}
+    for profile in profiles:
+        ops = profile.ops
+        if "achieved_gbps" not in ops or "kind" not in ops:
+            found[profile.label] = "no bytes in its ops.json (profiled without record_shapes=True)"
+        elif region is not None:
+            rows = ops[(ops["kind"] == "region") & (ops["name"] == region)]
+            if rows.empty:
+                found[profile.label] = f"no region {region} in its last cycle"
+            elif rows["achieved_gbps"].isna().all() and "bytes" in rows and rows["bytes"].notna().any():
+                found[profile.label] = f"region {region} took no measurable time in its last cycle"
+            elif rows["achieved_gbps"].isna().all():
+                found[profile.label] = (f"the bytes of region {region} are unknown: an op inside it has no traffic "
+                                        "formula (a compiled graph's kernels, for one)")  # fmt: skip
+        elif not ((ops["kind"] == "op") & ops["achieved_gbps"].notna()).any():
+            found[profile.label] = "none of its ops has a traffic formula"
+    return found
+
+
+def throughput_lines(found: dict[str, list[dict]], region: str | None, missing: dict[str, str] | None = None) -> list[str]:
+    """One line per op or region: each run's achieved GB/s and its % of the peak where known; then
+    one per run left out (`missing`, from `throughput_missing`), saying why."""
     names: list[str] = []
     for entries in found.values():
         names += [e["name"] for e in entries if e["name"] not in names]
@@ -53,7 +78,7 @@ def throughput_lines(found: dict[str, list[dict]], region: str | None) -> list[s
     for name in names:
         parts = [f"{label} {_gbps(e)}" for label, entries in found.items() for e in entries if e["name"] == name]
         lines.append(f"{'region ' if region is not None else ''}{name}: {', '.join(parts)}")
-    return lines
+    return lines + [f"{label}: none, {why}" for label, why in (missing or {}).items() if label not in found]
 
 
 def _gbps(entry: dict) -> str:

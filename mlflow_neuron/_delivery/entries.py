@@ -138,7 +138,10 @@ def write_json(path: Path, data: dict) -> None:
 
 def read_json(path: Path) -> dict:
     with open(path, encoding="utf-8") as f:
-        data = json.load(f)
+        try:
+            data = json.load(f)
+        except RecursionError:  # nested past Python's limit: not a file we wrote, a damaged one
+            raise ValueError(f"{path.name} is nested too deep to read") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path.name} holds {type(data).__name__}, not an object")
     return data

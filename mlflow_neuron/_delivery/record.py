@@ -148,12 +148,14 @@ def host_metrics(host: dict[str, float]) -> dict[str, float]:
 
 def step_series(profile: CycleProfile, rank_prefix: str = "") -> tuple[tuple[str, float, int], ...]:
     """`profiler/step/<metric>`: each active step's total at that step's own number, so MLflow
-    draws one point per step (noise and outliers show) next to the per-cycle sums."""
+    draws one point per step (noise and outliers show) next to the per-cycle sums. A step with a
+    NaN or infinite time has no point (the cycle's total is left out too, with a warning)."""
     kinds = STEP_METRICS if profile.device_time != NOT_PROFILED else STEP_METRICS[1:]
     times = tuple(
         (f"{PREFIX}/{rank_prefix}step/{kind}", _us(getattr(total, kind)), total.step)
         for total in profile.step_totals
         for kind in kinds
+        if math.isfinite(getattr(total, kind))
     )
     memory = tuple((f"{PREFIX}/{rank_prefix}step/{PEAK_MEMORY}/{m.device}", float(m.peak_bytes), m.step)
                    for m in profile.step_memory)  # fmt: skip

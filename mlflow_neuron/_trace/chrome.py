@@ -21,7 +21,6 @@ trace read here shows per-op device time instead.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .chrome_checks import checked, checked_numbers, int_arg, wrong_field
 from .chrome_file import read_pieces
 from .chrome_links import (
     DEVICE_ROLE,
@@ -75,7 +75,7 @@ _LAUNCH_CATEGORIES = frozenset(
     c for c, k in _CHROME_CLASSES.items() if k == HOST and c.endswith(("_runtime", "_driver"))
 )
 
-_NUMBERS = frozenset({int, float})  # bool is neither: `_checked` refuses it
+_NUMBERS = frozenset({int, float})  # bool is neither: `checked` refuses it
 _NO_ARGS: Mapping = {}
 _COLUMNS = ("name", "ts", "dur", "thread", "device_class", "role", "target", "annotation", "external", "correlation",
             "source")  # fmt: skip  # one piece's rows, as arrays
@@ -169,6 +169,12 @@ class ChromeReader:
         self.thread_names: dict = {}
 
     def feed(self, events: list) -> None:
+        try:
+            self._feed(events)
+        except (TypeError, OverflowError) as error:  # a list where a name goes (unhashable), an id past 64 bits
+            raise ValueError(f"{wrong_field(events, self.events)} has a field of the wrong type ({error})") from None
+
+    def _feed(self, events: list) -> None:
         rows: list[tuple] = []
         names, threads, categories = self.names, self.threads, self.categories
         for index, event in enumerate(events, self.events):
@@ -178,7 +184,7 @@ class ChromeReader:
             phase, cat, name = get("ph"), get("cat"), get("name")
             categories.add(cat)
             if (name == MEMORY_EVENT_NAME or name == OUT_OF_MEMORY_EVENT_NAME) and phase in ("i", "I", "X"):
-                ts, _, name = _checked(event, index, "ts")  # Kineto writes instants, the Python exporter X
+                ts, _, name = checked(event, index, "ts")  # Kineto writes instants, the Python exporter X
                 args = get("args") if isinstance(get("args"), Mapping) else {}
                 self.memory.append((name, ts, threads.setdefault((get("pid"), get("tid")), len(threads)), index,
                                     _int(args.get("Bytes")), _int(args.get("Device Type"))))  # fmt: skip
@@ -190,10 +196,10 @@ class ChromeReader:
             kind = _KINDS.get(cat)
             if kind is not None:
                 # The common case is checked inline (this loop is most of a helper's cycle); finiteness
-                # and negative durations are checked on the columns, in `_checked_numbers`.
+                # and ranges are checked on the columns, in `checked_numbers`.
                 ts, dur = get("ts"), get("dur")
                 if type(name) is not str or type(ts) not in _NUMBERS or type(dur) not in _NUMBERS:
-                    ts, dur, name = _checked(event, index, "ts", "dur")
+                    ts, dur, name = checked(event, index, "ts", "dur")
                 args = get("args") or _NO_ARGS
                 if type(args) is not dict and not isinstance(args, Mapping):
                     args = _NO_ARGS
@@ -202,9 +208,9 @@ class ChromeReader:
                     continue  # Kineto's "hidden" metadata: torch drops these events
                 external, correlation = args.get("External id", 0), args.get("correlation", 0)
                 if type(external) is not int:
-                    external = _int_arg(args, "External id", index)
+                    external = int_arg(args, "External id", index)
                 if type(correlation) is not int:
-                    correlation = _int_arg(args, "correlation", index)
+                    correlation = int_arg(args, "correlation", index)
                 key = (get("pid"), get("tid"))
                 thread = threads.get(key)
                 if thread is None:
@@ -213,18 +219,21 @@ class ChromeReader:
                 if name_id is None:
                     name_id = names[name] = len(names)
                 if self.shapes and kind[0] == HOST and (args.get("Input Dims") or "In msg nelems" in args):
-                    self.dims[self.rows + len(rows)] = (args.get("Input Dims") or [], args.get("Input type") or (),
-                                                        args.get("Concrete Inputs") or (), message_bytes(args))  # fmt: skip
+                    self.dims[self.rows + len(rows)] = (_list(args.get("Input Dims")), _list(args.get("Input type")),
+                                                        _list(args.get("Concrete Inputs")), message_bytes(args))  # fmt: skip
                 if cat in _HIP_CALL_CATEGORIES and name.startswith("hip"):
                     self.hip_calls = True
                 rows.append((name_id, ts, dur, thread, *kind, external, correlation, index))
             elif cat == "Trace" and str(name or "").startswith("PyTorch Profiler"):
-                self.trace_start_us = _checked(event, index, "ts")[0]
-        _checked_numbers(rows, events, self.events)
+                self.trace_start_us = checked(event, index, "ts")[0]
+        checked_numbers(rows, events, self.events)
+        piece = dict(zip(_COLUMNS, map(np.array, zip(*rows))))
+        if rows and (piece["external"].dtype.kind != "i" or piece["correlation"].dtype.kind != "i"):
+            raise OverflowError("an id does not fit 64 bits")  # numpy made an object or uint64 column
         self.events += len(events)
         if rows:
             self.rows += len(rows)
-            self.pieces.append(dict(zip(_COLUMNS, map(np.array, zip(*rows)))))
+            self.pieces.append(piece)
 
     def finish(self, header: Mapping, dialect: str | None = None) -> ChromeCycle:
         """The cycle, once every event was fed; `header` is the trace's other keys."""
@@ -321,44 +330,6 @@ def _kinds() -> dict[str, tuple]:
 _KINDS = _kinds()
 
 
-def _checked_numbers(rows: list, events: list, offset: int) -> None:
-    """The ValueError `_checked` gives for the first row whose ts or dur is not finite, or whose
-    dur is negative (the row loop only checked their types)."""
-    if not rows:
-        return
-    ts = np.fromiter((r[1] for r in rows), np.float64, len(rows))
-    dur = np.fromiter((r[2] for r in rows), np.float64, len(rows))
-    bad = ~(np.isfinite(ts) & np.isfinite(dur) & (dur >= 0))
-    if bad.any():
-        index = rows[int(np.argmax(bad))][-1]
-        _checked(events[index - offset], index, "ts", "dur")
-
-
-def _checked(event: Mapping, index: int, *keys: str) -> tuple:
-    """(ts, dur or None, name) of an event that has them, else a ValueError saying which is wrong."""
-    name = event.get("name")
-    if not isinstance(name, str):
-        raise ValueError(f"traceEvents[{index}] ({event.get('cat')}) has no string 'name': {name!r}")
-    values = []
-    for key in keys:
-        value = event.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"traceEvents[{index}] ({event.get('cat')} {name!r}) has no numeric {key!r}: {value!r}")
-        values.append(float(value))
-    if len(values) > 1 and values[1] < 0:
-        raise ValueError(f"traceEvents[{index}] ({event.get('cat')} {name!r}) has a negative 'dur': {values[1]}")
-    return values[0], values[1] if len(values) > 1 else None, name
-
-
-def _int_arg(args: Any, key: str, index: int) -> int:
-    value = args.get(key, 0) if isinstance(args, Mapping) else 0
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"traceEvents[{index}] args[{key!r}] is not an integer: {value!r}")
-    return value
-
-
 def _memory(records: list[tuple], start_ns: np.ndarray):
     """MemoryRecords of the `[memory]` instants (their args' Bytes and Device Type)."""
     if not records:
@@ -367,8 +338,14 @@ def _memory(records: list[tuple], start_ns: np.ndarray):
     return memory_records(is_memory, start_ns, *(np.array([r[k] for r in records], np.int64) for k in (4, 5, 2)))
 
 
+def _list(value: Any) -> list | tuple:
+    """A recorded argument list (Input Dims, Input type, Concrete Inputs); () for anything else."""
+    return value if type(value) is list else ()
+
+
 def _int(value: Any) -> int:
-    return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else 0
+    """A memory event's Bytes or Device Type; 0 for what is not a 64-bit number (NaN compares false)."""
+    return int(value) if isinstance(value, (int, float)) and -(2**63) < value < 2**63 else 0
 
 
 def _ns(us: np.ndarray) -> np.ndarray:

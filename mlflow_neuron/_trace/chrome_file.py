@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ def read_pieces(path: str | Path, feed: Callable[[list], None], restart: Callabl
             except _Unexpected:
                 restart()
         data = _read_all(path)
-    except (OSError, EOFError) as error:
+    except (OSError, EOFError, zlib.error) as error:  # zlib.error: a corrupt .gz
         raise ValueError(f"{path}: not a readable chrome trace ({type(error).__name__}: {error})") from error
     try:
         trace = parse(data)  # the whole file at once

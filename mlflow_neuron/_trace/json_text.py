@@ -23,13 +23,16 @@ PARSER = "orjson" if orjson is not None else "json"
 
 def parse(data: bytes) -> Any:
     """orjson, about three times as fast as `json`; Python's `json` takes what orjson refuses but
-    Python writes, such as NaN."""
+    Python writes, such as NaN. ValueError for what is not JSON, or is nested too deep to read."""
     if orjson is not None:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(data)
+    try:
+        return json.loads(data)
+    except RecursionError:  # arrays or objects nested past Python's recursion limit (orjson stops at 1024)
+        raise ValueError("JSON nested too deep to read") from None
 
 
 def compact(value: Any) -> str:

@@ -79,6 +79,8 @@ def allocated_by_event(raw: RawEvents, tree: EventTree) -> np.ndarray:
     live, thread, starts = live[keys], thread[keys], tree.start_ns[live][keys]
     positive = memory.nbytes > 0
     at, rec_thread, size = memory.start_ns[positive], memory.thread[positive], memory.nbytes[positive]
+    if not len(at):  # only frees (or zero-byte records): nothing was allocated
+        return allocated
     # the last op on the record's thread that started at or before it, then up to one that holds it
     ranks = np.unique(np.concatenate([thread, rec_thread]), return_inverse=True)[1].ravel()
     op_rank, rec_rank = ranks[: len(thread)], ranks[len(thread):]

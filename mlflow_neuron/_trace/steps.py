@@ -85,27 +85,27 @@ def split_by_step(
         return _slots(starts, times)
 
     slot = slot_of(placed_at)
-    device_ns = whole_ns(self_device_us)
-    cpu_ns = whole_ns(self_cpu_us)
+    device_us = np.asarray(self_device_us, np.float64)
+    cpu_us = np.asarray(self_cpu_us, np.float64)
 
     width = len(kinds) * max(len(names), 1)
     group = slot * width + np.asarray(name_id, np.int64) * len(kinds) + np.asarray(kind_id, np.int64)
     groups, member = np.unique(group, return_inverse=True)
     calls = np.bincount(member, minlength=len(groups))
-    device_sum = _sums(member, device_ns, len(groups))
-    cpu_sum = _sums(member, cpu_ns, len(groups))
+    device_sum = _sums(member, device_us, len(groups))
+    cpu_sum = _sums(member, cpu_us, len(groups))
     rows = [
         StepOp(int(numbers[g // width]), names[(g % width) // len(kinds)], kinds[g % len(kinds)], int(calls[i]),
-               device_sum[i] / 1000, cpu_sum[i] / 1000)
+               device_sum[i], cpu_sum[i])
         for i, g in enumerate(groups.tolist())
     ]  # fmt: skip
 
     steps = len(numbers)
-    device_total = _sums(slot, np.where(in_device_total, device_ns, 0), steps)
-    cpu_total = _sums(slot, cpu_ns, steps)
+    device_total = _sums(slot, np.where(in_device_total, device_us, 0.0), steps)
+    cpu_total = _sums(slot, cpu_us, steps)
     aten = np.bincount(slot_of(aten_starts), minlength=steps).tolist()
     totals = tuple(
-        StepTotal(int(numbers[i]), device_total[i] / 1000, cpu_total[i] / 1000, aten[i]) for i in range(steps)
+        StepTotal(int(numbers[i]), device_total[i], cpu_total[i], aten[i]) for i in range(steps)
     )
     return tuple(sorted(rows, key=lambda r: (r.step, r.kind, r.name))), totals
 
@@ -133,6 +133,11 @@ def whole_ns(us: np.ndarray) -> np.ndarray:
     return np.rint(np.asarray(us, dtype=np.float64) * 1000).astype(np.int64)
 
 
-def _sums(slot: np.ndarray, values: np.ndarray, size: int) -> list[int]:
-    """Integer sums per slot; float64 adds whole numbers exactly below 2**53 (104 days in ns)."""
-    return np.rint(np.bincount(slot, weights=values, minlength=size)).astype(np.int64).tolist()
+def _sums(slot: np.ndarray, values_us: np.ndarray, size: int) -> list[float]:
+    """Sums per slot in microseconds, added in whole nanoseconds (float64 adds whole numbers exactly
+    below 2**53, 104 days in ns). A slot with a NaN or infinite time (a broken event; the cycle's
+    own total is NaN too, and neither is logged) sums to NaN instead of a cast's garbage."""
+    finite = np.isfinite(values_us)
+    ns = np.bincount(slot, weights=whole_ns(np.where(finite, values_us, 0.0)), minlength=size)
+    broken = np.bincount(slot, weights=~finite, minlength=size) > 0
+    return np.where(broken, np.nan, np.rint(ns).astype(np.int64) / 1000).tolist()

@@ -127,7 +127,7 @@ def event_traffic(raw: RawEvents, tree: EventTree, read_inputs) -> tuple[np.ndar
         cost = _cost(tree.names[tree.name[row]], call)
         nbytes[row], flops[row] = cost if cost is not None else (np.nan, np.nan)
         if call is not None:
-            dtype[row] = next((d for d in call.dtypes if d in ELEMENT_BYTES), "")
+            dtype[row] = next((d for d in call.dtypes if type(d) is str and d in ELEMENT_BYTES), "")
             if call.message_bytes is not None:
                 message[row] = call.message_bytes
     _messages_from_ranges(tree, read_inputs, message)
