@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -56,6 +57,7 @@ from .._trace.timeline import Timeline
 
 _STEP_DIR = re.compile(r"^profiler/step_(\d+)$")
 LOADERS = 4  # runs loaded at once: each waits on the server most of its time
+_PARSING = threading.Lock()
 TOTAL_KEYS = ("self_device_time_us", "self_cpu_time_us", "aten_calls", "active_steps", "unattributed_device_time_us")
 
 
@@ -271,7 +273,9 @@ def _cycle_tables(files: _Artifacts, cycle: int) -> dict[str, pd.DataFrame]:
     with tempfile.TemporaryDirectory() as tmp:
         for file in (OPS_TABLE, STEPS_TABLE, STEP_TOTALS_TABLE, REGION_OPS_TABLE):
             if file in present:
-                tables[file] = pd.read_json(files.download(f"{folder}/{file}", Path(tmp)), orient="split")
+                path = files.download(f"{folder}/{file}", Path(tmp))
+                with _PARSING:  # pandas hides its own date-guessing warnings with catch_warnings: one thread at a time
+                    tables[file] = pd.read_json(path, orient="split")
     return tables
 
 

@@ -12,7 +12,7 @@ from its `profiler/summary/...` metrics (`_delivery.run_summary`), which `search
 the run. A run without them (logged before they existed, or `--op`, or peak memory, which have
 none) is read from its tables, the slow path, and counted (`slow`). Tables are also read for the
 runs next to a change-point candidate, to confirm it (`changes.confirmed`): where a run's summary
-disagrees with its tables (its n, median or level), the run is named (`contradicting`) and its
+disagrees with its tables (its n, median or geometric mean), the run is named (`contradicting`) and its
 tables win.
 """
 
@@ -31,12 +31,13 @@ from .._compare.region import in_region
 from .._compare.runs import _quote
 from .._compare.samples import step_samples
 from .._delivery.model import DEVICE_TAG, REGION_METRICS, STEP_METRICS
-from .._delivery.run_summary import summary_key
+from .._delivery.run_summary import STATS, summary_key
 from .._trace.step_summary import StepSummary, summarize
 
 PAGE_SIZE = 1000  # runs per search request; a progress line per page after the first
 SLOW_PROGRESS_EVERY = 25  # a progress line per this many runs read from their tables
 _SAME = 1e-6  # relative: a summary and the tables agree to JSON's rounding of the tables
+_ROUNDED_US = 0.001  # and to the nanosecond the summary's times are rounded to
 
 
 def search_series(client: MlflowClient, experiment_id: str, filter_string: str | None, run_name: str | None,
@@ -144,10 +145,11 @@ def summary_of(run: Run, metric: str, region: str | None) -> StepSummary | None:
     if metric is None:
         return None
     logged = run.data.metrics
-    number = {stat: logged.get(summary_key(metric, stat, region)) for stat in ("median", "low", "high", "n_steps", "level")}
+    number = {stat: logged.get(summary_key(metric, stat, region)) for stat in STATS}
     if number["median"] is None or not number["n_steps"]:
         return None
-    return StepSummary(int(number["n_steps"]), number["median"], number["low"], number["high"], number["level"])
+    level = math.log(number["geomean"]) if number["geomean"] else None
+    return StepSummary(int(number["n_steps"]), number["median"], number["low"], number["high"], level)
 
 
 def subject_values(profile: RunProfile, metric: str, region: str | None, op: str | None) -> np.ndarray:
@@ -163,9 +165,8 @@ def subject_values(profile: RunProfile, metric: str, region: str | None, op: str
 
 
 def _agree(a: StepSummary, b: StepSummary) -> bool:
-    if a.n != b.n or not math.isclose(a.median, b.median, rel_tol=_SAME, abs_tol=1e-9):
+    """The same n, and the same median and geometric mean to the nanosecond the summary was rounded to."""
+    if a.n != b.n or (a.level is None) != (b.level is None):
         return False
-    if (a.level is None) != (b.level is None):
-        return False
-    return a.level is None or math.isclose(a.level, b.level, rel_tol=0, abs_tol=_SAME)
-
+    same = [(a.median, b.median)] + ([] if a.level is None else [(math.exp(a.level), math.exp(b.level))])
+    return all(math.isclose(x, y, rel_tol=_SAME, abs_tol=_ROUNDED_US) for x, y in same)

@@ -5,11 +5,12 @@
 each `record_function` region (`region_device_time_us`, `region_cpu_time_us`), under
 `profiler/summary/`:
 
-    profiler/summary/<metric>/{median,low,high,n_steps,level}
-    profiler/summary/<region metric>/<region key>/{median,low,high,n_steps,level}
+    profiler/summary/<metric>/{median,low,high,n_steps,geomean}
+    profiler/summary/<region metric>/<region key>/{median,low,high,n_steps,geomean}
 
-(`_trace.step_summary` defines the five numbers; `low`/`high` only from 6 steps, `level` only
-where every step took some time). A region's key is its name where that is a legal key, else the
+(`_trace.step_summary` defines the numbers; `low`/`high` only from 6 steps; `geomean` is
+exp(level), the geometric mean of the steps that are not outliers, only where every step took
+some time). Times are microseconds to the nanosecond, as every time the callback logs. A region's key is its name where that is a legal key, else the
 legal form with a hash of the name (`region_key`): `history` finds it from the name alone.
 
 **All cycles, not this one.** A run's cycles arrive one at a time, possibly prepared by several
@@ -30,10 +31,11 @@ import math
 from .._trace.profile import NOT_PROFILED, CycleProfile
 from .._trace.step_summary import summarize
 from .keys import MAX_OP_KEY_CHARS, PREFIX, name_hash, readable_key
+from .record import TIME_DECIMALS
 from .model import REGION_METRICS, STEP_METRICS
 
 SUMMARY = f"{PREFIX}/summary"
-STATS = ("median", "low", "high", "n_steps", "level")
+STATS = ("median", "low", "high", "n_steps", "geomean")
 MAX_REGIONS = 20  # the costliest regions (CPU time over the run) get summaries; the rest stay in the tables
 
 
@@ -98,6 +100,8 @@ class RunSteps:
 
 def _numbers(values: list[float], metric: str, region: str | None) -> dict[str, float]:
     s = summarize(values)
-    numbers = {"median": s.median, "low": s.low, "high": s.high, "n_steps": float(s.n), "level": s.level}
-    return {summary_key(metric, stat, region): float(v) for stat, v in numbers.items()
-            if v is not None and math.isfinite(v)}  # fmt: skip
+    geomean = None if s.level is None else math.exp(s.level)
+    numbers = {"median": s.median, "low": s.low, "high": s.high, "geomean": geomean}
+    found = {summary_key(metric, stat, region): round(float(v), TIME_DECIMALS) for stat, v in numbers.items()
+             if v is not None and math.isfinite(v)}  # fmt: skip
+    return {**found, summary_key(metric, "n_steps", region): float(s.n)}
