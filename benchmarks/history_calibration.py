@@ -12,7 +12,9 @@ Each series has 10-40 runs (uniform) of 10 steps; a step is one kernel of 100 us
 
 Printed per kind: the share of series that report any change, and for the steps the share found
 at the right run, found within one run, and the mean position error (runs) of those found within
-three runs.
+three runs; and the share of series where `history`'s bulk path (levels from summary metrics,
+each candidate judged on at most `history.WINDOW` runs of each side) reports the same changes, at
+the same runs, as the tables' path (whole segments).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from mlflow_neuron._compare.changes import PENALTY, change_points  # noqa: E402
+from mlflow_neuron._compare.changes import PENALTY, change_points, confirmed  # noqa: E402
+from mlflow_neuron._compare.history import WINDOW  # noqa: E402
+from mlflow_neuron._trace.step_summary import level  # noqa: E402
 from synthetic_steps import Noise, steps  # noqa: E402
 
 KINDS = ("flat", "+10% step", "+30% step", "slow drift", "outlier run", "two steps")
@@ -60,13 +64,16 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
     print(f"{args.series} series per kind, 10-40 runs of 10 steps, noise ±30% and 2% stalls, penalty {args.penalty:g}")
-    print("| series | report any change | step found at its run | within one run | mean error (runs) |")
-    print("|---|---|---|---|---|")
+    print("| series | report any change | step found at its run | within one run | mean error (runs) | bulk path agrees |")
+    print("|---|---|---|---|---|---|")
     for kind in KINDS:
-        any_change, exact, near, errors, steps_total = 0, 0, 0, [], 0
+        any_change, exact, near, errors, steps_total, same = 0, 0, 0, [], 0, 0
         for _ in range(args.series):
             runs, truth = series(rng, kind)
             found = [c.at for c in change_points(runs, penalty=args.penalty)]
+            bulk = [c.at for c in confirmed(np.array([level(r) for r in runs]), runs.__getitem__,
+                                            penalty=args.penalty, window=WINDOW).changes]  # fmt: skip
+            same += found == bulk
             any_change += bool(found)
             for at in truth:
                 steps_total += 1
@@ -76,7 +83,8 @@ def main() -> None:
                     errors.append(error) if error <= 3 else None
         share = lambda k: f"{k / steps_total:.1%}" if steps_total else "-"  # noqa: E731
         mean = f"{np.mean(errors):.2f}" if errors else "-"
-        print(f"| {kind} | {any_change / args.series:.1%} | {share(exact)} | {share(near)} | {mean} |")
+        print(f"| {kind} | {any_change / args.series:.1%} | {share(exact)} | {share(near)} | {mean} | "
+              f"{same / args.series:.1%} |")
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 

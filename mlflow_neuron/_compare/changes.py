@@ -18,6 +18,10 @@ with `compare`:
    `compare` uses: Hodges–Lehmann over steps, or Welch's interval over the runs where the runs
    differ beyond their steps' noise). It stays only when the whole interval lies outside
    ±`noise_pct`; otherwise it is dropped, the two segments merge, and the rest are judged again.
+   Where the runs' levels come from their summary metrics (`history` over many runs), only the
+   runs next to a candidate are loaded, and judged: `window` of each segment, widened (twice, then
+   four times) while that does not confirm it; `benchmarks/history_calibration.py` counts how
+   often this agrees with judging the whole segments.
 
 A change is named by the first run after it (`at`, an index into the series).
 """
@@ -25,18 +29,20 @@ A change is named by the first run after it (`at`, an index into the series).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from .._compare.cycles import judge
 from .._compare.model import DEFAULT_NOISE_PCT, FASTER, SLOWER
-from .._compare.stats import without_outliers
+from .._trace.step_summary import level
 
 # × σ² log(n). `python benchmarks/history_calibration.py --penalty P` (400 series a kind): 2 let 6.5%
 # of flat series report a change, 2.5 3.0%, 3.5 1.5% while finding fewer +10% steps (65% -> 55%).
 PENALTY = 2.5
 MIN_RUNS = 3  # a segment holds at least this many runs: two-run segments at the ends were chosen by noise
+WIDEST = 4  # a candidate the runs next to it do not confirm is judged again on up to 4 × the window
 _SIGMA_FLOOR = 0.002  # log-scale noise below this (0.2%) is the profiler's resolution, not the runs'
 
 
@@ -49,7 +55,7 @@ class Change:
     low: float
     high: float
     unit: str  # "steps" or "cycles" (here: runs), as in compare
-    before: tuple[int, int]  # the segments' run ranges [start, end)
+    before: tuple[int, int]  # the runs judged on each side, [start, end): the segments, or the runs next to `at`
     after: tuple[int, int]
 
     @property
@@ -82,14 +88,32 @@ def search_changes(runs: list[np.ndarray], noise_pct: float = DEFAULT_NOISE_PCT,
     """`change_points`, with how many candidates there were, or why there was no search."""
     runs = [np.asarray(r, float) for r in runs]
     if len(runs) < 2 * MIN_RUNS:
-        return Search([], skipped=f"{len(runs)} runs are too few to look for a change ({MIN_RUNS} a side, "
-                      f"{2 * MIN_RUNS} in all)")  # fmt: skip
-    if any(len(r) == 0 or (r <= 0).any() for r in runs):
-        return Search([], skipped="a run has no samples, or a time of zero or less")
-    breaks = candidates(np.array([np.log(without_outliers(r)).mean() for r in runs]), penalty)
+        return too_few(len(runs))
+    levels = [level(r) for r in runs]
+    if any(v is None for v in levels):  # a step that took no time has no log
+        return Search([], skipped=NO_LEVEL)
+    return confirmed(np.array(levels), runs.__getitem__, noise_pct, penalty)
+
+
+def too_few(runs: int) -> Search:
+    return Search([], skipped=f"{runs} runs are too few to look for a change ({MIN_RUNS} a side, {2 * MIN_RUNS} in all)")
+
+
+NO_LEVEL = "a run has no samples, or a time of zero or less"
+
+
+def confirmed(levels: np.ndarray, samples_of: Callable[[int], np.ndarray], noise_pct: float = DEFAULT_NOISE_PCT,
+              penalty: float = PENALTY, window: int | None = None,
+              prefetch: Callable[[list[int]], None] | None = None) -> Search:  # fmt: skip
+    """Candidates from the runs' `levels` (`_trace.step_summary.level`), each confirmed on per-step
+    samples: `samples_of(i)` gives run i's. Each candidate is judged on the runs of the two segments
+    it separates, or with `window` on at most that many runs of each segment next to it (the runs
+    whose samples `history` loads); `prefetch(indices)` is told which runs a round will ask for."""
+    breaks = candidates(levels, penalty)
     suggested = len(breaks)
     while True:
-        judged = [_judge(runs, start, at, end, noise_pct) for start, at, end in _segments(breaks, len(runs))]
+        judged = [_judge_near(samples_of, start, at, end, noise_pct, window, prefetch)
+                  for start, at, end in _segments(breaks, len(levels))]  # fmt: skip
         kept = [change for change in judged if change is not None]
         if len(kept) == len(judged):
             return Search(kept, suggested)
@@ -113,8 +137,26 @@ def _segments(breaks: list[int], n: int) -> list[tuple[int, int, int]]:
     return [(bounds[i - 1], bounds[i], bounds[i + 1]) for i in range(1, len(bounds) - 1)]
 
 
-def _judge(runs: list[np.ndarray], start: int, at: int, end: int, noise_pct: float) -> Change | None:
-    before, after = runs[start:at], runs[at:end]
+def _judge_near(samples_of: Callable[[int], np.ndarray], start: int, at: int, end: int, noise_pct: float,
+                window: int | None, prefetch: Callable[[list[int]], None] | None) -> Change | None:  # fmt: skip
+    """The candidate judged on the runs next to it: `window` of each side, then twice as many while
+    that does not confirm it (up to `WIDEST` × window), or on the whole segments (`window` None)."""
+    width = window
+    while True:
+        before, after = (start, at), (at, end)
+        if width is not None:
+            before, after = (max(start, at - width), at), (at, min(end, at + width))
+        if prefetch is not None:
+            prefetch([*range(*before), *range(*after)])
+        change = _judge(samples_of, before, after, noise_pct)
+        if change is not None or width is None or (before, after) == ((start, at), (at, end)) or width >= WIDEST * window:
+            return change
+        width *= 2
+
+
+def _judge(samples_of: Callable[[int], np.ndarray], before_runs: tuple[int, int], after_runs: tuple[int, int],
+           noise_pct: float) -> Change | None:  # fmt: skip
+    before, after = [samples_of(i) for i in range(*before_runs)], [samples_of(i) for i in range(*after_runs)]
     judged = judge(np.concatenate(before), _labels(before), np.concatenate(after), _labels(after))
     estimate = judged.estimate
     if not estimate.has_interval:
@@ -122,7 +164,7 @@ def _judge(runs: list[np.ndarray], start: int, at: int, end: int, noise_pct: flo
     margin = noise_pct / 100
     if estimate.low <= 1 + margin and estimate.high >= 1 - margin:
         return None
-    return Change(at, estimate.ratio, estimate.low, estimate.high, judged.unit, (start, at), (at, end))
+    return Change(after_runs[0], estimate.ratio, estimate.low, estimate.high, judged.unit, before_runs, after_runs)
 
 
 def _labels(runs: list[np.ndarray]) -> np.ndarray:

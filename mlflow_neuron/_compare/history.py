@@ -8,26 +8,33 @@ Example::
 The runs are the experiment's profiled runs (those with the `mlflow_neuron.device` tag), in start
 order, optionally those named `run_name` or matching an MLflow `filter_string`. Each run gives the
 samples `compare` would: its per-step TOTAL (or the `region`'s time, or one `op`'s), over all its
-cycles, falling back to its metrics. A change is described by the last run before it and the
+cycles, falling back to its metrics. Those numbers come in bulk, with the runs from one paged
+`search_runs`, from each run's summary metrics (`series`); tables are read only for runs without
+them (the slow path, counted) and for the runs next to a change-point candidate, which confirm it
+(at most `WINDOW` on each side). A change is described by the last run before it and the
 first after it: names, ids, start times, `mlflow.source.git.commit`, and the versions or instance
-type that differ between the two, and by `compare`'s sentence on the two segments' pooled steps,
+type that differ between the two, and by `compare`'s sentence on the judged runs' pooled steps,
 which names the op that accounts for most of it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from .._compare.changes import Change, search_changes
+from .._compare.changes import MIN_RUNS, NO_LEVEL, Change, Search, confirmed, too_few
 from .._compare.frame import compare
 from .._compare.model import CPU_METRIC, DEFAULT_NOISE_PCT, DEVICE_METRIC, TOTAL, RunProfile
-from .._compare.profiles import load_profile
-from .._compare.region import in_region
 from .._compare.runs import RunNotFound, _experiment_id
-from .._compare.samples import step_samples
-from .._delivery.model import DEVICE_TAG
+from .._compare.series import Series, search_series
+from .._delivery.model import DEVICE_TIME_TAG
+from .._trace.profile import PRESENT
+from .._trace.step_summary import StepSummary, median_interval  # noqa: F401 - median_interval: callers' name
+
+WINDOW = 8  # runs of each side of a candidate judged where the levels came from summary metrics
 
 COMMIT_TAG = "mlflow.source.git.commit"
 ENV_TAG_PREFIX = "mlflow_neuron.env."
@@ -38,82 +45,80 @@ ENV_TAGS = ("torch_version", "torch_neuronx_version", "neuronx_cc_version", "lib
 
 def history_runs(experiment: str, *, run_name: str | None = None, filter_string: str | None = None,
                  metric: str = DEVICE_METRIC, region: str | None = None, op: str | None = None,
-                 tracking_uri: str | None = None, noise_pct: float = DEFAULT_NOISE_PCT) -> pd.DataFrame:  # fmt: skip
+                 tracking_uri: str | None = None, noise_pct: float = DEFAULT_NOISE_PCT, summaries: bool = True,
+                 progress: Callable[[str], None] | None = None) -> pd.DataFrame:  # fmt: skip
     """One row per run (start order): `run_id`, `run_name`, `start_time`, `commit`, `n`, `median`,
     and its 95% interval `low`/`high`, `segment`. `attrs`: `changes` (dicts, see `describe`),
     `metric`, `subject` (TOTAL, `region NAME` or the op), `fallback`, `suggested` (change points
-    PELT suggested, confirmed or not), `not_searched` (why there was no search, or None)."""
+    PELT suggested, confirmed or not), `not_searched` (why there was no search, or None),
+    `slow_path_runs` (runs read from their tables: no summary metrics, or `summaries=False`),
+    `tables_read` (runs whose tables were read, those included), `contradicting` (runs whose summary
+    metrics disagreed with their tables, which won). `progress` gets a line now and then over
+    thousands of runs."""
     if noise_pct < 0:
         raise ValueError(f"noise_pct must be >= 0; got {noise_pct}")
     if region is not None and op is not None:
         raise ValueError("give --region or --op, not both")
     client = MlflowClient(tracking_uri)
-    runs = _series_runs(client, experiment, run_name, filter_string)
-    profiles = [load_profile(client, run) for run in runs]
-    used = CPU_METRIC if metric == DEVICE_METRIC and any(p.device_time != "present" for p in profiles) else metric
-    samples = [_values(p, used, region, op) for p in profiles]
-    found = search_changes(samples, noise_pct)
+    runs = _series_runs(client, experiment, run_name, filter_string, progress)
+    missing = metric == DEVICE_METRIC and any(r.data.tags.get(DEVICE_TIME_TAG, "") != PRESENT for r in runs)
+    used = CPU_METRIC if missing else metric
+    series = Series(client, runs, used, region, op, summaries=summaries, progress=progress)
+    found = _changes(series, noise_pct)
     changes = found.changes
     segment = np.searchsorted([c.at for c in changes], np.arange(len(runs)), side="right")
-    frame = pd.DataFrame([_row(run, values, int(s)) for run, values, s in zip(runs, samples, segment)])
+    frame = pd.DataFrame([_row(run, series.numbers(i), int(s)) for i, (run, s) in enumerate(zip(runs, segment))])
     frame.attrs.update(
         experiment=experiment, metric=used, requested_metric=metric, noise_pct=noise_pct,
         subject=TOTAL if region is None and op is None else (f"region {region}" if region else op),
         fallback=None if used == metric else "compared on self CPU time: a run has no device time",
         suggested=found.suggested, not_searched=found.skipped,
-        changes=[describe(c, runs, profiles, used, region) for c in changes],
+        changes=[describe(c, runs, series.profile, used, region) for c in changes],
+        slow_path_runs=series.slow, tables_read=series.tables_read, contradicting=series.contradicting,
     )  # fmt: skip
     return frame
 
 
-def _series_runs(client: MlflowClient, experiment: str, run_name: str | None, filter_string: str | None) -> list:
-    experiment_id = _experiment_id(client, experiment)
-    runs = client.search_runs([experiment_id], filter_string=filter_string or "",
-                              order_by=["attributes.start_time ASC"], max_results=5000)  # fmt: skip
-    chosen = [r for r in runs if DEVICE_TAG in r.data.tags and (run_name is None or r.info.run_name == run_name)]
+def _changes(series: Series, noise_pct: float) -> Search:
+    """Change points from the runs' levels; again while confirming them found a summary that its
+    tables contradict (the tables' level then stands in for it)."""
+    while True:
+        levels = series.levels()
+        if len(levels) < 2 * MIN_RUNS:
+            return too_few(len(levels))
+        if any(v is None for v in levels):  # a step that took no time: no log
+            return Search([], skipped=NO_LEVEL)
+        seen = len(series.contradicting)
+        found = confirmed(np.array(levels, float), series.samples, noise_pct, window=WINDOW if series.bulk else None,
+                          prefetch=series.prefetch)  # fmt: skip
+        if len(series.contradicting) == seen:
+            return found
+
+
+def _series_runs(client: MlflowClient, experiment: str, run_name: str | None, filter_string: str | None,
+                 progress: Callable[[str], None] | None = None) -> list:  # fmt: skip
+    chosen = search_series(client, _experiment_id(client, experiment), filter_string, run_name, progress)
     if len(chosen) < 2:
         what = f" named {run_name!r}" if run_name else ""
         raise RunNotFound(f"experiment {experiment!r} has {len(chosen)} profiled run(s){what}: a history needs 2 or more")
-    return sorted(chosen, key=lambda r: r.info.start_time)
+    return chosen
 
 
-def _values(profile: RunProfile, metric: str, region: str | None, op: str | None) -> np.ndarray:
-    if region is not None:
-        profile = in_region(profile, region)
-    samples = step_samples(profile, metric)
-    if op is None:
-        return samples.total
-    if op not in samples.ops:
-        raise ValueError(f"run {profile.label} has no op {op!r}")
-    return samples.ops[op].to_numpy(float)
-
-
-def _row(run, values: np.ndarray, segment: int) -> dict:
-    median = float(np.median(values))
-    low, high = median_interval(values)
+def _row(run, numbers: StepSummary, segment: int) -> dict:
     return {"run_id": run.info.run_id, "run_name": run.info.run_name, "start_time": run.info.start_time,
-            "commit": run.data.tags.get(COMMIT_TAG, ""), "n": len(values), "median": median, "low": low,
-            "high": high, "segment": segment}  # fmt: skip
+            "commit": run.data.tags.get(COMMIT_TAG, ""), "n": numbers.n, "median": numbers.median, "low": numbers.low,
+            "high": numbers.high, "segment": segment}  # fmt: skip
 
 
-def median_interval(values: np.ndarray, confidence: float = 0.95) -> tuple[float | None, float | None]:
-    """The distribution-free interval of a median: order statistics k and n + 1 - k, k from the
-    binomial (n, 1/2) (at least `confidence`); (None, None) below 6 samples."""
-    from scipy.stats import binom
-
-    ordered, n = np.sort(values), len(values)
-    k = int(binom.ppf((1 - confidence) / 2, n, 0.5))
-    return (float(ordered[k - 1]), float(ordered[n - k])) if k >= 1 and n >= 6 else (None, None)
-
-
-def describe(change: Change, runs: list, profiles: list[RunProfile], metric: str, region: str | None) -> dict:
+def describe(change: Change, runs: list, profile_of: Callable[[int], RunProfile], metric: str,
+             region: str | None) -> dict:  # fmt: skip
     """A change in words and numbers: the runs on each side, what differs between them, and
-    compare's sentence on the two segments' pooled steps."""
+    compare's sentence on the judged runs' pooled steps (`profile_of(i)`: run i's profile)."""
     before, after = runs[change.at - 1], runs[change.at]
     names = [_span(runs[slice(*part)]) for part in (change.before, change.after)]
     if names[0] == names[1]:  # one commit on both sides (every run of the series has it): name them by place
         names = [f"series runs {part[0] + 1}..{part[1]}" for part in (change.before, change.after)]
-    pooled = [_pooled(profiles[slice(*part)], name) for part, name in zip((change.before, change.after), names)]
+    pooled = [_pooled([profile_of(i) for i in range(*part)], name) for part, name in zip((change.before, change.after), names)]
     words = compare(pooled, names[0], metric, region=region).attrs["sentences"][names[1]]
     return {
         "before_run_id": before.info.run_id, "after_run_id": after.info.run_id,

@@ -70,15 +70,31 @@ def no_change_line(frame: pd.DataFrame) -> str:
             f"{'each' if suggested > 1 else 'it'} stayed within {band} (95% interval)")
 
 
+def read_lines(frame: pd.DataFrame) -> list[str]:
+    """How the runs' numbers were read: the runs that took the slow path, and any run whose
+    summary metrics its tables contradicted."""
+    slow, lines = frame.attrs.get("slow_path_runs", 0), []
+    if slow:
+        lines.append(f"{slow} of {len(frame)} runs have no summary metrics (logged before them, or read with --tables, "
+                     "--op or peak memory): read from their tables, the slow path")  # fmt: skip
+    for run in frame.attrs.get("contradicting", []):
+        lines.append(f"run {run['run_name']} ({run['run_id'][:8]}): its summary metrics (median {run['summary']['median']:,.2f}"
+                     f", {run['summary']['n']} steps) disagree with its tables (median {run['tables']['median']:,.2f}, "
+                     f"{run['tables']['n']} steps); its tables are used")  # fmt: skip
+    return lines
+
+
 def text(frame: pd.DataFrame) -> str:
-    return "\n".join([heading(frame), table(frame).to_string(index=False), "", *change_lines(frame)])
+    notes = read_lines(frame)
+    return "\n".join([heading(frame), table(frame).to_string(index=False), "", *change_lines(frame),
+                      *([""] + notes if notes else [])])  # fmt: skip
 
 
 def markdown(frame: pd.DataFrame) -> str:
     shown = table(frame)
     rows = ["| " + " | ".join(map(str, row)) + " |" for row in shown.itertuples(index=False)]
     return "\n".join([f"_{heading(frame)}_", "", "| " + " | ".join(_COLUMNS) + " |", "|---" * len(_COLUMNS) + "|",
-                      *rows, "", *(f"- {line}" for line in change_lines(frame))])  # fmt: skip
+                      *rows, "", *(f"- {line}" for line in [*change_lines(frame), *read_lines(frame)])])  # fmt: skip
 
 
 def as_json(frame: pd.DataFrame) -> str:
@@ -125,7 +141,7 @@ def html_page(frame: pd.DataFrame, png_path: Path | None) -> str:
     if png_path is not None:
         data = base64.b64encode(Path(png_path).read_bytes()).decode()
         chart = f'<img alt="history chart" src="data:image/png;base64,{data}">'
-    changes = "".join(f"<li>{html.escape(line)}</li>" for line in change_lines(frame))
+    changes = "".join(f"<li>{html.escape(line)}</li>" for line in [*change_lines(frame), *read_lines(frame)])
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>mlflow-neuron history</title></head><body>'
             f"<h2>{html.escape(heading(frame))}</h2><ul>{changes}</ul>{chart}"
             f"{table(frame).to_html(index=False, border=0)}</body></html>")  # fmt: skip

@@ -1,7 +1,8 @@
 """Loading found runs back from MLflow as `RunProfile`s (read only), and comparing them.
 
 `compare_runs` is the whole path: find the runs (`runs`), load each one's per-step samples over
-all its cycles (here), compare them (`frame.compare`). Loading falls back, run by run, to what is
+all its cycles (here, several runs at once, each through one handle on its artifact store),
+compare them (`frame.compare`). Loading falls back, run by run, to what is
 still there: steps.json and step_totals.json, else the `profiler/step/...` metrics, else one
 sample per cycle. `load_timelines` downloads one representative step's timeline per compared run
 for the HTML report.
@@ -11,6 +12,9 @@ from __future__ import annotations
 
 import re
 import tempfile
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,6 +41,7 @@ from .._delivery.keys import NEURON_SUMMARY_PREFIX, PREFIX, readable_key
 from .._delivery.model import (
     DEVICE_TAG,
     DEVICE_TIME_TAG,
+    HOST_COLUMN_PREFIX,
     HOST_METRIC_PREFIX,
     OPS_TABLE,
     PER_OP_METRICS,
@@ -51,6 +56,8 @@ from .._delivery.model import (
 from .._trace.timeline import Timeline
 
 _STEP_DIR = re.compile(r"^profiler/step_(\d+)$")
+LOADERS = 4  # runs loaded at once: each waits on the server most of its time
+_PARSING = threading.Lock()
 TOTAL_KEYS = ("self_device_time_us", "self_cpu_time_us", "aten_calls", "active_steps", "unattributed_device_time_us")
 
 
@@ -92,11 +99,26 @@ def compare_runs(
 
 
 def load_profiles(client: MlflowClient, runs: list[Run], step: int | None = None) -> list[RunProfile]:
-    names = labels(runs)
-    profiles = [load_profile(client, run, label, step) for run, label in zip(runs, names)]
+    profiles = load_many(client, runs, labels(runs), step)
     if any(p.extra.get("names") == _KEY_NAMES for p in profiles):
         # a run whose ops.json expired names its ops by metric key: name every run's ops that way
         profiles = [p if p.extra.get("names") == _KEY_NAMES else _named_by_key(p) for p in profiles]
+    return profiles
+
+
+def load_many(client: MlflowClient, runs: list[Run], names: list[str | None] | None = None, step: int | None = None,
+              on_loaded: Callable[[int], None] | None = None) -> list[RunProfile]:  # fmt: skip
+    """`load_profile` of each run, `LOADERS` at a time (a run's requests wait on the server, one
+    after another); `on_loaded(count)` after each."""
+    names = names or [None] * len(runs)
+    if len(runs) <= 1:
+        return [load_profile(client, run, label, step) for run, label in zip(runs, names)]
+    profiles = []
+    with ThreadPoolExecutor(min(LOADERS, len(runs))) as pool:
+        for profile in pool.map(lambda pair: load_profile(client, pair[0], pair[1], step), zip(runs, names)):
+            profiles.append(profile)
+            if on_loaded is not None:
+                on_loaded(len(profiles))
     return profiles
 
 
@@ -111,8 +133,9 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
     run_id = run.info.run_id
     name = f"run {run.info.run_name} ({run_id})"
     histories = _Histories(client, run_id)
+    files = _Artifacts(client, run)
     cycles = sorted(
-        {int(m.group(1)) for a in client.list_artifacts(run_id, "profiler") if (m := _STEP_DIR.match(a.path))}
+        {int(m.group(1)) for a in files.list("profiler") if (m := _STEP_DIR.match(a.path))}
         | {point.step for point in histories.get(f"{PREFIX}/total/active_steps")}
     )
     if not cycles:
@@ -120,7 +143,7 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
     if step is not None and step not in cycles:
         raise RunNotFound(f"{name} has no profiler cycle at step {step}; it has steps {cycles}")
     chosen = cycles if step is None else [step]
-    tables = {cycle: _cycle_tables(client, run_id, cycle) for cycle in chosen}
+    tables = {cycle: _cycle_tables(files, cycle) for cycle in chosen}
     loaded = [_load_cycle(run, cycle, histories, tables[cycle]) for cycle in chosen]
     ops, totals, _, _, source = loaded[-1]
     regions, region_ops = _regions(tables)
@@ -139,7 +162,7 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
         samples=pd.concat([c[2] for c in loaded], ignore_index=True),
         step_totals=pd.concat([c[3] for c in loaded], ignore_index=True),
         source=min((c[4] for c in loaded), key=_SOURCES.index),  # the weakest source used
-        host=_host(run, chosen, histories),
+        host=_host(run, chosen, histories, tables),
         regions=regions,
         region_ops=region_ops,
     )
@@ -158,13 +181,23 @@ def _regions(tables: dict[int, dict[str, pd.DataFrame]]) -> tuple[pd.DataFrame |
     return joined[0], joined[1]
 
 
-def _host(run: Run, cycles: list[int], histories: _Histories) -> dict[str, float]:
-    """The run's `system/profile/...` figures over the chosen cycles (none: the run predates them)."""
+def _host(run: Run, cycles: list[int], histories: _Histories, tables: dict[int, dict[str, pd.DataFrame]]) -> dict[str, float]:
+    """The run's `system/profile/...` figures over the chosen cycles (none: the run predates them),
+    read from each cycle's step_totals.json `host_<name>` columns where it has them (the same
+    numbers, without a request per metric), else from the metrics."""
     logged = [name for name in HOST_METRICS if f"{HOST_METRIC_PREFIX}{name}" in run.data.metrics]
     if not logged:
         return {}
-    rows = [{name: histories.at(f"{HOST_METRIC_PREFIX}{name}", cycle) for name in logged} for cycle in cycles]
+    rows = [_host_row(tables[cycle].get(STEP_TOTALS_TABLE), logged) or
+            {name: histories.at(f"{HOST_METRIC_PREFIX}{name}", cycle) for name in logged} for cycle in cycles]  # fmt: skip
     return run_host(pd.DataFrame(rows, dtype=float))
+
+
+def _host_row(step_totals: pd.DataFrame | None, logged: list[str]) -> dict[str, float] | None:
+    columns = [HOST_COLUMN_PREFIX + name for name in logged]
+    if step_totals is None or not len(step_totals) or any(c not in step_totals for c in columns):
+        return None
+    return {name: float(step_totals[column].iloc[0]) for name, column in zip(logged, columns)}
 
 
 _KEY_NAMES = "metric keys"
@@ -232,17 +265,41 @@ def _peak_memory(step_totals: pd.DataFrame, run: Run) -> pd.Series | float:
     return float("nan")
 
 
-def _cycle_tables(client: MlflowClient, run_id: str, cycle: int) -> dict[str, pd.DataFrame]:
+def _cycle_tables(files: _Artifacts, cycle: int) -> dict[str, pd.DataFrame]:
     """The cycle's ops.json, steps.json and step_totals.json that still exist."""
     folder = f"profiler/step_{cycle}"
-    present = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run_id, folder)}
+    present = {a.path.rsplit("/", 1)[-1] for a in files.list(folder)}
     tables = {}
     with tempfile.TemporaryDirectory() as tmp:
         for file in (OPS_TABLE, STEPS_TABLE, STEP_TOTALS_TABLE, REGION_OPS_TABLE):
             if file in present:
-                path = client.download_artifacts(run_id, f"{folder}/{file}", tmp)
-                tables[file] = pd.read_json(Path(path), orient="split")
+                path = files.download(f"{folder}/{file}", Path(tmp))
+                with _PARSING:  # pandas hides its own date-guessing warnings with catch_warnings: one thread at a time
+                    tables[file] = pd.read_json(path, orient="split")
     return tables
+
+
+class _Artifacts:
+    """One run's artifact store, opened once: `client.list_artifacts` and `download_artifacts` look
+    the run up again on every call, and a download lists its path first (three requests a file
+    through a server, where one does)."""
+
+    def __init__(self, client: MlflowClient, run: Run) -> None:
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        self.repo = get_artifact_repository(run.info.artifact_uri, tracking_uri=client.tracking_uri)
+
+    def list(self, path: str) -> list:
+        return self.repo.list_artifacts(path)
+
+    def download(self, path: str, folder: Path) -> Path:
+        """A file known to exist (listed), fetched by one request where the store allows."""
+        local = folder / path.rsplit("/", 1)[-1]
+        fetch = getattr(self.repo, "_download_file", None)  # every MLflow store has it; public is list + fetch
+        if fetch is None:
+            return Path(self.repo.download_artifacts(path, str(folder)))
+        fetch(path, str(local))
+        return local
 
 
 def _ops_from_metrics(run: Run, cycle: int, histories: _Histories) -> pd.DataFrame:

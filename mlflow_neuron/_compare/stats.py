@@ -38,12 +38,10 @@ from functools import lru_cache
 
 import numpy as np
 
+# the outlier rule lives with the run-level summary, which the delivery side computes too
+from .._trace.step_summary import MIN_OUTLIER_SAMPLES, OUTLIER_SIGMAS, outlier_mask, without_outliers  # noqa: F401
+
 CONFIDENCE = 0.95
-OUTLIER_SIGMAS = 5.0
-MIN_OUTLIER_SAMPLES = 4
-_MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation is 1.4826 MADs
-_SPREAD_FLOOR_OF_MEDIAN = 0.01
-_SPREAD_FLOOR_US = 0.001  # 1 ns: the resolution of profiler timestamps
 _EXACT_MAX_COMBINATIONS = 2**61  # int64 q-binomial coefficients (and twice them) stay exact
 _Z = {0.90: 1.6448536269514722, 0.95: 1.959963984540054, 0.99: 2.5758293035489004}
 
@@ -95,24 +93,6 @@ def moses_rank(n: int, m: int, confidence: float = CONFIDENCE) -> int:
     if z is None:
         raise ValueError(f"confidence must be one of {sorted(_Z)} for large samples; got {confidence}")
     return max(0, math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12)))
-
-
-def outlier_mask(samples: np.ndarray) -> np.ndarray:
-    """True for samples more than OUTLIER_SIGMAS robust standard deviations (1.4826 · MAD, floored;
-    see the module docstring) from their median."""
-    values = np.asarray(samples, float)
-    if len(values) < MIN_OUTLIER_SAMPLES:
-        return np.zeros(len(values), bool)
-    median = float(np.median(values))
-    spread = max(_MAD_TO_SIGMA * float(np.median(np.abs(values - median))), _SPREAD_FLOOR_OF_MEDIAN * abs(median),
-                 _SPREAD_FLOOR_US)  # fmt: skip
-    return np.abs(values - median) > OUTLIER_SIGMAS * spread
-
-
-def without_outliers(samples: np.ndarray) -> np.ndarray:
-    """The samples that `outlier_mask` does not flag."""
-    values = np.asarray(samples, float)
-    return values[~outlier_mask(values)]
 
 
 def _ratio(x: np.ndarray, y: np.ndarray) -> np.ndarray:

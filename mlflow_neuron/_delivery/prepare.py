@@ -3,7 +3,7 @@
     summarize (the job's source)  ->  numbers (metrics, tables, tags)  ->  files  ->  Delivery
 
 One `Preparer` per run and process. It keeps the op-key registry (an op keeps its key across
-cycles) and whether device time was seen, and reports what looks wrong through its reporter.
+cycles), whether device time was seen, and the run's steps so far (`run_summary`), and reports what looks wrong through its reporter.
 The training process (in-process path, and jobs handed back by a failed helper) and the helper
 process each hold one; `export` / `absorb` carry that state from one to the other.
 """
@@ -34,6 +34,7 @@ from .record import (
     summary_metrics,
     write_table,
 )
+from .run_summary import RunSteps
 
 
 class Preparer:
@@ -46,6 +47,7 @@ class Preparer:
         self.keys = OpKeys()
         self.last_profile: CycleProfile | None = None
         self._device_time_seen = False
+        self.run_steps = RunSteps()  # every step of the run so far: its summary metrics (`run_summary`)
         self._lock = threading.Lock()  # the sender, or close() storing a job, prepare jobs
 
     def prepare(self, job: CycleJob) -> Delivery:
@@ -59,13 +61,15 @@ class Preparer:
         """What a Preparer in another process must know to go on where this one is: the op keys
         handed out and whether device time was seen."""
         with self._lock:
-            return {"keys": self.keys.known(), "device_time_seen": self._device_time_seen}
+            return {"keys": self.keys.known(), "device_time_seen": self._device_time_seen,
+                    "run_steps": self.run_steps.export()}
 
     def absorb(self, known: dict) -> None:
         """Takes what another Preparer of the same run `export`ed."""
         with self._lock:
             self.keys.adopt(known.get("keys") or {})
             self._device_time_seen |= bool(known.get("device_time_seen"))
+            self.run_steps.absorb(known.get("run_steps") or {})
 
     def _prepare(self, job: CycleJob) -> Delivery:
         numbers = self._numbers(job) if job.source is not None else None
@@ -103,7 +107,9 @@ class Preparer:
             if profile.device_time == MISSING:
                 self.reporter.problem("device_time_missing", MISSING_DEVICE_TIME_HINT.format(device=profile.device))
             metrics, series, tags = self._metrics(profile), self._series(profile), {}
-            if self.primary:
+            if self.primary:  # the run's summary over every cycle so far: what `history` reads in bulk
+                self.run_steps.add(job.step, profile)
+                metrics.update(self.run_steps.metrics())
                 self._device_time_seen |= profile.device_time == PRESENT
                 seen = PRESENT if self._device_time_seen else profile.device_time
                 tags = {DEVICE_TAG: profile.device, DEVICE_TIME_TAG: seen}

@@ -251,5 +251,8 @@ def _history_parser(commands) -> None:
                      "above +PCT%%")
     his.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"],
                      help="table (default) or markdown for people; csv is one row per run; json adds the changes")
+    his.add_argument("--tables", action="store_true",
+                     help="read every run's per-step tables, not the summary metrics logged with it (slower: "
+                     "a few hundred ms a run through a server)")
     his.add_argument("--log-to", metavar="RUN_ID", help="attach history.png, history.html and history.json to this run")
     his.add_argument("--tracking-uri", help=TRACKING_URI_HELP)

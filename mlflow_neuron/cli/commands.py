@@ -170,7 +170,8 @@ def history(args: argparse.Namespace, out=None) -> int:
 
     out = out or sys.stdout
     frame = history_runs(args.experiment, run_name=args.run_name, filter_string=args.filter, metric=args.metric,
-                         region=args.region, op=args.op, tracking_uri=args.tracking_uri, noise_pct=args.noise_pct)  # fmt: skip
+                         region=args.region, op=args.op, tracking_uri=args.tracking_uri, noise_pct=args.noise_pct,
+                         summaries=not args.tables, progress=lambda line: print(line, file=sys.stderr, flush=True))  # fmt: skip
     rendered = {"table": report.text, "markdown": report.markdown, "csv": lambda f: f.to_csv(index=False),
                 "json": report.as_json}[args.format](frame)  # fmt: skip
     print(rendered, file=out)

@@ -1,0 +1,102 @@
+"""A run's per-step times in five numbers (pure): what `history` reads in bulk instead of tables.
+
+Example::
+
+    s = summarize(np.array([101.0, 99.5, 100.2, 98.7, 100.9, 1003.0]))
+    s.median, s.low, s.high, s.n, s.level     # 100.55, 98.7, 1003.0, 6, 4.6057 (the 1003 left out)
+
+- `median`, with the distribution-free 95% interval of a median (`low`, `high`: order statistics
+  k and n + 1 - k, k from the binomial (n, 1/2); none below 6 samples);
+- `n`, the steps summarized;
+- `level`: the mean log time of the steps that are not outliers. It is the number `history`
+  places change-point candidates on (`_compare.changes`), so candidates found from summaries are
+  the candidates found from the tables. None where a step took no time (no log).
+
+**Outliers** (used here and by every comparison): a sample more than 5 robust standard deviations
+from its own run's median, |x − median| > 5 · 1.4826 · MAD (n >= 4), the MAD floored at 1% of the
+median and at 1 ns, so samples that are all equal do not flag a timer's nanosecond of jitter
+(`_compare.stats` says why this rule).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+
+import numpy as np
+
+OUTLIER_SIGMAS = 5.0
+MIN_OUTLIER_SAMPLES = 4
+_MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation is 1.4826 MADs
+_SPREAD_FLOOR_OF_MEDIAN = 0.01
+_SPREAD_FLOOR_US = 0.001  # 1 ns: the resolution of profiler timestamps
+MIN_INTERVAL_SAMPLES = 6
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """Five numbers of one series of per-step values (see the module docstring)."""
+
+    n: int
+    median: float
+    low: float | None
+    high: float | None
+    level: float | None
+
+
+def summarize(values) -> StepSummary:
+    """The summary of per-step values (at least one)."""
+    values = np.asarray(values, float)
+    if len(values) == 0:
+        raise ValueError("summarize needs at least one step")
+    low, high = median_interval(values)
+    return StepSummary(len(values), float(np.median(values)), low, high, level(values))
+
+
+def level(values) -> float | None:
+    """The mean log of the samples that are not outliers; None when a sample is <= 0."""
+    values = np.asarray(values, float)
+    if len(values) == 0 or (values <= 0).any():
+        return None
+    return float(np.log(without_outliers(values)).mean())
+
+
+def median_interval(values, confidence: float = 0.95) -> tuple[float | None, float | None]:
+    """The distribution-free interval of a median: order statistics k and n + 1 - k, k the
+    (1 - confidence)/2 quantile of binomial(n, 1/2); (None, None) below 6 samples."""
+    ordered, n = np.sort(np.asarray(values, float)), len(values)
+    k = _binomial_half_quantile(n, (1 - confidence) / 2)
+    return (float(ordered[k - 1]), float(ordered[n - k])) if k >= 1 and n >= MIN_INTERVAL_SAMPLES else (None, None)
+
+
+@lru_cache(maxsize=1024)
+def _binomial_half_quantile(n: int, q: float) -> int:
+    """The smallest k with P(X <= k) >= q for X ~ binomial(n, 1/2) (scipy's `binom.ppf`), exactly."""
+    if n <= 0:
+        return 0
+    target, cumulative = Fraction(q) * 2**n, 0
+    for k in range(n + 1):
+        cumulative += math.comb(n, k)
+        if cumulative >= target:
+            return k
+    return n
+
+
+def outlier_mask(samples) -> np.ndarray:
+    """True for samples more than OUTLIER_SIGMAS robust standard deviations (1.4826 · MAD, floored;
+    see the module docstring) from their median."""
+    values = np.asarray(samples, float)
+    if len(values) < MIN_OUTLIER_SAMPLES:
+        return np.zeros(len(values), bool)
+    median = float(np.median(values))
+    spread = max(_MAD_TO_SIGMA * float(np.median(np.abs(values - median))), _SPREAD_FLOOR_OF_MEDIAN * abs(median),
+                 _SPREAD_FLOOR_US)  # fmt: skip
+    return np.abs(values - median) > OUTLIER_SIGMAS * spread
+
+
+def without_outliers(samples) -> np.ndarray:
+    """The samples that `outlier_mask` does not flag."""
+    values = np.asarray(samples, float)
+    return values[~outlier_mask(values)]
