@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -65,9 +66,15 @@ def strict(monkeypatch):
 
 @pytest.fixture(scope="session")
 def fake_profiler(tmp_path_factory):
-    """The fake PrivateUse1 Kineto profiler (tests/fake_device), compiled once per session."""
+    """The fake PrivateUse1 Kineto profiler (tests/fake_device), compiled once per session: under
+    xdist, once for all workers (in the session's shared temp folder, one builder at a time)."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
     try:
-        return fake_device.build(tmp_path_factory.mktemp("fake_device"))
+        with open(shared / "fake_device.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return fake_device.build(shared / "fake_device")
     except fake_device.FakeDeviceUnavailable as reason:
         pytest.skip(f"fake PrivateUse1 profiler unavailable: {reason}")
 

@@ -136,8 +136,8 @@ def open_chart_view(driver, ui) -> None:
 def chart_cards(driver, expected: int) -> dict[str, list[str]]:
     """Every chart card shown, as {title: names of the runs its chart draws}.
 
-    Cards appear as they are scrolled into view, so this scrolls down until `expected` are there.
-    The names come from the data the Plotly chart draws, not from its legend (which lists every
+    Cards appear as they are scrolled into view, so this scrolls down until `expected` are there,
+    for as long as each scroll brings new ones (a busy machine draws slowly, not wrongly). The names come from the data the Plotly chart draws, not from its legend (which lists every
     visible run, even those without the metric).
     """
     cards: dict[str, list[str]] = {}
@@ -157,6 +157,7 @@ def chart_cards(driver, expected: int) -> dict[str, list[str]]:
                 f"the chart of {title}",
             )  # fmt: skip
             cards[title] = sorted(set(names))
+            deadline = time.monotonic() + WAIT_S  # progress: the next card gets the whole wait again
         if found:
             driver.execute_script("arguments[0].scrollIntoView({block: 'start'})", found[-1])
         time.sleep(0.3)

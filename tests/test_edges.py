@@ -150,9 +150,11 @@ def test_shutdown_waits_one_budget_in_all_against_a_hung_server(hung_server, tmp
     loop_end, last_atexit = times["loop_end"], times["last_atexit"]
     # Profiler exit, close() and interpreter exit share one budget (plus a second for the outbox).
     assert last_atexit - loop_end < budget + 1.0, last_atexit - loop_end
-    # What follows is the interpreter's own teardown of torch and mlflow (1.5-2.5 s here, with no
-    # callback at all, on a shared 2-core machine).
-    assert exited - loop_end < budget + 5.0, exited - loop_end
+    # What follows is the interpreter's own teardown of torch and mlflow (1.5-2.5 s on a quiet 2-core
+    # machine with no callback at all, 5 s and more beside other jobs): the bound here is one load
+    # cannot reach, far below the helper that held the script's pipe for 68-76 s before.
+    # `benchmarks/end_of_script.py` measures the +5 s promise itself.
+    assert exited - loop_end < budget + 20.0, exited - loop_end
     assert len(_outbox.pending(tmp_path / "outbox")) == 2  # both cycles: nothing lost
 
 
@@ -381,7 +383,7 @@ def test_the_cli_hides_mlflow_info_chatter_unless_verbose(tmp_path):
     a_record(outbox, "unused", None, experiment_id="0", run_key="k2")
     loud = subprocess.run(base + ["-v"] + args + [f"sqlite:///{tmp_path / 'b.db'}"], capture_output=True,
                           text=True, env=env, cwd=tmp_path, timeout=120)  # fmt: skip
-    assert loud.returncode == 0 and "INFO" in loud.stderr, loud.stderr
+    assert loud.returncode == 0 and "INFO" in loud.stderr, loud.stdout + loud.stderr
 
 
 def test_registering_a_model_version_in_mlflow_3_then_annotating_it(tracking_uri, capsys):

@@ -263,3 +263,32 @@ def test_an_entry_left_half_written_by_a_dead_process_is_set_aside_as_damaged(tm
     out = capsys.readouterr().out
     assert f"{held.name}: damaged, not sent: half-written: it has no record.json nor job.json" in out
     assert [p.name for p in _outbox.damaged(outbox)] == [held.name]
+
+
+def test_a_new_entry_is_in_the_queue_only_once_it_is_held(tmp_path, monkeypatch):
+    """A consumer listing the outbox between an entry's making and its lock would take it, find
+    it half-written and set a live cycle aside (seen beside busy cores: a cycle lost). The entry
+    enters the queue already held; one whose maker died before that is cleared, not queued."""
+    outbox = tmp_path / "outbox"
+    entries.create(outbox).release()  # the outbox exists
+    seen_at_lock = []
+    real_flock = entries.fcntl.flock
+
+    def flock(fd, operation):
+        seen_at_lock.append([p.name for p in entries.listed(outbox)])
+        return real_flock(fd, operation)
+
+    monkeypatch.setattr(entries.fcntl, "flock", flock)
+    held = entries.create(outbox)
+    monkeypatch.undo()
+    assert seen_at_lock and held.name not in seen_at_lock[0]  # not listed before it was locked
+    assert held.name in [p.name for p in entries.listed(outbox)] and entries.try_claim(held.path) is None
+    held.release()
+    unborn = outbox / f".{held.name}x{entries._NEW}"  # a maker killed before the rename
+    (unborn / entries.FILES).mkdir(parents=True)
+    os.utime(unborn, (time.time() - 120, time.time() - 120))
+    assert unborn.name not in [p.name for p in entries.listed(outbox)]
+    for entry in entries.listed(outbox):
+        shutil.rmtree(entry)
+    entries.remove_if_idle(outbox)
+    assert not outbox.exists()  # the dead maker's empty folder does not keep the outbox

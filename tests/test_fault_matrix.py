@@ -262,9 +262,10 @@ def test_kill_9_of_training_while_its_helper_holds_the_cycles_loses_none(server,
     # A cycle queued just before the kill may not have printed "handed": its entry counts it.
     produced = sorted({*handed, *(_step_of(r) for r in records)})
     assert len(produced) <= len(handed) + 1, (handed, produced)
+    layout = sorted(str(p.relative_to(outbox)) for p in outbox.rglob("*") if "files" not in p.parts)
     kept = sync_each([outbox], server.uri)
     present, duplicates = count_cycles(MlflowClient(server.uri), run_id, produced)
-    assert present == len(produced) == kept, (handed, produced, kept)
+    assert present == len(produced) == kept, (handed, produced, kept, layout)
     matrix_row(len(produced), present, kept, 0, duplicates)
 
 

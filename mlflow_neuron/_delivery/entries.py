@@ -77,15 +77,30 @@ class Held:
 
 def create(outbox: Path) -> Held:
     """A new entry, held by this process until `release()`; raises OSError when the outbox
-    cannot be written, OutboxRefused when it is not this user's private folder."""
+    cannot be written, OutboxRefused when it is not this user's private folder.
+
+    Made under a hidden name, locked, then renamed into the queue: a consumer that lists it finds
+    it held already (an entry visible before its lock was taken was set aside as half-written by a
+    consumer that came between; the lock follows the folder through the rename). A process that
+    dies before the rename leaves an empty hidden folder, which `remove_if_idle` clears."""
     name = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):06d}"
-    path = _outbox.private_folder(outbox) / name
-    (path / FILES).mkdir(parents=True, mode=0o700)
-    os.chmod(path, 0o700)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    folder = _outbox.private_folder(outbox)
+    new = folder / f".{name}{_NEW}"
+    (new / FILES).mkdir(parents=True, mode=0o700)
+    os.chmod(new, 0o700)
+    fd = os.open(new, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     if fcntl is not None:
         fcntl.flock(fd, fcntl.LOCK_EX)  # nobody else knows the name yet: never waits
-    return Held(path, fd)
+    try:
+        os.rename(new, folder / name)
+    except OSError:
+        os.close(fd)
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    return Held(folder / name, fd)
+
+
+_NEW = ".new"  # an entry being made, not in the queue yet
 
 
 def listed(outbox: Path) -> list[Path]:
@@ -244,16 +259,34 @@ def remove_if_idle(outbox: Path) -> None:
         return
     try:
         names = set(os.listdir(outbox))
-        if not names - {CONSUMER_LOCK, STORE_LOCK, SEND_LOCK, QUIET} - _run_files(names):
+        if not names - {CONSUMER_LOCK, STORE_LOCK, SEND_LOCK, QUIET} - _run_files(names) - _unborn(outbox, names):
             for name in names:
                 with contextlib.suppress(OSError):
-                    os.unlink(outbox / name)
+                    if (outbox / name).is_dir():
+                        shutil.rmtree(outbox / name)
+                    else:
+                        os.unlink(outbox / name)
             with contextlib.suppress(OSError):
                 os.rmdir(outbox)
     except OSError:
         pass
     finally:
         held.release()
+
+
+def _unborn(outbox: Path, names: set[str]) -> set[str]:
+    """Hidden entries whose maker died before renaming them into the queue (nobody holds them)."""
+    unborn = set()
+    for name in names:
+        if name.startswith(".") and name.endswith(_NEW):
+            with contextlib.suppress(OSError):
+                if time.time() - os.stat(outbox / name).st_mtime < 60:
+                    continue  # being made (its maker locks it right after making it)
+            held = try_claim(outbox / name)
+            if held is not None:
+                held.release()
+                unborn.add(name)
+    return unborn
 
 
 def run_id_file(outbox: Path, run_key: str) -> Path:
