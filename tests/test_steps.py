@@ -96,7 +96,7 @@ from mlflow_neuron import MLflowProfilerCallback
 
 mlflow.set_tracking_uri({uri!r})
 with mlflow.start_run() as run:
-    with MLflowProfilerCallback() as callback:
+    with MLflowProfilerCallback(flush_timeout_s=300) as callback:  # every cycle in, however busy the machine
         profile_rmsnorm(callback, steps=10, wait=1, warmup=1, active=3, repeat=2,
                         activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])
 print(json.dumps({{"run_id": run.info.run_id}}))

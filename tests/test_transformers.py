@@ -75,7 +75,7 @@ def only_run(client: MlflowClient, experiment_name: str):
 
 def test_one_run_holds_the_trainers_metrics_and_params_and_the_profile(tmp_path, tracking_uri, strict, monkeypatch):
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "hf-tiny")
-    callback = ProfilerCallback(wait=1, warmup=1, active=2, repeat=2)
+    callback = ProfilerCallback(wait=1, warmup=1, active=2, repeat=2, flush_timeout_s=300)  # whatever the load
     trainer = trainer_for(tmp_path, callback, max_steps=10)
     with warnings.catch_warnings():
         warnings.simplefilter("error", MLflowNeuronWarning)
