@@ -15,7 +15,9 @@ wider than the per-step interval of the detailed table, and labelled as a ratio 
 
 In detail: the baseline; runs named with `--detail`; runs whose summary their tables contradict
 (their tables win); the runs whose ratio interval lies wholly
-beyond the noise band (the `DETAIL_AT_MOST` largest changes; the rest are named, not shown); and,
+beyond the noise band (the `DETAIL_AT_MOST` largest changes; the rest are named, not shown), and
+where fewer differ, the runs whose ratio of medians moved most beyond the noise band, up to
+`DETAIL_AT_MOST` in all (summaries of few, noisy steps are too coarse to tell; steps may); and,
 with the gate (`--fail-if-slower PCT`), every run whose summaries cannot rule out +PCT (no
 interval, or its upper end above the line). The gate judges only runs shown in detail, on their
 per-step samples: summaries never decide a gate.
@@ -41,7 +43,7 @@ class Chosen:
     """What a comparison of many runs loads: labels in run order, and why."""
 
     detailed: list[str]  # baseline first
-    why: dict[str, str]  # label -> "baseline" | "named" | "contradicted" | "differs" | "gate"
+    why: dict[str, str]  # label -> "baseline" | "named" | "contradicted" | "differs" | "largest" | "gate"
     differing: list[str]  # every run whose summary interval is beyond the noise band, largest change first
     not_shown: list[str]  # of those, the ones past DETAIL_AT_MOST (and not in detail for another reason)
 
@@ -95,6 +97,10 @@ def choose(rows: list[dict], noise_pct: float, named: set[str], gate_pct: float 
     differing = [r["run"] for r in found]
     for label in differing[:DETAIL_AT_MOST]:
         why.setdefault(label, "differs")
+    moved = sorted((r for r in rows if r["run"] not in why and r["ratio"] and abs(r["ratio"] - 1) * 100 >= noise_pct),
+                   key=lambda r: -abs(math.log(r["ratio"])))  # fmt: skip
+    for r in moved[: max(DETAIL_AT_MOST - len(differing), 0)]:
+        why[r["run"]] = "largest"  # summaries too coarse to tell: the per-step samples may
     if gate_pct is not None:
         for r in rows:
             if could_fail(r, gate_pct):
@@ -156,6 +162,10 @@ def overview_lines(many: dict) -> list[str]:
         lines.append(f"{len(many['differing'])} run(s) differ from {base} by their summaries"
                      + (f"; not shown in detail (past the {DETAIL_AT_MOST} largest changes): {names(many['not_shown'])}; "
                         "--detail NAME shows a run" if many["not_shown"] else ""))  # fmt: skip
+    largest = [label for label in detailed if many["why"].get(label) == "largest"]
+    if largest:
+        lines.append(f"also in detail, the largest changes that their summaries are too coarse to tell (ratio of medians "
+                     f"beyond \u00b1{many['noise_pct']:g}%, its interval not): {names(largest)}")  # fmt: skip
     if many["slow_path_runs"]:
         lines.append(f"{many['slow_path_runs']} of {len(rows)} runs read from their tables (the slow path): "
                      f"{many['slow_path_why']}")  # fmt: skip

@@ -111,8 +111,8 @@ def parser() -> CommandParser:
         description="Compare profiled runs op by op against a baseline.\n\n"
         "More than 8 runs: a table of every run from the summary metrics logged with it (median per step,\n"
         "its 95% interval, n, ratio of medians to the baseline), then in detail, from their per-step\n"
-        "samples, only the baseline, runs named with --detail, the runs whose summaries differ from the\n"
-        "baseline beyond the noise (the 5 largest changes) and, with --fail-if-slower, every run whose\n"
+        "samples, only the baseline, runs named with --detail, the 5 runs that moved most (those whose\n"
+        "summaries differ beyond the noise first) and, with --fail-if-slower, every run whose\n"
         "summaries cannot rule out the line. The gate judges only the runs shown in detail.\n\n"
         "example: mlflow-neuron compare --experiment rmsnorm-variants --baseline naive --fail-if-slower 10",
         formatter_class=argparse.RawDescriptionHelpFormatter,
