@@ -15,7 +15,9 @@ server starts. Then, per N, the command a user runs (a fresh process: imports in
 and the change it finds is checked against the true one (commit c<0.6 N>). `--tables` (every run's
 tables: the path taken before summary metrics, and by runs logged before them) is timed at the
 smallest N beside it, and `compare --experiment` of 50 variants (run names v00..v49, v25 on
-slower) with `--baseline v00`. Prints seconds, the cost per extra run over the smallest N, and where the
+slower) with `--baseline v00`: as it reads many runs (summary metrics first, tables only for the runs
+shown in detail) and with `--tables` (every run's tables, every run in detail: the path before; left out
+with `--no-slow`). Prints seconds, the cost per extra run over the smallest N, and where the
 change was found.
 """
 
@@ -53,6 +55,20 @@ def command(*args: str) -> tuple[float, dict]:
     return seconds, json.loads(done.stdout)
 
 
+def compare(uri: str, experiment: str, *extra: str) -> None:
+    """Times `compare --experiment` of the variants and prints what it read and found."""
+    seconds, report = command("compare", "--tracking-uri", uri, "--experiment", experiment, "--baseline", "v00",
+                              "--format", "json", *extra)  # fmt: skip
+    slower = sorted(run for run, v in report["verdicts"].items() if v == "slower")
+    many = report.get("many")
+    runs = len(many["rows"]) if many else len(report["runs"])
+    read = many["tables_read"] if many else runs
+    print(f"compare --experiment {experiment} {' '.join(extra) or '(summaries first)'}: {seconds:.1f} s, {runs} runs, "
+          f"{len(report['runs'])} in detail, tables of {read} read; slower in detail: {len(slower)} "
+          f"({', '.join(slower[:3])}{' ...' if len(slower) > 3 else ''})"
+          + (f"; {len(many['differing'])} differ by their summaries" if many else ""), flush=True)  # fmt: skip
+
+
 def found(report: dict) -> str:
     return ", ".join(f"{c['before_commit']}->{c['after_commit']} {c['verdict']} x{c['ratio']:.2f}"
                      for c in report["changes"]) or "none"  # fmt: skip
@@ -61,7 +77,7 @@ def found(report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, nargs="+", default=[50, 200, 1000], help="series lengths (default: %(default)s)")
-    parser.add_argument("--no-slow", action="store_true", help="skip timing --tables at the smallest N")
+    parser.add_argument("--no-slow", action="store_true", help="skip timing --tables (history at the smallest N, and compare)")
     parser.add_argument("--compare", type=int, default=50, metavar="N",
                         help="also time `compare --experiment` of N variants (0: not; default: %(default)s)")
     args = parser.parse_args()
@@ -89,11 +105,8 @@ def main() -> None:
                 print(f"{n:>6} {seconds:>12.1f} {extra:>19} {report['tables_read']:>12}  {found(report)}"
                       f"{'' if truth in found(report) else '  (MISSED ' + truth + ')'}", flush=True)  # fmt: skip
             if args.compare:
-                seconds, report = command("compare", "--tracking-uri", server.uri, "--experiment",
-                                          f"variants-{args.compare}", "--baseline", "v00", "--format", "json")  # fmt: skip
-                slower = sum(v == "slower" for v in report["verdicts"].values())
-                print(f"compare --experiment variants-{args.compare}: {seconds:.1f} s, {len(report['runs'])} runs "
-                      f"({slower} slower)", flush=True)  # fmt: skip
+                for extra in ([] if args.no_slow else [["--tables"]]) + [[]]:
+                    compare(server.uri, f"variants-{args.compare}", *extra)
             if not args.no_slow:
                 seconds, report = history(server.uri, f"nightly-{sizes[0]}", "--tables")
                 print(f"{sizes[0]:>6} {seconds:>12.1f} {seconds / sizes[0] * 1000:>18.0f}* {report['tables_read']:>12}  "

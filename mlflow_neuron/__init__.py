@@ -15,7 +15,7 @@ _HOME = {
     "DEFAULT_MAX_FILE_BYTES": "_capture.callback",
     "interleaved": "_capture.interleave",
     "InterleavedRuns": "_capture.interleave",
-    "compare_runs": "_compare.profiles",
+    "compare_runs": "_compare.comparison",
     "history_runs": "_compare.history",
     "attach_comparison": "_compare.publish",
     "load_timelines": "_compare.profiles",

@@ -316,7 +316,7 @@ def test_bad_values_are_usage_errors(argv, message, capsys):
 
 def test_the_cli_gate_prints_the_interval_and_exits_1_on_a_proven_regression(tracking_uri, monkeypatch, capsys):
     # tracking_uri: the client the command makes opens a store in tmp_path, not ./mlflow.db
-    import mlflow_neuron._compare.profiles as loading
+    import mlflow_neuron._compare.comparison as loading
 
     profiles = [jittery("base"), jittery("slow", 1.5)]
     monkeypatch.setattr(loading, "resolve_runs", lambda client, names, experiment: names)

@@ -166,7 +166,7 @@ def test_a_runs_host_figures_are_window_weighted_means_over_its_cycles():
 
 def test_the_cli_exits_4_on_inconclusive_only_when_asked_and_1_still_wins(tracking_uri, monkeypatch, capsys):
     # tracking_uri: the client the command makes opens a store in tmp_path, not ./mlflow.db
-    import mlflow_neuron._compare.profiles as loading
+    import mlflow_neuron._compare.comparison as loading
     from mlflow_neuron.cli import main as cli_main
 
     rng = np.random.default_rng(18)
@@ -256,7 +256,7 @@ def test_host_time_from_two_windows_a_run_gets_its_numbers_and_a_verdict_but_nev
 
 
 def test_the_issues_aa_pair_under_load_is_inconclusive_and_the_cli_exits_0_or_4(tracking_uri, monkeypatch, capsys):
-    import mlflow_neuron._compare.profiles as loading
+    import mlflow_neuron._compare.comparison as loading
     from mlflow_neuron.cli import main as cli_main
 
     profiles = [chosen_run("base", AA_BASE, LOADED_BASE), chosen_run("cand", AA_CAND, LOADED_CAND)]

@@ -254,6 +254,7 @@ def flat(frame: pd.DataFrame) -> pd.DataFrame:
 
     Times are rounded to the nanosecond (what the profiler measures), counts are integers.
     """
+    frame = bare(frame)
     out = frame.copy()
     for run, name in frame.columns:
         if name in ("time_us", "delta_us"):
@@ -264,6 +265,14 @@ def flat(frame: pd.DataFrame) -> pd.DataFrame:
             out[(run, name)] = frame[(run, name)].astype("Int64")
     out.columns = [f"{run}/{name}" for run, name in frame.columns]
     return out.reset_index()
+
+
+def bare(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame's cells without its attrs, for reading many of them: pandas deep-copies attrs into
+    every Series and frame an operation makes, and a comparison's attrs hold every sample."""
+    cells = pd.DataFrame(frame)
+    cells.attrs = {}
+    return cells
 
 
 def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base: bool,

@@ -8,7 +8,9 @@ load differed from the baseline's): the gate prints why, and `inconclusive_runs`
 command line exit 4 for a CI job that wants to retry on a quieter host. Nor can the rows of a
 run whose host-time intervals do not cover the variation between profiled windows (fewer than 3
 cycles a run, not in rotation: `cycles.window_rule`): the gate prints a NOT GATED line with the
-rows that would have failed, and exits 0 on them.
+rows that would have failed, and exits 0 on them. A comparison of many runs (`overview`) holds only
+the runs shown in detail: the gate judges those, on their per-step samples, and names them
+(JUDGED IN DETAIL) and the runs it did not judge (NOT JUDGED IN DETAIL); summaries never fail it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import numpy as np
 import pandas as pd
 
 from .._compare.cycles import MIN_CYCLES
+from .._compare.frame import bare
 from .._compare.model import INCONCLUSIVE, TOTAL, UNJUDGED, Regression
+from .._compare.overview import names
 
 
 def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tuple[bool, list[str]]:
@@ -48,9 +52,27 @@ def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tupl
     for run, why in not_gated_runs(frame).items():
         if run not in inconclusive:
             lines.append(f"NOT GATED {run}: host time, {why}{_would_fail(frame, run, percent, min_us)}")
+    lines += _detail_lines(frame, percent)
     if not slower:
-        lines.append(f"no op or total is proven more than {percent:g}% slower than {base} (95% interval)")
+        lines.append(f"no op or total is proven more than {percent:g}% slower than {base} (95% interval)"
+                     + (" among the runs judged in detail" if frame.attrs.get("many") else ""))  # fmt: skip
     return bool(slower), lines
+
+
+def _detail_lines(frame: pd.DataFrame, percent: float) -> list[str]:
+    """With many runs: which the gate judged (their per-step samples), and that the others were not gated."""
+    many = frame.attrs.get("many")
+    if not many:
+        return []
+    judged = list(frame.attrs["runs"])
+    others = [r["run"] for r in many["rows"] if r["run"] not in frame.attrs["runs"]]
+    lines = [f"JUDGED IN DETAIL {len(judged)} of {len(many['rows'])} runs (per-step samples): {names(judged)}"]
+    if others:
+        why = (f"their run-level numbers put the step total's ratio of medians wholly at or below +{percent:g}%"
+               if many.get("gate_pct") == percent else "not shown in detail")  # fmt: skip
+        lines.append(f"NOT JUDGED IN DETAIL {len(others)} run(s), not gated ({why}; their ops not checked; "
+                     f"--tables judges every run): {names(others)}")  # fmt: skip
+    return lines
 
 
 def regressions(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> list[Regression]:
@@ -113,6 +135,7 @@ def _gated_rows(frame: pd.DataFrame, min_us: float):
     """Rows the gate checks: real ops and the TOTAL. Wrapper ranges (ProfilerStep*, compiled
     regions, user annotations) are left out: their own time is bookkeeping, and the TOTAL has it."""
     base, wrappers = frame.attrs["baseline"], set(frame.attrs.get("wrappers", []))
+    frame = bare(frame)
     for run in frame.columns.get_level_values("run").unique():
         if run == base:
             continue
@@ -128,5 +151,6 @@ def _gated_rows(frame: pd.DataFrame, min_us: float):
 
 def _row_numbers(frame: pd.DataFrame, run: str, op: str) -> tuple[float, ...]:
     base = frame.attrs["baseline"]
+    frame = bare(frame)
     return tuple(float(frame.loc[op, key]) for key in
                  [(base, "time_us"), (run, "time_us"), (run, "ratio"), (run, "ratio_low"), (run, "ratio_high")])  # fmt: skip

@@ -1,8 +1,8 @@
-"""Loading found runs back from MLflow as `RunProfile`s (read only), and comparing them.
+"""Loading found runs back from MLflow as `RunProfile`s (read only).
 
-`compare_runs` is the whole path: find the runs (`runs`), load each one's per-step samples over
-all its cycles (here, several runs at once, each through one handle on its artifact store),
-compare them (`frame.compare`). Loading falls back, run by run, to what is
+`comparison.compare_runs` is the whole path: find the runs (`runs`), load each one's per-step
+samples over all its cycles (here, several runs at once, each through one handle on its artifact
+store), compare them (`frame.compare`). Loading falls back, run by run, to what is
 still there: steps.json and step_totals.json, else the `profiler/step/...` metrics, else one
 sample per cycle. `load_timelines` downloads one representative step's timeline per compared run
 for the HTML report.
@@ -22,8 +22,7 @@ import pandas as pd
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from .._compare.frame import compare
-from .._compare.weather import HOST_BUSY_SHARE, HOST_LOAD_THRESHOLD_CORES, HOST_METRICS, run_host
+from .._compare.weather import HOST_METRICS, run_host
 from .._compare.model import (
     MEMORY_METRIC,
     SAMPLE_COLUMNS,
@@ -35,7 +34,7 @@ from .._compare.model import (
     RunProfile,
 )
 from .._compare.region import REGION_COLUMNS, REGION_OP_COLUMNS
-from .._compare.runs import RunNotFound, labels, resolve_runs
+from .._compare.runs import RunNotFound, labels
 from .._compare.timeline_svg import StepTimeline, representative_step, step_durations_us
 from .._delivery.keys import NEURON_SUMMARY_PREFIX, PREFIX, readable_key
 from .._delivery.model import (
@@ -61,47 +60,14 @@ _PARSING = threading.Lock()
 TOTAL_KEYS = ("self_device_time_us", "self_cpu_time_us", "aten_calls", "active_steps", "unattributed_device_time_us")
 
 
-def compare_runs(
-    runs: str | list[str],
-    baseline: str | None = None,
-    metric: str = "self_device_time_us",
-    step: int | None = None,
-    *,
-    experiment: str | None = None,
-    tracking_uri: str | None = None,
-    skip_steps: int = 0,
-    noise_pct: float = 2.0,
-    host_load_threshold: float = HOST_LOAD_THRESHOLD_CORES,
-    region: str | None = None,
-    host_busy_share: float = HOST_BUSY_SHARE,
-) -> pd.DataFrame:
-    """Per-op comparison of profiled runs as a DataFrame (see `frame.compare`).
-
-    Example::
-
-        frame = compare_runs("rmsnorm-variants", baseline="naive")   # an experiment's latest variants
-        frame.attrs["metric"], frame.attrs["fallback"]              # what was compared, and why
-
-    `runs` is an experiment name, or a list of run ids / run names (within `experiment`) /
-    parent runs / `models:/NAME/VERSION`. A run's samples are its profiler steps, over all its
-    cycles; `step` keeps one cycle only, `skip_steps` leaves out each run's first steps. Host
-    time of runs whose hosts' load differed by more than `host_load_threshold` cores, or whose
-    host (or the baseline's) had more than `host_busy_share` of its CPUs busy elsewhere, is
-    `inconclusive` (see `weather`). `region` compares one `record_function` range: its inclusive
-    time per step, and the ops inside it as the rows.
-    """
-    client = MlflowClient(tracking_uri)
-    if isinstance(runs, str):
-        experiment, runs = runs, []
-    resolved = resolve_runs(client, runs, experiment)
-    return compare(load_profiles(client, resolved, step), baseline, metric, skip_steps=skip_steps, noise_pct=noise_pct,
-                   host_load_threshold=host_load_threshold, region=region, host_busy_share=host_busy_share)
-
-
 def load_profiles(client: MlflowClient, runs: list[Run], step: int | None = None) -> list[RunProfile]:
-    profiles = load_many(client, runs, labels(runs), step)
+    return named_alike(load_many(client, runs, labels(runs), step))
+
+
+def named_alike(profiles: list[RunProfile]) -> list[RunProfile]:
+    """The profiles with their ops named one way: a run whose ops.json expired names its ops by
+    metric key, and then every run's ops are named that way."""
     if any(p.extra.get("names") == _KEY_NAMES for p in profiles):
-        # a run whose ops.json expired names its ops by metric key: name every run's ops that way
         profiles = [p if p.extra.get("names") == _KEY_NAMES else _named_by_key(p) for p in profiles]
     return profiles
 

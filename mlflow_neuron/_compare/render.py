@@ -19,8 +19,9 @@ from pathlib import Path
 import pandas as pd
 
 from .._compare.explorer import summary_lines
-from .._compare.frame import flat
+from .._compare.frame import bare, flat
 from .._compare.model import FASTER, INCONCLUSIVE, NO_CHANGE, SLOWER, TOO_FEW, TOO_FEW_CYCLES, TOTAL
+from .._compare.overview import overview_lines, overview_table
 from .._compare.throughput import coverage_lines, throughput_lines
 from .._compare.verdict import short_names
 from .._compare.weather import host_note
@@ -83,14 +84,15 @@ def table(frame: pd.DataFrame, top: int | None = 15) -> pd.DataFrame:
     region = frame.attrs.get("region")
     counts = frame.attrs["launches"] if region is not None else frame.attrs["aten_calls"]
     columns: dict[str, list[str]] = {}
+    cells = bare(frame)
     for run in runs:
-        columns[run] = [_number(frame.loc[op, (run, "time_us")]) for op in [*ops, TOTAL]]
-        columns[run] += [_count(frame.attrs["n"][run]), _count(frame.loc[TOTAL, (run, "outliers")]), _count(counts[run])]
+        columns[run] = [_number(cells.loc[op, (run, "time_us")]) for op in [*ops, TOTAL]]
+        columns[run] += [_count(frame.attrs["n"][run]), _count(cells.loc[TOTAL, (run, "outliers")]), _count(counts[run])]
         if run == base:
             continue
         not_gated = run in (frame.attrs.get("not_gated") or {})
-        columns[f"{run} ratio (95% CI)"] = [_ratio_cell(frame.loc[op, run]) for op in [*ops, TOTAL]] + ["", "", ""]
-        columns[f"{run} verdict"] = [_verdict_cell(frame.loc[op, (run, "verdict")], not_gated)
+        columns[f"{run} ratio (95% CI)"] = [_ratio_cell(cells.loc[op, run]) for op in [*ops, TOTAL]] + ["", "", ""]
+        columns[f"{run} verdict"] = [_verdict_cell(cells.loc[op, (run, "verdict")], not_gated)
                                      for op in [*ops, TOTAL]] + ["", "", ""]  # fmt: skip
     last = ("region " + region, "launches per step") if region is not None else (TOTAL, "ATen calls per step")
     wrappers = set(frame.attrs.get("wrappers", []))
@@ -104,12 +106,18 @@ def _verdict_cell(verdict: str, not_gated: bool) -> str:
 
 
 def text(frame: pd.DataFrame, top: int | None = 15) -> str:
-    return "\n".join([heading(frame), table(frame, top).to_string(), *_notes(frame)])
+    return "\n".join([*_overview(frame), heading(frame), table(frame, top).to_string(), *_notes(frame)])
+
+
+def _overview(frame: pd.DataFrame) -> list[str]:
+    """Every run's row from its summary metrics, before the detailed table (a comparison of many runs)."""
+    return overview_lines(frame.attrs["many"]) if frame.attrs.get("many") else []
 
 
 def markdown(frame: pd.DataFrame, top: int | None = 15) -> str:
     shown = table(frame, top)
     lines = [
+        *(["```", *_overview(frame)[:-1], "```", ""] if frame.attrs.get("many") else []),
         f"_{heading(frame)}_",
         "",
         "| op | " + " | ".join(map(str, shown.columns)) + " |",
@@ -251,6 +259,7 @@ img {{ max-width: 100%; }} .timeline {{ overflow-x: auto; }}
 </style></head><body>
 <h2>{html.escape(heading(frame))}</h2>
 {f'<p class="note">{html.escape(frame.attrs["fallback"])}</p>' if frame.attrs.get("fallback") else ""}
+{_overview_html(frame)}
 <ul class="verdicts">{sentences}</ul>
 <ul>{runs}</ul>
 {f'<p class="note">{html.escape(host)}</p>' if host else ""}
@@ -288,6 +297,14 @@ def _timelines_html(timelines: Mapping) -> str:
                      f"{html.escape(chosen.note)}</h4>")  # fmt: skip
         parts.append(f'<div class="timeline">{timeline_svg(chosen.timeline, chosen.step)}</div>')
     return "\n".join(parts)
+
+
+def _overview_html(frame: pd.DataFrame) -> str:
+    if not frame.attrs.get("many"):
+        return ""
+    lines = overview_lines(frame.attrs["many"])
+    return (f"<h3>{html.escape(lines[0])}</h3>{overview_table(frame.attrs['many']).to_html(border=0)}"
+            + "".join(f'<p class="note">{html.escape(line)}</p>' for line in lines[3:] if line))  # fmt: skip
 
 
 def _css(cell: str) -> str:

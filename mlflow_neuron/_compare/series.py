@@ -127,7 +127,7 @@ class Series:
         if summary is None:
             self.summaries[i] = tables
             return
-        if _agree(summary, tables):
+        if summaries_agree(summary, tables):
             return
         run = self.runs[i]
         self.contradicting.append({
@@ -164,7 +164,7 @@ def subject_values(profile: RunProfile, metric: str, region: str | None, op: str
     return samples.ops[op].to_numpy(float)
 
 
-def _agree(a: StepSummary, b: StepSummary) -> bool:
+def summaries_agree(a: StepSummary, b: StepSummary) -> bool:
     """The same n, and the same median and geometric mean to the nanosecond the summary was rounded to."""
     if a.n != b.n or (a.level is None) != (b.level is None):
         return False

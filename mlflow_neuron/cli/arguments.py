@@ -109,6 +109,11 @@ def parser() -> CommandParser:
         "compare",
         help="per-op comparison of profiled runs; a CI gate with --fail-if-slower",
         description="Compare profiled runs op by op against a baseline.\n\n"
+        "More than 8 runs: a table of every run from the summary metrics logged with it (median per step,\n"
+        "its 95% interval, n, ratio of medians to the baseline), then in detail, from their per-step\n"
+        "samples, only the baseline, runs named with --detail, the 5 runs that moved most (those whose\n"
+        "summaries differ beyond the noise first) and, with --fail-if-slower, every run whose\n"
+        "summaries cannot rule out the line. The gate judges only the runs shown in detail.\n\n"
         "example: mlflow-neuron compare --experiment rmsnorm-variants --baseline naive --fail-if-slower 10",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -145,6 +150,12 @@ def parser() -> CommandParser:
                      "run's CPUs busy (default: %(default)s, half a core on 2 CPUs)")
     cmp.add_argument("--min-time-us", type=non_negative_float, default=0.0, metavar="US",
                      help="the gate ignores ops below this median in both runs (the total is always checked)")
+    cmp.add_argument("--detail", nargs="+", metavar="RUN",
+                     help="with more than 8 runs: also show these runs in detail (run names or ids)")
+    cmp.add_argument("--tables", action="store_true",
+                     help="with more than 8 runs: read every run's tables and show each in detail, as for a few runs, "
+                     "instead of an overview from the summary metrics logged with each run (slower: a few hundred ms "
+                     "a run through a server; the gate then judges every run)")
     cmp.add_argument("--log-to", metavar="RUN_ID", help="attach the table, a PNG chart and an HTML report to this run")
     cmp.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
 

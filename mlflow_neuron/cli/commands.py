@@ -59,14 +59,16 @@ def compare(args: argparse.Namespace, out=None) -> int:
     import mlflow
 
     from .._compare import render as _render
-    from .._compare.profiles import compare_runs, load_timelines
+    from .._compare.comparison import compare_runs
+    from .._compare.profiles import load_timelines
     from .._compare.publish import attach_comparison
 
     out = out or sys.stdout
     frame = compare_runs(args.runs or [], args.baseline, args.metric, args.step, experiment=args.experiment,
                          tracking_uri=args.tracking_uri, skip_steps=args.skip_steps, noise_pct=args.noise_pct,
                          host_load_threshold=args.host_load_threshold, region=args.region,
-                         host_busy_share=args.host_busy_share)
+                         host_busy_share=args.host_busy_share, detail=args.detail,
+                         fail_if_slower=args.fail_if_slower, tables=args.tables)
     rendered = {
         "table": lambda: _render.text(frame, args.top),
         "markdown": lambda: _render.markdown(frame, args.top),
