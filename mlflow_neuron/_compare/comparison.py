@@ -26,7 +26,7 @@ from .._compare.profiles import load_many, load_profiles, named_alike
 from .._compare.region import in_region
 from .._compare.runs import labels, resolve_runs
 from .._compare.samples import step_samples
-from .._compare.series import summaries_agree, summary_of
+from .._compare.series import contradiction, summaries_agree, summary_of
 from .._compare.weather import HOST_BUSY_SHARE, HOST_LOAD_THRESHOLD_CORES
 from .._delivery.model import DEVICE_TIME_TAG
 from .._trace.profile import PRESENT
@@ -146,11 +146,7 @@ class _Many:
             if summary is not None and summaries_agree(summary, tables):
                 continue
             if summary is not None:
-                run = self.runs[i]
-                self.contradicting.append({
-                    "run_id": run.info.run_id, "run_name": run.info.run_name,
-                    "summary": {"n": summary.n, "median": summary.median}, "tables": {"n": tables.n, "median": tables.median},
-                })  # fmt: skip
+                self.contradicting.append(contradiction(self.runs[i], summary, tables))
             self.numbers[i] = tables
             self.from_tables.add(i)
 

@@ -129,12 +129,16 @@ class Series:
             return
         if summaries_agree(summary, tables):
             return
-        run = self.runs[i]
-        self.contradicting.append({
-            "run_id": run.info.run_id, "run_name": run.info.run_name,
-            "summary": {"n": summary.n, "median": summary.median}, "tables": {"n": tables.n, "median": tables.median},
-        })  # fmt: skip
+        self.contradicting.append(contradiction(self.runs[i], summary, tables))
         self.summaries[i] = tables
+
+
+def contradiction(run: Run, summary: StepSummary, tables: StepSummary) -> dict:
+    """How a run whose summary metrics its tables contradict is named in the output."""
+    return {
+        "run_id": run.info.run_id, "run_name": run.info.run_name,
+        "summary": {"n": summary.n, "median": summary.median}, "tables": {"n": tables.n, "median": tables.median},
+    }  # fmt: skip
 
 
 def summary_of(run: Run, metric: str, region: str | None) -> StepSummary | None:
