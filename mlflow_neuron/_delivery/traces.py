@@ -238,7 +238,7 @@ class TraceDraft:
         """ValueError (or KeyError, TypeError) for text that is not a `Timeline.to_json`."""
         data = parse(text)
         spans = data["spans"]
-        if not spans or any(span.keys() != _SPAN_KEYS for span in spans):
+        if not spans or any(type(span) is not dict or span.keys() != _SPAN_KEYS for span in spans):
             raise ValueError("not a timeline: a span lacks a field, or has one of its own")
         return cls(str(data["name"]), int(data["cycle_step"]), int(data["origin_ns"]), int(data["dropped"]), spans)
 
