@@ -66,14 +66,14 @@ def step_samples(profile: RunProfile, metric: str, skip_steps: int = 0) -> StepS
         op_keys = [key for key in _keys(table) if key[0] in kept_cycles]
     index = pd.MultiIndex.from_tuples(op_keys, names=["cycle", "step"])
 
-    def per_step(column: str) -> pd.DataFrame:
-        wide = table.pivot_table(index=["cycle", "step"], columns="name", values=column, aggfunc="sum")
-        wide.index = pd.MultiIndex.from_arrays(
-            [wide.index.get_level_values(0).astype(int), wide.index.get_level_values(1).astype(int)]
-        )
-        return wide.reindex(index).fillna(0.0)
+    columns = [metric, "calls"] if metric in table else ["calls"]  # memory: per step, not per op
+    sums = table.groupby(["cycle", "step", "name"])[columns].sum()  # what pivot_table(aggfunc="sum") gives, faster
+    sums.index = sums.index.set_levels([level.astype(int) for level in sums.index.levels[:2]], level=[0, 1])
 
-    ops = per_step(metric) if metric in table else pd.DataFrame(index=index)  # memory: per step, not per op
+    def per_step(column: str) -> pd.DataFrame:
+        return sums[column].unstack("name").reindex(index).fillna(0.0)
+
+    ops = per_step(metric) if metric in table else pd.DataFrame(index=index)
     calls = per_step("calls").reindex(columns=ops.columns, fill_value=0.0)
     total = ops.sum(axis=1).to_numpy(float)
     aten = None
