@@ -2,6 +2,7 @@
 under each load pattern, with 1, 2, 3 and 4 cycles a run.
 
     python benchmarks/calibration_matrix.py [--pairs 20] [--loads quiet,one,both,periodic] [--cycles 1,2,3,4]
+                                            [--busy-shares 0.1,0.25,0.5,1] [--store sqlite:///...]
 
 Every run is a real torch.profiler run through `MLflowProfilerCallback` into a sqlite store,
 profiled with `schedule(wait=1, warmup=1, active=5, repeat=CYCLES)`, and each pair is its own
@@ -17,6 +18,10 @@ A/A on CPU is naive RMSNorm twice (host time); A/B is the same loop on the fake 
 device whose kernels are 30% longer in the candidate (device time, with the fake device's seeded
 jitter and stalls). Prints one table: per cell, how often the gate fired on A/A (should be 0 of
 N) and how often it found the +30% (should be N of N), with the A/A pairs' total verdicts.
+`--busy-shares` then judges the same A/A pairs again with each `--host-busy-share` (the share of
+the host's CPUs busy elsewhere beyond which host time is not judged): per share, the alarms and
+how many pairs got a verdict on their host time at all, the price of a lower share. `--store`
+judges the runs a former matrix logged (its printed store) instead of logging new ones.
 Asserts nothing: its CPU figures follow the machine's load. The hogs make it unfit for a shared
 machine where others are timing things; `--loads quiet --pairs 1` is a smoke run.
 """
@@ -81,39 +86,71 @@ def main() -> int:
     parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated, of " + ", ".join(LOADS))
     parser.add_argument("--cycles", default="1,2,3,4", help="cycles a run, comma-separated (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=2026, help="FAKE_NEURON_SEED for the fake device's noise")
+    parser.add_argument("--busy-shares", default="", help="comma-separated --host-busy-share values to judge the "
+                        "A/A pairs again with (default: none)")  # fmt: skip
+    parser.add_argument("--store", default=None, help="judge the runs a former matrix logged in this store "
+                        "(its --pairs, --loads and --cycles) instead of logging new ones")  # fmt: skip
     args = parser.parse_args()
     loads, cycles = args.loads.split(","), [int(c) for c in args.cycles.split(",")]
     if set(loads) - set(LOADS) or args.pairs < 1 or min(cycles) < 1:
         parser.error(f"--loads must be among {', '.join(LOADS)}; --pairs and --cycles at least 1")
+    try:
+        shares = [float(s) for s in args.busy_shares.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--busy-shares must be numbers, got {args.busy_shares!r}")
 
     import calibration_runs
 
-    work = pathlib.Path(tempfile.mkdtemp(prefix="mlflow-neuron-matrix-"))
     so = calibration_runs.fake_device_library("A/A on CPU only")
     kinds = ["aa", "ab"] if so else ["aa"]
-    plan = [(kind, load, n, i) for load in loads for n in cycles for kind in kinds for i in range(args.pairs)]
-    uri = f"sqlite:///{work / 'mlflow.db'}"
-    started = time.perf_counter()
-    calibration_runs.run_worker(work, f"import calibration_matrix; calibration_matrix.make_cells({uri!r}, "
-                                f"{so!r}, {plan!r})", args.seed, (ROOT,))  # fmt: skip
-    print(f"logged {2 * len(plan)} runs in {time.perf_counter() - started:.0f} s ({uri})\n")
+    uri = args.store
+    if uri is None:
+        work = pathlib.Path(tempfile.mkdtemp(prefix="mlflow-neuron-matrix-"))
+        plan = [(kind, load, n, i) for load in loads for n in cycles for kind in kinds for i in range(args.pairs)]
+        uri = f"sqlite:///{work / 'mlflow.db'}"
+        started = time.perf_counter()
+        calibration_runs.run_worker(work, f"import calibration_matrix; calibration_matrix.make_cells({uri!r}, "
+                                    f"{so!r}, {plan!r})", args.seed, (ROOT,))  # fmt: skip
+        print(f"logged {2 * len(plan)} runs in {time.perf_counter() - started:.0f} s ({uri})\n")
     print(f"| load | cycles a run | A/A on CPU: gate fired | A/A: total's verdicts | A/B +30% on the fake device: found |")
     print("|---|---|---|---|---|")
     for load in loads:
         for n in cycles:
             print(cell_row(uri, load, n, args.pairs, "ab" in kinds))
+    if shares:
+        print("\nthe A/A pairs on CPU judged again with --host-busy-share S: gate fired / host time judged "
+              "(a verdict other than inconclusive)")  # fmt: skip
+        print("| load | cycles a run | " + " | ".join(f"S = {s:g}" for s in shares) + " |")
+        print("|---|---|" + "---|" * len(shares))
+        for load in loads:
+            for n in cycles:
+                cells = []
+                for share in shares:
+                    fired, verdicts = aa_cell(uri, load, n, args.pairs, share)
+                    judged = sum(v != "inconclusive" for v in verdicts)
+                    cells.append(f"{fired} / {judged}")
+                print(f"| {load} | {n} | " + " | ".join(cells) + " |")
     return 0
+
+
+def aa_cell(uri: str, load: str, cycles: int, pairs: int, share: float | None = None) -> tuple[int, list[str]]:
+    """The A/A pairs of one cell: how many the gate fired on, and each pair's total verdict."""
+    import calibration_runs
+
+    extra = () if share is None else ("--host-busy-share", str(share))
+    fired, verdicts = 0, []
+    for index in range(pairs):
+        code, report = calibration_runs.gate(uri, experiment("aa", load, cycles, index), *extra)
+        fired += code == 1
+        verdicts.append(calibration_runs.total_verdict(report))
+    return fired, verdicts
 
 
 def cell_row(uri: str, load: str, cycles: int, pairs: int, with_device: bool) -> str:
     """One cell: the A/A pairs' alarms and verdicts, and the A/B pairs the gate found."""
     import calibration_runs
 
-    fired, verdicts = 0, []
-    for index in range(pairs):
-        code, report = calibration_runs.gate(uri, experiment("aa", load, cycles, index))
-        fired += code == 1
-        verdicts.append(calibration_runs.total_verdict(report))
+    fired, verdicts = aa_cell(uri, load, cycles, pairs)
     counted = ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts)))
     found = "-"
     if with_device:

@@ -82,13 +82,13 @@ def cpu_hogs(count: int):
             hog.wait()
 
 
-def gate(uri: str, experiment: str) -> tuple[int, str]:
+def gate(uri: str, experiment: str, *extra: str) -> tuple[int, str]:
     from mlflow_neuron.cli import main
 
     out = io.StringIO()
     with redirect_stdout(out):
         code = main(["compare", "--experiment", experiment, "--baseline", "base", "--fail-if-slower", "10",
-                     "--format", "json", "--tracking-uri", uri])  # fmt: skip
+                     "--format", "json", "--tracking-uri", uri, *extra])  # fmt: skip
     return code, out.getvalue()
 
 

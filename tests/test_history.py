@@ -14,7 +14,7 @@ from conftest import run_python
 from mlflow.tracking import MlflowClient
 from synthetic_steps import Noise, steps
 
-from mlflow_neuron._compare.changes import change_points, search_changes
+from mlflow_neuron._compare.changes import change_points, pelt_l2, search_changes
 from mlflow_neuron._compare.history import environment_changes, median_interval
 from mlflow_neuron._compare.history_report import no_change_line
 from mlflow_neuron.cli import main as cli_main
@@ -143,3 +143,33 @@ def test_a_flat_series_the_picture_and_a_wrong_experiment(nightly, capsys):
         "history/history.png", "history/history.html", "history/history.json"}
     assert cli_main(["history", "--tracking-uri", nightly, "--experiment", "nightlyy"]) == 2
     assert "no experiment named 'nightlyy'" in capsys.readouterr().err
+
+
+def _penalized_cost(x: np.ndarray, ends: list[int], penalty: float) -> float:
+    bounds = [0, *ends]
+    return sum(float(((x[a:b] - x[a:b].mean()) ** 2).sum()) + penalty for a, b in zip(bounds, bounds[1:]))
+
+
+def test_pelt_finds_the_segments_ruptures_finds():
+    """`pelt_l2` is the search ruptures' PELT makes (L2 cost, jump 1): the same ends on 2,000 series
+    (noise, level shifts, a flat series around a large mean). Where rounded values make costs tie,
+    PELT's pruning (not exact with a minimum segment size) may go another way: ours then keeps the
+    tied starts and ends at a cost no higher than ruptures'. And ruptures' refusal of a too-short series."""
+    ruptures = pytest.importorskip("ruptures")
+    rng = np.random.default_rng(36)
+    for trial in range(2000):
+        n, kind = int(rng.integers(1, 90)), trial % 4
+        x = {0: lambda: rng.normal(size=n) + 6,
+             1: lambda: np.repeat(rng.normal(size=4), -(-n // 4))[:n] * 0.05 + rng.normal(scale=0.01, size=n) + 6,
+             2: lambda: np.round(rng.normal(size=n), 1),
+             3: lambda: np.full(n, 5.3)}[kind]()  # fmt: skip
+        penalty, min_size = float(rng.choice([0.001, 0.5, 2.0, 10.0])), int(rng.integers(1, 5))
+        try:
+            want = ruptures.Pelt(model="l2", min_size=min_size, jump=1).fit(x.reshape(-1, 1)).predict(pen=penalty)
+        except ruptures.exceptions.BadSegmentationParameters:
+            with pytest.raises(ValueError, match=f"no segment of at least {min_size}"):
+                pelt_l2(x, penalty, min_size)
+            continue
+        got = pelt_l2(x, penalty, min_size)
+        ours, theirs = _penalized_cost(x, got, penalty), _penalized_cost(x, want, penalty)
+        assert got == want or (kind == 2 and ours <= theirs * (1 + 1e-9)), (trial, want, got, ours, theirs)

@@ -9,7 +9,7 @@ Example::
 Two stages, as Apache Otava and asv do it (candidates, then a test), with one statistic shared
 with `compare`:
 
-1. **Candidates.** PELT (`ruptures`, Killick et al. 2012) splits the series of the runs' log
+1. **Candidates.** PELT (Killick et al. 2012; `pelt_l2`, the search `ruptures.Pelt` makes) splits the series of the runs' log
    medians where its mean shifts, with the L2 cost and the penalty `PENALTY` × σ² × log(n): σ
    is the run-to-run noise, estimated robustly from successive differences (MAD / √2), so a
    stall or an outlier run does not widen it. PELT is exact for its cost, and fast.
@@ -123,13 +123,44 @@ def confirmed(levels: np.ndarray, samples_of: Callable[[int], np.ndarray], noise
 
 def candidates(levels: np.ndarray, penalty: float = PENALTY) -> list[int]:
     """Indices where PELT starts a new segment of `levels` (one value per run; none for a flat series)."""
-    import ruptures  # loaded only when a history is read
-
     n = len(levels)
     sigma = max(float(np.median(np.abs(np.diff(levels))) / 0.6745 / math.sqrt(2)), _SIGMA_FLOOR)
-    signal = levels.reshape(-1, 1)
-    ends = ruptures.Pelt(model="l2", min_size=MIN_RUNS, jump=1).fit(signal).predict(pen=penalty * sigma**2 * math.log(n))
-    return [int(e) for e in ends[:-1]]
+    return pelt_l2(levels, penalty * sigma**2 * math.log(n), MIN_RUNS)[:-1]
+
+
+def pelt_l2(signal: np.ndarray, penalty: float, min_size: int) -> list[int]:
+    """The ends of the segments of `signal` (one value per run; the last end is its length) that
+    minimize the L2 cost (each segment's sum of squared deviations from its mean) plus `penalty`
+    per segment, each segment at least `min_size` long: PELT (Killick et al. 2012), the search
+    `ruptures.Pelt(model="l2", min_size=min_size, jump=1)` makes, with each step's candidates
+    costed at once from cumulative sums. Without importing ruptures and SciPy's statistics (about
+    0.9 s of every `history`), and 1,000 runs in milliseconds where ruptures took seconds.
+    ValueError when `signal` is shorter than `min_size`."""
+    x = np.asarray(signal, float).ravel()
+    n = len(x)
+    if min_size > n or min_size < 1:
+        raise ValueError(f"a series of {n} values has no segment of at least {min_size}")
+    x = x - x.mean()  # sums of squares of values near 0: no cancellation against a large mean
+    s1 = np.concatenate([[0.0], np.cumsum(x)])
+    s2 = np.concatenate([[0.0], np.cumsum(x * x)])
+    cost = np.full(n + 1, np.inf)  # cost[t]: the best partition of signal[:t] (inf: none yet)
+    cost[0] = 0.0
+    last = np.zeros(n + 1, dtype=int)  # and where its last segment starts
+    admissible = np.zeros(0, dtype=int)
+    for end in [*range(min_size, n), n]:
+        admissible = np.append(admissible, end - min_size)
+        admissible = admissible[np.isfinite(cost[admissible])]
+        length = end - admissible
+        error = np.maximum((s2[end] - s2[admissible]) - (s1[end] - s1[admissible]) ** 2 / length, 0.0)
+        totals = cost[admissible] + (error + penalty)
+        best = int(np.argmin(totals))  # the first of equals
+        cost[end], last[end] = totals[best], admissible[best]
+        # PELT's pruning, with room for rounding: a start whose cost ties the best's is kept
+        admissible = admissible[totals <= totals[best] + penalty + 1e-9 * (1.0 + abs(totals[best]))]
+    ends = [n]
+    while last[ends[-1]] > 0:
+        ends.append(int(last[ends[-1]]))
+    return ends[::-1]
 
 
 def _segments(breaks: list[int], n: int) -> list[tuple[int, int, int]]:
