@@ -33,7 +33,7 @@ import pandas as pd
 from .._delivery.model import HOST_VALUES, NEURON_UTILIZATION
 
 HOST_LOAD_THRESHOLD_CORES = 0.5
-HOST_BUSY_SHARE = 0.25  # of the host's CPUs busy with other processes: beyond it, a run's host time is not judged
+HOST_BUSY_SHARE = 0.25  # of the host's CPUs busy elsewhere: beyond it, host time is not judged (calibrated: docs/figures.md, the gate's matrix)
 OTHER_CPU, OTHER_CPU_S, SPAN_S, WINDOW_S = "other_cpu_cores", "other_cpu_s", "span_s", "window_s"
 HOST_METRICS = (*HOST_VALUES, NEURON_UTILIZATION)  # logged as system/profile/<name>
 
