@@ -292,3 +292,42 @@ def test_a_new_entry_is_in_the_queue_only_once_it_is_held(tmp_path, monkeypatch)
         shutil.rmtree(entry)
     entries.remove_if_idle(outbox)
     assert not outbox.exists()  # the dead maker's empty folder does not keep the outbox
+
+
+def test_a_slow_drain_sends_what_it_prepared_instead_of_holding_the_queue(tmp_path):
+    """A drain starved of CPU (the helper at nice 10 beside busy cores) held every entry it had
+    prepared until its batch was full: at close the training process, draining too, found them all
+    held and sent none, and 0 of 12 cycles arrived. A batch now goes once its first entry has been
+    held `BATCH_HOLD_S`; every cycle still arrives once."""
+    from workloads import profile_rmsnorm
+
+    from mlflow_neuron import MLflowProfilerCallback
+    from mlflow_neuron._delivery.drain import BATCH, BATCH_HOLD_S, Drain
+    from mlflow_neuron._delivery.report import Reporter
+
+    uri, outbox = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "outbox"
+    run_id = MlflowClient(uri).create_run("0").info.run_id
+    callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=outbox, process="inline",
+                                      flush_timeout_s=0.0, strict=True)  # fmt: skip
+    callback._producer._kick = lambda *args: None  # queued only
+    profile_rmsnorm(callback, steps=16)  # 4 cycles
+    callback._producer._stop.set()
+    assert len(entries.listed(outbox)) == 4 < BATCH
+
+    drain = Drain(outbox, Reporter(), credentials={uri: uri})
+    prepared, sends = [], []
+    prepare, send = drain.prepare, drain._send
+
+    def slow_prepare(*args, **kwargs):
+        time.sleep(2 * BATCH_HOLD_S)  # a starved process: each entry takes longer than a batch may wait
+        prepared.append(args[0])
+        return prepare(*args, **kwargs)
+
+    def counted_send(ready, *args, **kwargs):
+        sends.append((len(prepared), len(ready)))
+        return send(ready, *args, **kwargs)
+
+    drain.prepare, drain._send = slow_prepare, counted_send
+    done = drain.once()
+    assert done.count("delivered") == 4 and sends == [(1, 1), (2, 1), (3, 1), (4, 1)]
+    assert count_cycles(MlflowClient(uri), run_id, [4, 8, 12, 16]) == (4, 0)

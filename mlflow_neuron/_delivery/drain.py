@@ -35,6 +35,10 @@ from .report import report_delivery
 from .seal import DamagedRecord
 
 BATCH = 16  # prepared entries of one run sent together at most (one log_batch, one artifact pass)
+# A batch goes once its first entry has been held this long: a drain starved of CPU (the helper at
+# nice 10 beside busy cores) must not hold a queue's worth of entries that the training process,
+# draining at close, could send itself.
+BATCH_HOLD_S = 0.5
 DELIVERED, REJECTED, DAMAGED, KEPT, ENDED = "delivered", "rejected", "damaged", "kept", "ended"
 BUSY = "busy"  # another process holds it (the training thread writing it, or another drain)
 SETTLED = (DELIVERED, REJECTED, DAMAGED, ENDED)
@@ -102,10 +106,15 @@ class Drain:
         done = Pass()
         with self._lock:
             ready: list[_Ready] = []
+            since = 0.0  # when the batch's first entry was claimed
             try:
                 for entry in entries.listed(self.folder):
                     if _over(stop, deadline):
                         break
+                    if ready and time.monotonic() - since > BATCH_HOLD_S:
+                        self._send(ready, done, on_outcome, stop, deadline)
+                        ready = []
+                    claimed = time.monotonic()
                     held = entries.try_claim(entry)
                     if held is None:
                         if entry.exists():
@@ -122,6 +131,8 @@ class Drain:
                     if ready and (len(ready) >= BATCH or _key(ready[0].run) != _key(item.run)):
                         self._send(ready, done, on_outcome, stop, deadline)
                         ready = []
+                    if not ready:
+                        since = claimed
                     ready.append(item)
                 if ready:
                     self._send(ready, done, on_outcome, stop, deadline)
