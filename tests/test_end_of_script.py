@@ -294,7 +294,7 @@ def test_a_new_entry_is_in_the_queue_only_once_it_is_held(tmp_path, monkeypatch)
     assert not outbox.exists()  # the dead maker's empty folder does not keep the outbox
 
 
-def test_a_slow_drain_sends_what_it_prepared_instead_of_holding_the_queue(tmp_path):
+def test_a_slow_drain_sends_what_it_prepared_instead_of_holding_the_queue(tmp_path, monkeypatch):
     """A drain starved of CPU (the helper at nice 10 beside busy cores) held every entry it had
     prepared until its batch was full: at close the training process, draining too, found them all
     held and sent none, and 0 of 12 cycles arrived. A batch now goes once its first entry has been
@@ -302,8 +302,11 @@ def test_a_slow_drain_sends_what_it_prepared_instead_of_holding_the_queue(tmp_pa
     from workloads import profile_rmsnorm
 
     from mlflow_neuron import MLflowProfilerCallback
-    from mlflow_neuron._delivery.drain import BATCH, BATCH_HOLD_S, Drain
+    from mlflow_neuron._delivery import drain as _drain
+    from mlflow_neuron._delivery.drain import BATCH, Drain
     from mlflow_neuron._delivery.report import Reporter
+
+    monkeypatch.setattr(_drain, "BATCH_HOLD_S", 0.3)  # its 2 s, shortened: the rule, not the figure
 
     uri, outbox = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "outbox"
     run_id = MlflowClient(uri).create_run("0").info.run_id
@@ -319,7 +322,7 @@ def test_a_slow_drain_sends_what_it_prepared_instead_of_holding_the_queue(tmp_pa
     prepare, send = drain.prepare, drain._send
 
     def slow_prepare(*args, **kwargs):
-        time.sleep(2 * BATCH_HOLD_S)  # a starved process: each entry takes longer than a batch may wait
+        time.sleep(2 * _drain.BATCH_HOLD_S)  # a starved process: each entry takes longer than a batch may wait
         prepared.append(args[0])
         return prepare(*args, **kwargs)
 

@@ -37,8 +37,9 @@ from .seal import DamagedRecord
 BATCH = 16  # prepared entries of one run sent together at most (one log_batch, one artifact pass)
 # A batch goes once its first entry has been held this long: a drain starved of CPU (the helper at
 # nice 10 beside busy cores) must not hold a queue's worth of entries that the training process,
-# draining at close, could send itself.
-BATCH_HOLD_S = 0.5
+# draining at close, could send itself. Long enough that a drain with a core fills its batches
+# (16 cycles of 3,000 ops take about 1.5 s to prepare): a batch of 5 cost 20% more CPU a cycle.
+BATCH_HOLD_S = 2.0
 DELIVERED, REJECTED, DAMAGED, KEPT, ENDED = "delivered", "rejected", "damaged", "kept", "ended"
 BUSY = "busy"  # another process holds it (the training thread writing it, or another drain)
 SETTLED = (DELIVERED, REJECTED, DAMAGED, ENDED)
