@@ -334,3 +334,30 @@ def test_a_slow_drain_sends_what_it_prepared_instead_of_holding_the_queue(tmp_pa
     done = drain.once()
     assert done.count("delivered") == 4 and sends == [(1, 1), (2, 1), (3, 1), (4, 1)]
     assert count_cycles(MlflowClient(uri), run_id, [4, 8, 12, 16]) == (4, 0)
+
+
+def test_a_store_with_its_schema_is_opened_without_the_store_lock(tmp_path, monkeypatch):
+    """The store lock keeps two processes from creating one sqlite schema at once. A helper starved
+    beside busy cores opened a ready store under it too, and the training process's own drain
+    waited at close behind it. Only a store without its schema (or one not checked) takes it now."""
+    from mlflow_neuron._delivery import courier as _courier
+    from mlflow_neuron._delivery.courier import Courier, store_ready
+    from mlflow_neuron._delivery.model import RunRef
+
+    taken = []
+    real = entries.store_lock
+
+    def recorded(outbox, *args, **kwargs):
+        taken.append(outbox)
+        return real(outbox, *args, **kwargs)
+
+    monkeypatch.setattr(_courier.entries, "store_lock", recorded)
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    assert not store_ready(fresh)
+    Courier(tmp_path / "outbox").logger(RunRef(fresh, None, experiment_id="0"), create=False)
+    assert len(taken) == 1 and store_ready(fresh)  # the warm made the schema, under the lock
+    Courier(tmp_path / "outbox").logger(RunRef(fresh, None, experiment_id="0"), create=False)
+    assert len(taken) == 1  # a second process opens it without
+    assert store_ready("http://127.0.0.1:5000") and not store_ready("postgresql://u@h/db")
+    (tmp_path / "empty.db").write_bytes(b"")
+    assert not store_ready(f"sqlite:///{tmp_path / 'empty.db'}")

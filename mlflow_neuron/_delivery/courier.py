@@ -12,6 +12,8 @@ for the other processes and the callback.
 from __future__ import annotations
 
 import contextlib
+import os
+import sqlite3
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -95,9 +97,13 @@ class Courier:
         logger = self._loggers.get(key)
         if logger is None:
             check_reachable(run.tracking_uri)
-            logger = RunLogger(run, progress=self.progress)
-            with entries.store_lock(self.outbox):
-                logger.warm()  # a fresh sqlite store creates its schema here: one process at a time
+            # A fresh sqlite store creates its schema here (MLflow's client makes it): one process
+            # at a time. A store that has its schema is opened without the lock: a helper starved
+            # beside busy cores, opening it under the lock, kept the training process's own drain
+            # waiting at close (0 of 12 cycles arrived).
+            with contextlib.nullcontext() if store_ready(run.tracking_uri) else entries.store_lock(self.outbox):
+                logger = RunLogger(run, progress=self.progress)
+                logger.warm()
             self._loggers[key] = logger
         if logger.run.run_id is None and run.run_key:
             with entries.store_lock(self.outbox):
@@ -119,3 +125,23 @@ class Courier:
     def server(self, run: RunRef) -> str:
         """The server a run is sent to, as named in messages (without credentials)."""
         return _outbox.without_credentials(self.uri(run))
+
+
+def store_ready(tracking_uri: str) -> bool:
+    """Whether opening this store creates nothing: a tracking server (it made its own schema), or a
+    sqlite file whose schema is at MLflow's latest revision. Another database: False (not checked)."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return True
+    if not tracking_uri.startswith("sqlite:///"):
+        return False
+    path = tracking_uri[len("sqlite:///"):].split("?", 1)[0]
+    if not path or not os.path.isfile(path):
+        return False
+    try:
+        from mlflow.store.db.utils import _get_latest_schema_revision
+
+        with contextlib.closing(sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True, timeout=1.0)) as db:
+            row = db.execute("SELECT version_num FROM alembic_version").fetchone()
+        return row is not None and row[0] == _get_latest_schema_revision()
+    except Exception:  # noqa: BLE001 - anything unsure: take the lock
+        return False
