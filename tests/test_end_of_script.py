@@ -361,3 +361,34 @@ def test_a_store_with_its_schema_is_opened_without_the_store_lock(tmp_path, monk
     assert store_ready("http://127.0.0.1:5000") and not store_ready("postgresql://u@h/db")
     (tmp_path / "empty.db").write_bytes(b"")
     assert not store_ready(f"sqlite:///{tmp_path / 'empty.db'}")
+
+
+def test_a_send_lock_held_past_its_patience_does_not_stop_a_send(tmp_path, monkeypatch):
+    """The send lock keeps an outbox's drains from sending at once. A helper starved beside busy
+    cores held it through a whole delivery, and the training process, draining at close with 10 s
+    left, sent nothing. A drain now waits `SEND_LOCK_PATIENCE_S` for it, then sends anyway; with
+    less time left than that, it keeps the cycle, as before."""
+    from workloads import profile_rmsnorm
+
+    from mlflow_neuron import MLflowProfilerCallback
+    from mlflow_neuron._delivery import courier as _courier
+    from mlflow_neuron._delivery.drain import Drain
+    from mlflow_neuron._delivery.report import Reporter
+
+    monkeypatch.setattr(_courier, "SEND_LOCK_PATIENCE_S", 0.5)  # its 2 s, shortened: the rule, not the figure
+    uri, outbox = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "outbox"
+    run_id = MlflowClient(uri).create_run("0").info.run_id
+    callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=outbox, process="inline",
+                                      flush_timeout_s=0.0, strict=True)  # fmt: skip
+    callback._producer._kick = lambda *args: None  # queued only
+    profile_rmsnorm(callback, steps=8)  # 2 cycles
+    callback._producer._stop.set()
+    held = entries.lock_file(outbox / entries.SEND_LOCK, blocking=False)  # another process sending, for good
+    try:
+        short = Drain(outbox, Reporter(), credentials={uri: uri}).once(deadline=time.monotonic() + 0.2)
+        assert short.count("delivered") == 0 and short.count("kept") == 2
+        done = Drain(outbox, Reporter(), credentials={uri: uri}).once(deadline=time.monotonic() + 600)
+        assert done.count("delivered") == 2
+    finally:
+        held.release()
+    assert count_cycles(MlflowClient(uri), run_id, [4, 8]) == (2, 0)
