@@ -42,7 +42,7 @@ def proxied(s3, tmp_path_factory):
     base = postgres_uri()
     if base is None:
         pytest.skip('needs PostgreSQL: run `eval "$(bash .ci/postgres.sh)"` first (.ci/run does)')
-    name = "mlflow_neuron_s3_test"
+    name = f"mlflow_neuron_s3_test_{os.getpid()}"  # per process: two suites on one machine share the server
     server = S3MlflowServer(tmp_path_factory.mktemp("proxied"), s3, scratch_postgres_database(base, name),
                             prefix="proxied")  # fmt: skip
     with server:
