@@ -294,27 +294,35 @@ def test_a_new_entry_is_in_the_queue_only_once_it_is_held(tmp_path, monkeypatch)
     assert not outbox.exists()  # the dead maker's empty folder does not keep the outbox
 
 
-def test_a_slow_drain_sends_what_it_prepared_instead_of_holding_the_queue(tmp_path, monkeypatch):
-    """A drain starved of CPU (the helper at nice 10 beside busy cores) held every entry it had
-    prepared until its batch was full: at close the training process, draining too, found them all
-    held and sent none, and 0 of 12 cycles arrived. A batch now goes once its first entry has been
-    held `BATCH_HOLD_S`; every cycle still arrives once."""
+
+def _queued_cycles(tmp_path: Path, cycles: int) -> tuple[str, Path, str]:
+    """(store URI, outbox, run id): `cycles` cycles of the reference loop queued in the outbox of a
+    callback that drains nothing itself, into a run of a fresh sqlite store."""
     from workloads import profile_rmsnorm
 
     from mlflow_neuron import MLflowProfilerCallback
-    from mlflow_neuron._delivery import drain as _drain
-    from mlflow_neuron._delivery.drain import BATCH, Drain
-    from mlflow_neuron._delivery.report import Reporter
-
-    monkeypatch.setattr(_drain, "BATCH_HOLD_S", 0.3)  # its 2 s, shortened: the rule, not the figure
 
     uri, outbox = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "outbox"
     run_id = MlflowClient(uri).create_run("0").info.run_id
     callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=outbox, process="inline",
                                       flush_timeout_s=0.0, strict=True)  # fmt: skip
     callback._producer._kick = lambda *args: None  # queued only
-    profile_rmsnorm(callback, steps=16)  # 4 cycles
+    profile_rmsnorm(callback, steps=4 * cycles)  # a cycle every 4 steps
     callback._producer._stop.set()
+    return uri, outbox, run_id
+
+def test_a_slow_drain_sends_what_it_prepared_instead_of_holding_the_queue(tmp_path, monkeypatch):
+    """A drain starved of CPU (the helper at nice 10 beside busy cores) held every entry it had
+    prepared until its batch was full: at close the training process, draining too, found them all
+    held and sent none, and 0 of 12 cycles arrived. A batch now goes once its first entry has been
+    held `BATCH_HOLD_S`; every cycle still arrives once."""
+    from mlflow_neuron._delivery import drain as _drain
+    from mlflow_neuron._delivery.drain import BATCH, Drain
+    from mlflow_neuron._delivery.report import Reporter
+
+    monkeypatch.setattr(_drain, "BATCH_HOLD_S", 0.3)  # its 2 s, shortened: the rule, not the figure
+
+    uri, outbox, run_id = _queued_cycles(tmp_path, 4)
     assert len(entries.listed(outbox)) == 4 < BATCH
 
     drain = Drain(outbox, Reporter(), credentials={uri: uri})
@@ -368,21 +376,12 @@ def test_a_send_lock_held_past_its_patience_does_not_stop_a_send(tmp_path, monke
     cores held it through a whole delivery, and the training process, draining at close with 10 s
     left, sent nothing. A drain now waits `SEND_LOCK_PATIENCE_S` for it, then sends anyway; with
     less time left than that, it keeps the cycle, as before."""
-    from workloads import profile_rmsnorm
-
-    from mlflow_neuron import MLflowProfilerCallback
     from mlflow_neuron._delivery import courier as _courier
     from mlflow_neuron._delivery.drain import Drain
     from mlflow_neuron._delivery.report import Reporter
 
     monkeypatch.setattr(_courier, "SEND_LOCK_PATIENCE_S", 0.5)  # its 2 s, shortened: the rule, not the figure
-    uri, outbox = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "outbox"
-    run_id = MlflowClient(uri).create_run("0").info.run_id
-    callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=outbox, process="inline",
-                                      flush_timeout_s=0.0, strict=True)  # fmt: skip
-    callback._producer._kick = lambda *args: None  # queued only
-    profile_rmsnorm(callback, steps=8)  # 2 cycles
-    callback._producer._stop.set()
+    uri, outbox, run_id = _queued_cycles(tmp_path, 2)
     held = entries.lock_file(outbox / entries.SEND_LOCK, blocking=False)  # another process sending, for good
     try:
         short = Drain(outbox, Reporter(), credentials={uri: uri}).once(deadline=time.monotonic() + 0.2)
