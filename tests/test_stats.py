@@ -54,6 +54,21 @@ def test_one_stalled_step_barely_moves_the_ratio_but_is_named_an_outlier():
     assert not outlier_mask(np.r_[np.full(9, 7.0), 7.001]).any()  # 1 ns on identical samples is no outlier
 
 
+def test_an_ordinary_series_of_any_length_rarely_has_an_outlier():
+    """5 MADs flagged a sample in 11% of normal 5-step series; the bound for few samples is the
+    99th percentile of the largest deviation, so at most about 1% of them are flagged."""
+    rng = np.random.default_rng(11)
+    for n in (4, 5, 6, 8, 10, 15, 23, 24, 40):
+        series = rng.standard_normal((20_000, n)) * 0.1 + 1.0
+        flagged = np.mean([outlier_mask(values).any() for values in series])
+        assert flagged <= 0.0125, (n, flagged)
+    five = np.array([1.0, 1.2, 0.8, 1.1, 0.9])
+    for stalled in range(5):  # a 10x stall is still found in a 5-step series, wherever it is
+        values = five.copy()
+        values[stalled] *= 10
+        assert list(np.flatnonzero(outlier_mask(values))) == [stalled]
+
+
 def test_the_same_samples_always_give_the_same_answer():
     rng = np.random.default_rng(3)
     base, run = rng.uniform(1, 2, 12), rng.uniform(1, 2, 9)

@@ -20,7 +20,8 @@ point. The interval assumes the runs differ by a scale factor; `tests/test_stats
 `benchmarks/stats_calibration.py` check its coverage by simulation.
 
 **Outliers.** A sample is an outlier when it lies more than 5 robust standard deviations from
-its own run's median: |x − median| > 5 · 1.4826 · MAD (n >= 4), with the MAD floored at 1% of the
+its own run's median: |x − median| > 5 · 1.4826 · MAD (n >= 4; more sigmas below 24 samples, see
+`_trace.step_summary`), with the MAD floored at 1% of the
 median (and at 1 ns), so samples that are all equal do not flag the nanosecond of jitter that a
 timer adds. The median and the MAD ignore up to half the samples, so three stalls in ten steps
 are still found (quartiles would take them in). Outliers are named wherever a comparison is

@@ -15,7 +15,12 @@ Example::
 **Outliers** (used here and by every comparison): a sample more than 5 robust standard deviations
 from its own run's median, |x − median| > 5 · 1.4826 · MAD (n >= 4), the MAD floored at 1% of the
 median and at 1 ns, so samples that are all equal do not flag a timer's nanosecond of jitter
-(`_compare.stats` says why this rule).
+(`_compare.stats` says why this rule). Below 24 samples the MAD of a few samples is often tiny (3
+of 5 close together), so 5 of its sigmas flagged a sample in 11% of plain normal 5-step series;
+there the bound is the 99th percentile of max|x − median| / (1.4826 · MAD) over normal series of
+that size (`_FEW_SAMPLE_SIGMAS`: 18.5 at 5 steps, 7.0 at 10), so an ordinary series of any length
+has an outlier flagged at most 1% of the time, and a stall of several times the median is still
+found.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ from functools import lru_cache
 import numpy as np
 
 OUTLIER_SIGMAS = 5.0
+# n -> the 99th percentile of max|x - median| / (1.4826 * MAD) over 2,000,000 normal series of n
+# samples (rounded up; from 24 samples on it is below OUTLIER_SIGMAS). Re-derived by
+# tests/test_stats.py::test_an_ordinary_series_of_any_length_rarely_has_an_outlier.
+_FEW_SAMPLE_SIGMAS = {4: 16.1, 5: 18.5, 6: 10.1, 7: 10.7, 8: 8.0, 9: 8.3, 10: 7.0, 11: 7.1, 12: 6.3, 13: 6.4,
+                      14: 5.9, 15: 6.0, 16: 5.6, 17: 5.7, 18: 5.4, 19: 5.5, 20: 5.3, 21: 5.3, 22: 5.1, 23: 5.2}  # fmt: skip
 MIN_OUTLIER_SAMPLES = 4
 _MAD_TO_SIGMA = 1.4826  # a normal distribution's standard deviation is 1.4826 MADs
 _SPREAD_FLOOR_OF_MEDIAN = 0.01
@@ -86,14 +96,19 @@ def _binomial_half_quantile(n: int, q: float) -> int:
 
 def outlier_mask(samples) -> np.ndarray:
     """True for samples more than OUTLIER_SIGMAS robust standard deviations (1.4826 · MAD, floored;
-    see the module docstring) from their median."""
+    more below 24 samples: see the module docstring) from their median."""
     values = np.asarray(samples, float)
     if len(values) < MIN_OUTLIER_SAMPLES:
         return np.zeros(len(values), bool)
     median = float(np.median(values))
     spread = max(_MAD_TO_SIGMA * float(np.median(np.abs(values - median))), _SPREAD_FLOOR_OF_MEDIAN * abs(median),
                  _SPREAD_FLOOR_US)  # fmt: skip
-    return np.abs(values - median) > OUTLIER_SIGMAS * spread
+    return np.abs(values - median) > outlier_sigmas(len(values)) * spread
+
+
+def outlier_sigmas(n: int) -> float:
+    """How many robust standard deviations from the median make one of n samples an outlier."""
+    return _FEW_SAMPLE_SIGMAS.get(n, OUTLIER_SIGMAS)
 
 
 def without_outliers(samples) -> np.ndarray:
