@@ -1,6 +1,6 @@
 """Calibration of compare's statistics on simulated per-step samples: what the README quotes.
 
-    python benchmarks/stats_calibration.py [--pairs 1000] [--seed 0]
+    python benchmarks/stats_calibration.py [--pairs 1000] [--seed 0] [--matrix-pairs 200] [--only-matrix]
 
 A step's time is the sum of K kernels; each takes 100 us with uniform ±30% jitter and, with
 probability 2%, stalls 10x longer (see `tests/synthetic_steps.py`). Runs have 10 steps each
@@ -170,12 +170,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=1000, help="simulated pairs per noise model")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--matrix-pairs", type=int, default=200, help="pairs per row of the matrix workload's table")
+    parser.add_argument("--only-matrix", action="store_true", help="print only the matrix workload's table")
     args = parser.parse_args()
     start = time.perf_counter()
-    row_rates(args.pairs, args.seed)
-    gate_rates(max(args.pairs // 5, 20), args.seed)
-    cycle_table(args.pairs, args.seed)
-    matrix_workload(max(args.pairs // 5, 20), args.seed)
+    if not args.only_matrix:
+        row_rates(args.pairs, args.seed)
+        gate_rates(max(args.pairs // 5, 20), args.seed)
+        cycle_table(args.pairs, args.seed)
+    matrix_workload(args.matrix_pairs, args.seed)
     print(f"\n({time.perf_counter() - start:.1f} s)")
 
 
