@@ -1,6 +1,7 @@
 """Calibration of compare's statistics on simulated per-step samples: what the README quotes.
 
     python benchmarks/stats_calibration.py [--pairs 1000] [--seed 0] [--matrix-pairs 200] [--only-matrix]
+    python benchmarks/stats_calibration.py --outlier-bounds
 
 A step's time is the sum of K kernels; each takes 100 us with uniform ±30% jitter and, with
 probability 2%, stalls 10x longer (see `tests/synthetic_steps.py`). Runs have 10 steps each
@@ -25,6 +26,10 @@ of 100 us for aten::mul and one each of 40, 20 and 30 us, the same noise, 5 step
 is found. Beside it, an oracle that no real comparison can be: it knows which kernels stalled and
 the exact spread of the jitter, and weighs each op's log ratio by it (a z-test at 95%). Where the
 oracle finds +30% in fewer than 95% of pairs, no valid 95% gate can.
+
+`--outlier-bounds` prints instead the outlier rule's bound for few samples
+(`_trace.step_summary._FEW_SAMPLE_SIGMAS`): for n = 4..25, the 99th percentile of
+max|x − median| / (1.4826 · MAD) over 2,000,000 normal series of n samples (about a minute).
 """
 
 from __future__ import annotations
@@ -166,14 +171,31 @@ def matrix_workload(pairs: int, seed: int) -> None:
         print(f"{cycles:<16}{fired[1.0] / pairs:>12.1%}{fired[1.3] / pairs:>14.1%}{oracle / pairs:>12.1%}")
 
 
+def outlier_bounds(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    print("n: the 99th percentile of max|x - median| / (1.4826 MAD) over 2,000,000 normal series of n")
+    for n in range(4, 26):
+        quantiles = []
+        for _ in range(5):  # 5 x 400,000 series: memory stays small
+            values = rng.standard_normal((400_000, n))
+            median = np.median(values, axis=1, keepdims=True)
+            spread = 1.4826 * np.median(np.abs(values - median), axis=1)
+            quantiles.append(np.quantile(np.max(np.abs(values - median), axis=1) / spread, 0.99))
+        print(f"{n}: {np.mean(quantiles):.2f} (spread of the 5 estimates {np.std(quantiles):.2f})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=1000, help="simulated pairs per noise model")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--matrix-pairs", type=int, default=200, help="pairs per row of the matrix workload's table")
     parser.add_argument("--only-matrix", action="store_true", help="print only the matrix workload's table")
+    parser.add_argument("--outlier-bounds", action="store_true", help="print only the outlier rule's bound for few samples")
     args = parser.parse_args()
     start = time.perf_counter()
+    if args.outlier_bounds:
+        outlier_bounds(args.seed)
+        return
     if not args.only_matrix:
         row_rates(args.pairs, args.seed)
         gate_rates(max(args.pairs // 5, 20), args.seed)
