@@ -192,6 +192,8 @@ def main() -> None:
     parser.add_argument("--only-matrix", action="store_true", help="print only the matrix workload's table")
     parser.add_argument("--outlier-bounds", action="store_true", help="print only the outlier rule's bound for few samples")
     args = parser.parse_args()
+    if args.pairs < 1 or args.matrix_pairs < 1:
+        parser.error("--pairs and --matrix-pairs must be at least 1")
     start = time.perf_counter()
     if args.outlier_bounds:
         outlier_bounds(args.seed)

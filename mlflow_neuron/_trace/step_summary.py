@@ -34,7 +34,7 @@ import numpy as np
 
 OUTLIER_SIGMAS = 5.0
 # n -> the 99th percentile of max|x - median| / (1.4826 * MAD) over 2,000,000 normal series of n
-# samples (rounded up; from 24 samples on it is below OUTLIER_SIGMAS). Derived by
+# samples (rounded up; from 24 samples on it is about OUTLIER_SIGMAS or below). Derived by
 # `python benchmarks/stats_calibration.py --outlier-bounds`; the flag rate it gives is checked by
 # tests/test_stats.py::test_an_ordinary_series_of_any_length_rarely_has_an_outlier.
 _FEW_SAMPLE_SIGMAS = {4: 16.1, 5: 18.5, 6: 10.1, 7: 10.7, 8: 8.0, 9: 8.3, 10: 7.0, 11: 7.1, 12: 6.3, 13: 6.4,
