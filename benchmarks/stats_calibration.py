@@ -72,13 +72,17 @@ def row_rates(pairs: int, seed: int) -> None:
 
 
 def profile(label: str, rng: np.random.Generator, ops: int, scale: float) -> RunProfile:
-    import pandas as pd
-
     from synthetic_steps import steps
 
-    rows = [{"cycle": 1 + step // 5, "step": step, "name": f"aten::op{i}", "calls": 1,
-             "self_device_time_us": value, "self_cpu_time_us": 1.0}
-            for i in range(ops) for step, value in enumerate(steps(rng, 10, Noise(), scale))]  # fmt: skip
+    return device_profile(label, {f"aten::op{i}": (1, steps(rng, 10, Noise(), scale)) for i in range(ops)})
+
+
+def device_profile(label: str, ops: dict[str, tuple[int, np.ndarray]]) -> RunProfile:
+    """A run of per-step device times, 5 steps a cycle: {op: (calls a step, its time each step)}."""
+    import pandas as pd
+
+    rows = [{"cycle": 1 + step // 5, "step": step, "name": name, "calls": calls, "self_device_time_us": value,
+             "self_cpu_time_us": 1.0} for name, (calls, per_step) in ops.items() for step, value in enumerate(per_step)]  # fmt: skip
     samples = pd.DataFrame(rows)
     table = samples.groupby("name", as_index=False)[["self_device_time_us", "self_cpu_time_us", "calls"]].sum()
     return RunProfile(label, label, 1, table.assign(kind="op"), {}, "neuron", "present", samples=samples, source="steps")
@@ -129,28 +133,24 @@ def cycle_table(pairs: int, seed: int) -> None:
                   f"{(same.too_few + slower.too_few) / 2:>9.1%}{same.gate:>12.1%}{slower.gate:>14.1%}")  # fmt: skip
 
 
-RMSNORM_KERNELS = {"aten::mul": (100.0, 3), "aten::mean": (40.0, 1), "aten::add": (20.0, 1), "aten::rsqrt": (30.0, 1)}
+RMSNORM_CALLS = {"aten::mul": 3}  # a step of the naive RMSNorm: 3 muls, one of each other op
 
 
-def rmsnorm_run(label: str, rng: np.random.Generator, steps: int, scale: float) -> tuple[RunProfile, float]:
-    """A fake-device run of the matrix's workload, and the oracle's log of its stall-free total
-    per op, each weighed by its known variance (returned as (sum of w * log mean, sum of w))."""
-    import pandas as pd
+def rmsnorm_run(label: str, rng: np.random.Generator, steps: int, scale: float) -> tuple[RunProfile, dict]:
+    """A fake-device run of the matrix's workload (`calibration_runs.KERNELS`, the noise of
+    `synthetic_steps.Noise`), and what the oracle knows of it: per op, the log of its mean
+    stall-free time a step and that log's variance, to first order."""
+    from calibration_runs import KERNELS
 
-    rows, oracle = [], {}
-    for name, (us, calls) in RMSNORM_KERNELS.items():
-        jitter = rng.uniform(0.7, 1.3, (steps, calls))
-        stalls = np.where(rng.random((steps, calls)) < 0.02, 10.0, 1.0)
-        per_step = (us * scale * jitter * stalls).sum(axis=1)
-        rows += [{"cycle": 1 + step // 5, "step": step, "name": name, "calls": calls,
-                  "self_device_time_us": value, "self_cpu_time_us": 1.0} for step, value in enumerate(per_step)]  # fmt: skip
-        variance = 0.3**2 / 3 / calls / steps  # of the log of the stall-free mean, to first order
+    noise, ops, oracle = Noise(), {}, {}
+    for name, us in KERNELS.items():
+        calls = RMSNORM_CALLS.get(name, 1)
+        jitter = rng.uniform(1 - noise.jitter, 1 + noise.jitter, (steps, calls))
+        stalls = np.where(rng.random((steps, calls)) < noise.stall_p, noise.stall_x, 1.0)
+        ops[name] = (calls, (us * scale * jitter * stalls).sum(axis=1))
+        variance = noise.jitter**2 / 3 / calls / steps  # uniform jitter: variance a²/3 per kernel
         oracle[name] = (math.log((us * scale * jitter).sum(axis=1).mean()), variance)
-    samples = pd.DataFrame(rows)
-    table = samples.groupby("name", as_index=False)[["self_device_time_us", "self_cpu_time_us", "calls"]].sum()
-    profile = RunProfile(label, label, 1, table.assign(kind="op"), {}, "neuron", "present", samples=samples,
-                         source="steps")  # fmt: skip
-    return profile, oracle
+    return device_profile(label, ops), oracle
 
 
 def matrix_workload(pairs: int, seed: int) -> None:
@@ -172,6 +172,8 @@ def matrix_workload(pairs: int, seed: int) -> None:
 
 
 def outlier_bounds(seed: int) -> None:
+    from mlflow_neuron._trace.step_summary import _MAD_TO_SIGMA, OUTLIER_SIGMAS
+
     rng = np.random.default_rng(seed)
     print("n: the 99th percentile of max|x - median| / (1.4826 MAD) over 2,000,000 normal series of n,"
           " and the share of them in which 5 such sigmas flag a sample")  # fmt: skip
@@ -180,10 +182,10 @@ def outlier_bounds(seed: int) -> None:
         for _ in range(5):  # 5 x 400,000 series: memory stays small
             values = rng.standard_normal((400_000, n))
             median = np.median(values, axis=1, keepdims=True)
-            spread = 1.4826 * np.median(np.abs(values - median), axis=1)
+            spread = _MAD_TO_SIGMA * np.median(np.abs(values - median), axis=1)
             largest = np.max(np.abs(values - median), axis=1) / spread
             quantiles.append(np.quantile(largest, 0.99))
-            flagged.append(np.mean(largest > 5))
+            flagged.append(np.mean(largest > OUTLIER_SIGMAS))
         print(f"{n}: {np.mean(quantiles):.2f} (spread of the 5 estimates {np.std(quantiles):.2f}); "
               f"5 sigmas flag {np.mean(flagged):.1%}")  # fmt: skip
 

@@ -294,7 +294,6 @@ def test_a_new_entry_is_in_the_queue_only_once_it_is_held(tmp_path, monkeypatch)
     assert not outbox.exists()  # the dead maker's empty folder does not keep the outbox
 
 
-
 def _queued_cycles(tmp_path: Path, cycles: int) -> tuple[str, Path, str]:
     """(store URI, outbox, run id): `cycles` cycles of the reference loop queued in the outbox of a
     callback that drains nothing itself, into a run of a fresh sqlite store."""
@@ -310,6 +309,7 @@ def _queued_cycles(tmp_path: Path, cycles: int) -> tuple[str, Path, str]:
     profile_rmsnorm(callback, steps=4 * cycles)  # a cycle every 4 steps
     callback._producer._stop.set()
     return uri, outbox, run_id
+
 
 def test_a_slow_drain_sends_what_it_prepared_instead_of_holding_the_queue(tmp_path, monkeypatch):
     """A drain starved of CPU (the helper at nice 10 beside busy cores) held every entry it had

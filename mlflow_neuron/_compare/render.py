@@ -45,8 +45,9 @@ METHOD_NOTE = (
     "A range's own time (ProfilerStep, a record_function region, a compiled graph) is the time "
     "inside it that no op took; its region with everything it runs is compared under regions. "
     "Outliers: steps more than 5 robust standard deviations (1.4826 · MAD, at least 1% of the "
-    "median; more below 24 steps) from their run's median. They are named here and drawn in the chart; the medians keep "
-    "them, the ratio and its interval leave them out, so one stall cannot decide a verdict."
+    "median; more below 24 steps) from their run's median. They are named here and drawn in the "
+    "chart; the medians keep them, the ratio and its interval leave them out, so one stall cannot "
+    "decide a verdict."
 )
 
 
