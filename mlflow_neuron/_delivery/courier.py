@@ -3,8 +3,10 @@ heeded by every process, and a run the callback creates made once.
 
 The drain (`drain`) decides what to send and settles each entry; this is the part that talks to the
 server. Every attempt holds the outbox's send lock (`entries.SEND_LOCK`): the helper and the
-training process prepare cycles side by side, but send in turn, so a server that asked to wait
-(`Retry-After`, kept in the outbox as a wall-clock time) gets nothing from either before then. A run
+training process prepare cycles side by side, but send in turn. Each HTTP request a drain makes
+holds the request lock (`entries.REQUEST_LOCK`, through `Courier.turn`): a server that asked to
+wait (`Retry-After`, kept in the outbox as a wall-clock time the moment it is read) gets nothing
+from any drain before then, even from one that found the send lock held past its patience. A run
 known by its key is created under the store lock, and its id kept in the outbox (`.run-<key>.id`)
 for the other processes and the callback.
 """
@@ -21,14 +23,16 @@ from pathlib import Path
 from . import entries
 from . import outbox as _outbox
 from .entries import TRIED
-from .http_budget import retry_after_s
+from .http_budget import gated, retry_after_s
 from .model import Delivery, RunRef
 
 
 # The send lock keeps the drains of one outbox from sending at once (one server, one queue). A
 # drain that waited this long for it sends anyway: a helper starved of CPU beside busy cores held
 # it through a whole delivery, and the training process, draining at close, sent nothing (0 of 12
-# cycles in 10 s). Retry-After is still heeded: it is read from the outbox before each send.
+# cycles in 10 s). Retry-After is still heeded: each request waits for the request lock (as long,
+# at most), then reads the outbox's quiet time. Reading it once before a batch was not enough: a
+# drain sending without the send lock wrote 0.08 s after the lock's holder was refused.
 SEND_LOCK_PATIENCE_S = 2.0
 
 
@@ -41,29 +45,67 @@ class Courier:
         self.progress = progress
         self.wrote = False  # something was written to a server
         self._loggers: dict[tuple, object] = {}
+        self._stop, self._deadline = None, None  # of the pass whose requests are gated (`gated`)
 
     def deliver(self, entries_sent: list[Path], deliveries: list[Delivery], run: RunRef, stop,
                 deadline: float | None) -> list[tuple[dict, list[str]]]:  # fmt: skip
         """One attempt, holding the outbox's send lock where it comes within `SEND_LOCK_PATIENCE_S`;
         nothing goes out before a refusal's Retry-After has passed, for any entry and from any
         process draining this outbox (the helper, and training while it waits)."""
-        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        patience = SEND_LOCK_PATIENCE_S if left is None else min(left, SEND_LOCK_PATIENCE_S)
-        held = entries.lock_file(self.outbox / entries.SEND_LOCK, blocking=True, timeout=patience)
-        if held is None and left is not None and left <= patience:
-            raise InterruptedError("another process was sending from this outbox until the time ran out")
+        held = self._lock(entries.SEND_LOCK, deadline)
         try:
-            quiet = self._quiet_until() - time.time()
-            if quiet > 0:
-                if (deadline is not None and time.monotonic() + quiet >= deadline) or (
-                        stop is not None and (stop.is_set() or stop.wait(quiet))):  # fmt: skip
-                    raise InterruptedError(f"the server asked to wait {quiet:.0f} s more, past the time left")
-                if stop is None:
-                    time.sleep(quiet)
-            return self._deliver_held(entries_sent, deliveries, run)
+            self._wait_quiet(stop, deadline)
+            with self.gated(stop, deadline):
+                return self._deliver_held(entries_sent, deliveries, run)
         finally:
             if held is not None:
                 held.release()
+
+    @contextlib.contextmanager
+    def gated(self, stop, deadline):
+        """Every HTTP request this thread makes inside waits its turn (`turn`)."""
+        outer = self._stop, self._deadline
+        self._stop, self._deadline = stop, deadline
+        try:
+            with gated(self):
+                yield
+        finally:
+            self._stop, self._deadline = outer
+
+    @contextlib.contextmanager
+    def turn(self):
+        """One request: with the request lock (or without it, past `SEND_LOCK_PATIENCE_S`), after
+        the quiet time a refusal asked for."""
+        held = self._lock(entries.REQUEST_LOCK, self._deadline)
+        try:
+            self._wait_quiet(self._stop, self._deadline)
+            yield
+        finally:
+            if held is not None:
+                held.release()
+
+    def refused(self, seconds: float) -> None:
+        """A refusal asked for `seconds` of quiet: kept in the outbox for every drain, at once."""
+        with contextlib.suppress(OSError):
+            (self.outbox / entries.QUIET).write_text(f"{time.time() + seconds:.3f}", encoding="ascii")
+
+    def _lock(self, name: str, deadline: float | None):
+        """The outbox's lock `name`, waited for up to `SEND_LOCK_PATIENCE_S`; None past it."""
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        patience = SEND_LOCK_PATIENCE_S if left is None else min(left, SEND_LOCK_PATIENCE_S)
+        held = entries.lock_file(self.outbox / name, blocking=True, timeout=patience)
+        if held is None and left is not None and left <= patience:
+            raise InterruptedError("another process was sending from this outbox until the time ran out")
+        return held
+
+    def _wait_quiet(self, stop, deadline) -> None:
+        quiet = self._quiet_until() - time.time()
+        if quiet > 0:
+            if (deadline is not None and time.monotonic() + quiet >= deadline) or (
+                    stop is not None and (stop.is_set() or stop.wait(quiet))):  # fmt: skip
+                raise InterruptedError(f"the server asked to wait {quiet:.0f} s more, past the time left")
+            if stop is None:
+                time.sleep(quiet)
 
     def _deliver_held(self, entries_sent: list[Path], deliveries: list[Delivery], run: RunRef) -> list:
         logger = self.logger(run)
@@ -77,9 +119,8 @@ class Courier:
             return logger.deliver_many(deliveries, fresh=fresh)
         except Exception:
             asked = retry_after_s()
-            if asked:
-                with contextlib.suppress(OSError):
-                    (self.outbox / entries.QUIET).write_text(f"{time.time() + asked:.3f}", encoding="ascii")
+            if asked:  # already kept by `refused`, when the refusal was read; kept from its end too
+                self.refused(asked)
             raise
 
     def quiet_s(self) -> float:

@@ -105,7 +105,7 @@ class Drain:
              on_outcome: Callable[[Outcome], None] | None = None) -> Pass:  # fmt: skip
         """Works through every entry there is now, in order; stops early at `stop` or `deadline`."""
         done = Pass()
-        with self._lock:
+        with self._lock, self.courier.gated(stop, deadline):  # every request of the pass in turn
             ready: list[_Ready] = []
             since = 0.0  # when the batch's first entry was claimed
             try:

@@ -22,8 +22,10 @@ Lock files in the outbox (each taken with `lock_file`):
 - `.consumer.lock`: the one consumer that follows the outbox (the helper process, or a `sync`);
 - `.mlflow-neuron-<uid>-<outbox's hash>.store.lock`, in the temp folder: one process at a time opens
   a fresh store or creates a run;
-- `.send.lock`: one request at a time goes to the server from this outbox (the helper and training
-  prepare cycles side by side, but send in turn, and a refusal's Retry-After holds for both).
+- `.send.lock`: one delivery at a time goes to the server from this outbox (the helper and training
+  prepare cycles side by side, but send in turn);
+- `.request.lock`: one HTTP request at a time, each after a refusal's Retry-After (`.quiet-until`),
+  whichever drain sends it.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ except ImportError:  # pragma: no cover - Windows: no locks, one process per out
 JOB, RECORD, END = _outbox.JOB, _outbox.RECORD, _outbox.END
 FILES = "files"  # the cycle's files: the trace Kineto saved, then the tables made from it
 TRIED = ".tried"  # a delivery was attempted: the next one searches before writing the trace
-CONSUMER_LOCK, STORE_LOCK, SEND_LOCK = ".consumer.lock", ".store.lock", ".send.lock"
+CONSUMER_LOCK, STORE_LOCK, SEND_LOCK, REQUEST_LOCK = ".consumer.lock", ".store.lock", ".send.lock", ".request.lock"
 QUIET = ".quiet-until"  # a refusal's Retry-After, as a wall-clock time: every drain of the outbox heeds it
 FORMAT = 2
 QUEUED, PREPARED, ENDING, WRITING = "queued", "prepared", "end", "writing"
@@ -259,7 +261,8 @@ def remove_if_idle(outbox: Path) -> None:
         return
     try:
         names = set(os.listdir(outbox))
-        if not names - {CONSUMER_LOCK, STORE_LOCK, SEND_LOCK, QUIET} - _run_files(names) - _unborn(outbox, names):
+        locks = {CONSUMER_LOCK, STORE_LOCK, SEND_LOCK, REQUEST_LOCK, QUIET}
+        if not names - locks - _run_files(names) - _unborn(outbox, names):
             for name in names:
                 with contextlib.suppress(OSError):
                     if (outbox / name).is_dir():

@@ -11,10 +11,16 @@ callback closes, when the cycle is kept in the outbox.
 The training process's environment is the user's and is left alone: there MLflow's retries apply
 (a Retry-After is still read, once they are spent), and the exit budget is kept by `close`
 storing whatever was not sent in time.
+
+A drain also takes each HTTP request its thread makes in turn with the other drains of its outbox
+(`gated`): one request at a time, none before a refusal's Retry-After, and a refusal recorded the
+moment it is read, before the next request of any process can go out. Requests of other threads
+(the user's own MLflow calls) pass untouched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -40,15 +46,30 @@ def retry_after_s() -> float | None:
     return seconds
 
 
+@contextlib.contextmanager
+def gated(gate):
+    """Every HTTP request this thread makes inside is made within `gate.turn()`, and a refusal's
+    Retry-After is handed to `gate.refused(seconds)` as soon as it is read."""
+    remember_retry_after()
+    outer, _seen.gate = getattr(_seen, "gate", None), gate
+    try:
+        yield
+    finally:
+        _seen.gate = outer
+
+
 def remember_retry_after() -> None:
-    """Lets `retry_after_s` see what a refusal asked for; changes no request (any process may call it)."""
+    """Lets `retry_after_s` see what a refusal asked for, and takes a gated thread's requests in
+    turn (`gated`); changes no other request (any process may call it)."""
     # urllib3 drops the response once its retries are spent (0 here): its Retry.increment is the
-    # one place that sees the answer's headers before the error is raised.
+    # one place that sees the answer's headers before the error is raised. requests' HTTPAdapter.send
+    # is where each of MLflow's requests goes out (its retries happen within it).
+    from requests.adapters import HTTPAdapter
     from urllib3.util.retry import Retry
 
     if getattr(Retry.increment, "_remembers_retry_after", False):
         return
-    increment = Retry.increment
+    increment, send = Retry.increment, HTTPAdapter.send
 
     def remembering(self, method=None, url=None, response=None, *args, **kwargs):
         header = response.headers.get("Retry-After") if response is not None else None
@@ -57,7 +78,17 @@ def remember_retry_after() -> None:
                 _seen.seconds = min(self.parse_retry_after(header), MAX_RETRY_AFTER_S)
             except Exception:  # noqa: BLE001 - a malformed header is the server's; our backoff applies
                 _seen.seconds = None
+            gate = getattr(_seen, "gate", None)
+            if gate is not None and _seen.seconds:
+                gate.refused(_seen.seconds)
         return increment(self, method, url, response, *args, **kwargs)
 
+    def in_turn(self, request, *args, **kwargs):
+        gate = getattr(_seen, "gate", None)
+        if gate is None:
+            return send(self, request, *args, **kwargs)
+        with gate.turn():
+            return send(self, request, *args, **kwargs)
+
     remembering._remembers_retry_after = True
-    Retry.increment = remembering
+    Retry.increment, HTTPAdapter.send = remembering, in_turn
