@@ -2,10 +2,12 @@
 under each load pattern, with 1, 2, 3 and 4 cycles a run.
 
     python benchmarks/calibration_matrix.py [--pairs 20] [--loads quiet,one,both,periodic] [--cycles 1,2,3,4]
-                                            [--busy-shares 0.1,0.25,0.5,1] [--store sqlite:///...]
+                                            [--gap-s 1] [--busy-shares 0.1,0.25,0.5,1] [--store sqlite:///...]
 
 Every run is a real torch.profiler run through `MLflowProfilerCallback` into a sqlite store,
-profiled with `schedule(wait=1, warmup=1, active=5, repeat=CYCLES)`, and each pair is its own
+profiled with `schedule(wait=1, warmup=1, active=5, repeat=CYCLES)`, a run's cycles `--gap-s`
+apart (a pause after each is handed over, as a training job's steps space them; the gate counts
+cycles that ended less than 1 s apart as one window of the host's weather), and each pair is its own
 experiment, judged as a CI job would: `mlflow-neuron compare --experiment E --baseline base
 --fail-if-slower 10` (tests/calibration_runs.py). The loads:
 
@@ -44,8 +46,9 @@ HOGS_BESIDE = {"quiet": (0, 0), "one": (0, 2), "both": (2, 2), "periodic": (0, 0
 KINDS = {"aa": ("base", 1.0, "same", 1.0), "ab": ("base", 1.0, "slower", 1.3)}
 
 
-def make_cells(uri: str, so: str | None, plan: list[tuple[str, str, int, int]]) -> None:
-    """Worker: logs each pair of `plan` ((kind, load, cycles, index)) into its own experiment."""
+def make_cells(uri: str, so: str | None, plan: list[tuple[str, str, int, int]], gap_s: float = 0.0) -> None:
+    """Worker: logs each pair of `plan` ((kind, load, cycles, index)) into its own experiment, the
+    cycles of a run `gap_s` apart."""
     import mlflow
     import torch
     from calibration import PeriodicHogs
@@ -72,8 +75,20 @@ def make_cells(uri: str, so: str | None, plan: list[tuple[str, str, int, int]]) 
                 with mlflow.start_run(run_name=run_name) as run, cpu_hogs(hogs):
                     with MLflowProfilerCallback(run_id=run.info.run_id, strict=True, background=False) as callback:
                         with garbage_collector_paused():
-                            profile_rmsnorm(callback, steps=7 * cycles, activities=activities, wait=1, warmup=1,
-                                            active=5, repeat=cycles)  # fmt: skip
+                            profile_rmsnorm(spaced(callback, gap_s), steps=7 * cycles, activities=activities,
+                                            wait=1, warmup=1, active=5, repeat=cycles)  # fmt: skip
+
+
+def spaced(callback, gap_s: float):
+    """`callback`, then a pause of `gap_s`: the next cycle starts that much later."""
+    if gap_s <= 0:
+        return callback
+
+    def handed(prof) -> None:
+        callback(prof)
+        time.sleep(gap_s)
+
+    return handed
 
 
 def experiment(kind: str, load: str, cycles: int, index: int) -> str:
@@ -85,6 +100,8 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=20, help="pairs per cell and kind (default: %(default)s)")
     parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated, of " + ", ".join(LOADS))
     parser.add_argument("--cycles", default="1,2,3,4", help="cycles a run, comma-separated (default: %(default)s)")
+    parser.add_argument("--gap-s", type=float, default=1.0, help="seconds between a run's cycles (default: "
+                        "%(default)s; 0: back to back, in one window of the host's weather)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=2026, help="FAKE_NEURON_SEED for the fake device's noise")
     parser.add_argument("--busy-shares", default="", help="comma-separated --host-busy-share values to judge the "
                         "A/A pairs again with (default: none)")  # fmt: skip
@@ -92,8 +109,8 @@ def main() -> int:
                         "(its --pairs, --loads and --cycles) instead of logging new ones")  # fmt: skip
     args = parser.parse_args()
     loads, cycles = args.loads.split(","), [int(c) for c in args.cycles.split(",")]
-    if set(loads) - set(LOADS) or args.pairs < 1 or min(cycles) < 1:
-        parser.error(f"--loads must be among {', '.join(LOADS)}; --pairs and --cycles at least 1")
+    if set(loads) - set(LOADS) or args.pairs < 1 or min(cycles) < 1 or not 0 <= args.gap_s <= 60:
+        parser.error(f"--loads must be among {', '.join(LOADS)}; --pairs and --cycles at least 1; --gap-s 0 to 60")
     try:
         shares = [float(s) for s in args.busy_shares.split(",") if s.strip()]
     except ValueError:
@@ -110,7 +127,7 @@ def main() -> int:
         uri = f"sqlite:///{work / 'mlflow.db'}"
         started = time.perf_counter()
         calibration_runs.run_worker(work, f"import calibration_matrix; calibration_matrix.make_cells({uri!r}, "
-                                    f"{so!r}, {plan!r})", args.seed, (ROOT,))  # fmt: skip
+                                    f"{so!r}, {plan!r}, {args.gap_s!r})", args.seed, (ROOT,))  # fmt: skip
         print(f"logged {2 * len(plan)} runs in {time.perf_counter() - started:.0f} s ({uri})\n")
     print(f"| load | cycles a run | A/A on CPU: gate fired | A/A: total's verdicts | A/B +30% on the fake device: found |")
     print("|---|---|---|---|---|")
