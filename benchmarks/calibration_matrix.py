@@ -2,12 +2,12 @@
 under each load pattern, with 1, 2, 3 and 4 cycles a run.
 
     python benchmarks/calibration_matrix.py [--pairs 20] [--loads quiet,one,both,periodic] [--cycles 1,2,3,4]
-                                            [--gap-s 1] [--busy-shares 0.1,0.25,0.5,1] [--store sqlite:///...]
+                                            [--gap-s 0] [--busy-shares 0.1,0.25,0.5,1] [--store sqlite:///...]
 
 Every run is a real torch.profiler run through `MLflowProfilerCallback` into a sqlite store,
-profiled with `schedule(wait=1, warmup=1, active=5, repeat=CYCLES)`, a run's cycles `--gap-s`
-apart (a pause after each is handed over, as a training job's steps space them; the gate counts
-cycles that ended less than 1 s apart as one window of the host's weather), and each pair is its own
+profiled with `schedule(wait=1, warmup=1, active=5, repeat=CYCLES)`, a run's cycles back to back
+or `--gap-s` apart (a pause after each is handed over, as a training job's steps space them: it
+tells a stretch of weather that covers a whole run from a shift that lasts), and each pair is its own
 experiment, judged as a CI job would: `mlflow-neuron compare --experiment E --baseline base
 --fail-if-slower 10` (tests/calibration_runs.py). The loads:
 
@@ -100,8 +100,8 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=20, help="pairs per cell and kind (default: %(default)s)")
     parser.add_argument("--loads", default=",".join(LOADS), help="comma-separated, of " + ", ".join(LOADS))
     parser.add_argument("--cycles", default="1,2,3,4", help="cycles a run, comma-separated (default: %(default)s)")
-    parser.add_argument("--gap-s", type=float, default=1.0, help="seconds between a run's cycles (default: "
-                        "%(default)s; 0: back to back, in one window of the host's weather)")  # fmt: skip
+    parser.add_argument("--gap-s", type=float, default=0.0, help="seconds between a run's cycles (default: "
+                        "%(default)s, back to back)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=2026, help="FAKE_NEURON_SEED for the fake device's noise")
     parser.add_argument("--busy-shares", default="", help="comma-separated --host-busy-share values to judge the "
                         "A/A pairs again with (default: none)")  # fmt: skip

@@ -11,7 +11,6 @@ from torch.profiler import tensorboard_trace_handler
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowProfilerCallback
-from mlflow_neuron._compare.profiles import load_profile
 from mlflow_neuron.cli import main as cli_main
 
 NUMBERS = ["calls", "self_device_time_us", "device_time_us", "self_cpu_time_us", "cpu_time_us"]
@@ -45,8 +44,6 @@ def test_a_tensorboard_folder_ingests_to_the_numbers_the_callback_logged(trackin
     assert ingested.info.run_name == "from-tb" and ingested.info.status == "FINISHED"
     assert ingested.data.tags["mlflow_neuron.source"] == "ingest"
     assert_same_numbers(client, live.info.run_id, ingested.info.run_id, 4, tmp_path)
-    # an ingested cycle's metrics carry the time of the ingest, not of its window: its time is unknown
-    assert load_profile(client, ingested).cycle_ends == {} and load_profile(client, client.get_run(live.info.run_id)).cycle_ends
     assert "profiler/step_4/trace.json.gz" in artifact_files(client, ingested.info.run_id)
 
 

@@ -22,7 +22,7 @@ from .._delivery.files import human_size, link_or_copy, sent_files
 from .._delivery.job import CycleJob
 from .._delivery.manifest import manifest
 from .._delivery.mlflow_io import RunLogger
-from .._delivery.model import INGESTED, SOURCE_TAG, RunRef
+from .._delivery.model import SOURCE_TAG, RunRef
 from .._delivery.prepare import Preparer
 from .._delivery.report import MLflowNeuronWarning, Reporter
 from .._neuron import layout
@@ -159,7 +159,7 @@ def _job_for(cycle: TraceCycle, summary: CycleSummary, step: int, max_file_bytes
         params={"profiler.ingested_from": str(cycle.root or cycle.trace.parent)} if first else {},
         uploads=tuple((str(f.path), f"{step_dir}/neuron/{f.relative_path}".rsplit("/", 1)[0])
                       for f in found if f.decision == UPLOAD),
-        register_table=True, tags={SOURCE_TAG: INGESTED},
+        register_table=True, tags={SOURCE_TAG: "ingest"},
         table_note=f"reconstructed from {cycle.trace} (no torch events to build torch's own table)\n",
     )  # fmt: skip
     if cycle.files:  # the framework trace is one of the session's files

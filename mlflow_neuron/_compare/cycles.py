@@ -27,19 +27,12 @@ honest:
 4. **Which evidence the gate may act on.** A step-level interval from one or two windows a run
    covers the noise between steps, not the variation between windows: under host load, two
    windows can sit far apart and take every step with them. Host time is therefore gated
-   (`window_rule`) only when each run has `MIN_CYCLES` windows (the between-cycle test had windows
+   (`window_rule`) only when each run has `MIN_CYCLES` cycles (the between-cycle test had windows
    to compare), or when the runs were profiled in rotation by `interleaved()` with at least
    `MIN_ROTATION_CYCLES` cycles each (each window of a variant sits next to one of the baseline,
    so what moves one moves the other). Device time, which the host's load does not move, is
    gated on its own evidence. Rows that fail this keep their numbers and verdict, say why they
    are not gated, and never fail the gate.
-
-   Cycles that ended less than `MIN_WINDOW_GAP_S` (1 s) apart count as one window (`windows`):
-   they share the host's weather. On a quiet 2-core host, runs of 3 and 4 cycles profiled back
-   to back (all within 0.3 s) gave 1 A/A alarm in 20 at each count: the candidate was 1.4-2.7x
-   slower in every cycle, as one stretch of weather moves every window inside it. 1 s is also the
-   span the host sampler reads the load over (`_capture.host.MIN_SPAN_S`): closer cycles share
-   their load reading. Runs whose cycle times are unknown (ingested traces) count cycles.
 
 Rows whose samples are not all positive (an op absent from some steps) and runs with one sample
 per cycle are judged on steps alone: the first have no log scale, the second are cycle-level
@@ -60,7 +53,6 @@ CYCLE_ALPHA = 0.2
 NEGLIGIBLE_SHIFT = 0.005  # standard deviation of the cycles' shifts, on the log scale
 MIN_CYCLES = 3
 MIN_ROTATION_CYCLES = 2  # runs of one interleaved() call: windows side by side, at least two pairs of them
-MIN_WINDOW_GAP_S = 1.0  # cycles that ended closer than this share the host's weather: one window
 STEPS, CYCLES = "steps", "cycles"  # the unit an interval was computed on
 
 
@@ -108,37 +100,17 @@ def judge(base: np.ndarray, base_cycles: np.ndarray, run: np.ndarray, run_cycles
     return Judged(cluster_interval(x, cx, y, cy, confidence), CYCLES, noise)
 
 
-def windows(ends: list[float], gap_s: float = MIN_WINDOW_GAP_S) -> int:
-    """How many windows of the host's weather cycles that ended at `ends` (seconds) cover: a
-    window starts at a cycle that ended `gap_s` or more after the one that started the last."""
-    count, start = 0, None
-    for end in sorted(ends):
-        if start is None or end - start >= gap_s:
-            count, start = count + 1, end
-    return count
-
-
-def window_rule(windows: tuple[int, int], host_time: bool, rotation: bool,
-                cycles: tuple[int, int] | None = None) -> str | None:  # fmt: skip
+def window_rule(cycles: tuple[int, int], host_time: bool, rotation: bool) -> str | None:
     """None when a comparison's intervals cover the variation between profiled windows, so the gate
-    may act on them; else why not, in words (`2 windows a run: not gated; ...`). `windows`: the
-    baseline's and the run's (`windows`); `cycles`: theirs in cycles (default: as many as
-    windows); `rotation`: both runs come from one `interleaved()` call."""
-    cycles = cycles or windows
-    if not host_time or min(windows) >= MIN_CYCLES or (rotation and min(cycles) >= MIN_ROTATION_CYCLES):
-        return None
-    count = _per_run(windows, "window")
-    if cycles != windows:
-        count += f" ({_per_run(cycles, 'cycle')} less than {MIN_WINDOW_GAP_S:g} s apart)"
-    spaced = "" if cycles == windows else f" {MIN_WINDOW_GAP_S:g} s apart"
+    may act on them; else why not, in words (`2 windows a run: not gated; ...`). `cycles`: the
+    baseline's and the run's; `rotation`: both runs come from one `interleaved()` call."""
     fewest = min(cycles)
+    if not host_time or fewest >= MIN_CYCLES or (rotation and fewest >= MIN_ROTATION_CYCLES):
+        return None
+    base, run = cycles
+    count = f"{base} window{'s' if base != 1 else ''} a run" if base == run else f"{base} vs {run} windows a run"
     fix = "use interleaved()" if fewest >= MIN_ROTATION_CYCLES else f"{MIN_ROTATION_CYCLES} in rotation with interleaved()"
-    return f"{count}: not gated; profile \u2265 {MIN_CYCLES} cycles{spaced} or {fix}"
-
-
-def _per_run(counts: tuple[int, int], noun: str) -> str:
-    base, run = counts
-    return f"{base} {noun}{'s' if base != 1 else ''} a run" if base == run else f"{base} vs {run} {noun}s a run"
+    return f"{count}: not gated; profile \u2265 {MIN_CYCLES} cycles or {fix}"
 
 
 def cycle_noise(x: np.ndarray, cx: np.ndarray, y: np.ndarray, cy: np.ndarray) -> CycleNoise:

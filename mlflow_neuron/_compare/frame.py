@@ -223,18 +223,13 @@ def _weather_verdicts(frame: pd.DataFrame, hosts: dict[str, dict], base: str,
 def _window_rules(frame: pd.DataFrame, samples: dict[str, StepSamples], profiles: list[RunProfile], base: str,
                   host_time: bool) -> dict[str, str]:  # fmt: skip
     """Why the gate may not act on a run's judged rows, per run where it may not (`cycles.window_rule`):
-    the same rule for the TOTAL and every op, from the runs' cycles (as windows: `cycles.windows`,
-    where their times are known) and whether they ran in rotation."""
+    the same rule for the TOTAL and every op, from the runs' cycles and whether they ran in rotation."""
     rotation = {p.label: p.extra.get("rotation") for p in profiles}
-    ends = {p.label: p.cycle_ends for p in profiles}
-    cycles = {label: sorted({cycle for cycle, _ in s.steps}) for label, s in samples.items()}
-    windows = {label: _cycles.windows([ends[label][c] for c in kept]) if all(c in ends[label] for c in kept)
-               else len(kept) for label, kept in cycles.items()}  # fmt: skip
+    windows = {label: len({cycle for cycle, _ in s.steps}) for label, s in samples.items()}
     found = {}
     for label in samples:
         in_rotation = bool(rotation[base]) and rotation[label] == rotation[base]
-        why = None if label == base else _cycles.window_rule(
-            (windows[base], windows[label]), host_time, in_rotation, (len(cycles[base]), len(cycles[label])))
+        why = None if label == base else _cycles.window_rule((windows[base], windows[label]), host_time, in_rotation)
         if why and frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE]).any():
             found[label] = why
     return found

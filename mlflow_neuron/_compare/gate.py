@@ -7,8 +7,8 @@ silence. Nor can the rows of a run whose verdicts are `inconclusive` (host time,
 load differed from the baseline's): the gate prints why, and `inconclusive_runs` lets the
 command line exit 4 for a CI job that wants to retry on a quieter host. Nor can the rows of a
 run whose host-time intervals do not cover the variation between profiled windows (fewer than 3
-windows a run, cycles under 1 s apart counting as one, not in rotation: `cycles.window_rule`):
-the gate prints a NOT GATED line with the rows that would have failed, and exits 0 on them. A comparison of many runs (`overview`) holds only
+cycles a run, not in rotation: `cycles.window_rule`): the gate prints a NOT GATED line with the
+rows that would have failed, and exits 0 on them. A comparison of many runs (`overview`) holds only
 the runs shown in detail: the gate judges those, on their per-step samples, and names them
 (JUDGED IN DETAIL) and the runs it did not judge (NOT JUDGED IN DETAIL); summaries never fail it.
 """

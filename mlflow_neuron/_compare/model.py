@@ -64,9 +64,6 @@ class RunProfile:
     # (`region.REGION_OP_COLUMNS`), from steps.json and region_ops.json; None: none logged.
     regions: pd.DataFrame | None = None
     region_ops: pd.DataFrame | None = None
-    # When each cycle ended (its metrics' timestamp, epoch seconds), by the cycle's logged step;
-    # empty when unknown (runs ingested from traces made elsewhere carry the time of the ingest).
-    cycle_ends: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

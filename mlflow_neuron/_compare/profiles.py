@@ -44,11 +44,9 @@ from .._delivery.model import (
     HOST_METRIC_PREFIX,
     OPS_TABLE,
     PER_OP_METRICS,
-    INGESTED,
     ROTATION_TAG,
     REGION,
     REGION_OPS_TABLE,
-    SOURCE_TAG,
     STEP_METRICS,
     STEP_TOTALS_TABLE,
     STEPS_TABLE,
@@ -133,9 +131,6 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
         host=_host(run, chosen, histories, tables),
         regions=regions,
         region_ops=region_ops,
-        cycle_ends={} if run.data.tags.get(SOURCE_TAG) == INGESTED else {
-            point.step: point.timestamp / 1000 for point in histories.get(f"{PREFIX}/total/active_steps")
-            if point.step in chosen},  # fmt: skip
     )
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 DEVICE_TAG = "mlflow_neuron.device"  # neuron | cuda | cpu (ingest also: rocm | xpu | mtia)
 DEVICE_TIME_TAG = "mlflow_neuron.device_time"  # present | missing | not_profiled
 RUN_KEY_TAG = "mlflow_neuron.run_key"  # a run the callback creates, found again by this key
-SOURCE_TAG, INGESTED = "mlflow_neuron.source", "ingest"  # the tag of runs logged from traces made elsewhere
+SOURCE_TAG = "mlflow_neuron.source"  # "ingest" for runs logged from traces made elsewhere
 # the variants of one `interleaved()` call share this tag (a random id): their cycles ran in rotation
 ROTATION_TAG = "mlflow_neuron.rotation"
 
