@@ -22,9 +22,9 @@ point. The interval assumes the runs differ by a scale factor; `tests/test_stats
 **Outliers.** A sample is an outlier when it lies more than 5 robust standard deviations from
 its own run's median: |x − median| > 5 · 1.4826 · MAD (n >= 4; more sigmas below 24 samples, see
 `_trace.step_summary`), with the MAD floored at 1% of the median (and at 1 ns), so samples that
-are all equal do not flag the nanosecond of jitter that a timer adds. The median and the MAD ignore up to half the samples, so three stalls in ten steps
-are still found (quartiles would take them in). Outliers are named wherever a comparison is
-shown, and the ratio and its interval are estimated without them (`without_outliers`): a stalled
+are all equal do not flag the nanosecond of jitter that a timer adds. The median and the MAD
+ignore up to half the samples, so three stalls in ten steps are still found (quartiles would
+take them in). Outliers are named wherever a comparison is shown, and the ratio and its interval are estimated without them (`without_outliers`): a stalled
 step is a separate event, not a sample of how long the op takes. Left in, two stalls in ten
 steps stretch the interval over most of its range; taken out by this rule, the simulated
 coverage stays at about 95% (`benchmarks/stats_calibration.py`).

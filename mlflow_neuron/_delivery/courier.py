@@ -55,8 +55,7 @@ class Courier:
         held = self._lock(entries.SEND_LOCK, deadline)
         try:
             self._wait_quiet(stop, deadline)
-            with self.gated(stop, deadline):
-                return self._deliver_held(entries_sent, deliveries, run)
+            return self._deliver_held(entries_sent, deliveries, run)  # each request in turn: `Drain.once` is gated
         finally:
             if held is not None:
                 held.release()
