@@ -254,15 +254,69 @@ def test_an_entry_held_by_a_live_process_is_never_taken_and_one_whose_holder_die
     again.release()
 
 
-def test_an_entry_left_half_written_by_a_dead_process_is_set_aside_as_damaged(tmp_path, sync_store, capsys):
-    outbox = tmp_path / "outbox"
+GRAB_THE_END = """
+import sys, time
+from pathlib import Path
+from mlflow_neuron._delivery import entries
+outbox, until = Path(sys.argv[1]), time.monotonic() + 120
+print("ready", flush=True)
+while time.monotonic() < until:
+    for entry in entries.listed(outbox):
+        held = (entry / entries.END).is_file() and entries.try_claim(entry)
+        if held:
+            print("grabbed", flush=True)
+            time.sleep(600)  # a drain starved of CPU, holding the run's end
+    time.sleep(0.001)
+"""
+
+
+def test_close_holds_the_run_end_so_a_starved_drain_cannot_take_it_and_leave_the_run_running(tmp_path):
+    """Seen beside busy CPUs: the helper (nice 10) took the run's end entry and did not get the CPU
+    to end the run within close()'s budget; close() warned that the run was left RUNNING. The
+    training process now holds the end entry from the moment it queues it and ends the run itself."""
+    from workloads import profile_rmsnorm
+
+    from mlflow_neuron import MLflowProfilerCallback
+
+    uri, outbox = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "outbox"
+    callback = MLflowProfilerCallback(experiment_id="0", tracking_uri=uri, outbox=outbox, process="inline",
+                                      flush_timeout_s=120, strict=True)  # fmt: skip
+    profile_rmsnorm(callback)
+    assert callback.flush()
+    grabber = subprocess.Popen([sys.executable, "-c", GRAB_THE_END, str(outbox)], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    try:
+        assert grabber.stdout.readline().strip() == "ready"
+        callback.close()
+    finally:
+        grabber.kill()
+        said = grabber.communicate()[0]
+    assert "grabbed" not in said
+    assert MlflowClient(uri).get_run(callback.run_id).info.status == "FINISHED"
+    assert not outbox.exists()  # every cycle and the end settled: the outbox is cleared
+
+
+def test_an_entry_its_dead_writer_left_unqueued_is_removed_as_cut_short_and_the_rest_land(tmp_path, capsys):
+    """The one cycle a kill can take (contract: the trace being written) is said to be cut short and
+    removed: not set aside as damaged with advice to restore files that never were, and not a
+    failing exit when every cycle that was queued landed."""
+    store, outbox, run_id = _queued_cycles(tmp_path, 1)
     held = entries.create(outbox)
     (held.path / entries.FILES / "raw_trace.json").write_text("{", encoding="utf-8")  # killed mid-write
     held.release()
-    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 1
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 0
     out = capsys.readouterr().out
-    assert f"{held.name}: damaged, not sent: half-written: it has no record.json nor job.json" in out
-    assert [p.name for p in _outbox.damaged(outbox)] == [held.name]
+    assert f"{held.name}: cut short: the process reading this cycle ended before it was queued" in out
+    assert "1 cut short by their process's end" in out and "damaged" not in out
+    assert not held.path.exists() and _outbox.damaged(outbox) == [] and _outbox.pending(outbox) == []
+    assert count_cycles(MlflowClient(store), run_id, [4]) == (1, 0)
+    # A prepared entry whose record.json went is damage, not a cut: its files are set aside, whole.
+    prepared = entries.create(outbox)
+    (prepared.path / entries.FILES / "manifest.json").write_text("{}", encoding="utf-8")
+    prepared.release()
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == 1
+    assert f"{prepared.name}: damaged, not sent: it has no record.json" in capsys.readouterr().out
+    assert [p.name for p in _outbox.damaged(outbox)] == [prepared.name]
 
 
 def test_a_new_entry_is_in_the_queue_only_once_it_is_held(tmp_path, monkeypatch):

@@ -2,7 +2,8 @@
 
     writing --(job.json renamed in)--> queued --prepare--> prepared --deliver--> delivered (removed)
                                                                      \\--refused for good--> rejected/
-    unreadable, failing its seal, or left half-written by a process that died --> damaged/
+    unreadable or failing its seal --> damaged/
+    writing, left by a process that died before it was queued (a kill, a container's end) --> cut short (removed)
     end.json: once no earlier entry of its run is left, the run is ended (FINISHED): here only.
 
 The helper process runs it (`follow`); the training process runs it while it waits at a flush or
@@ -30,7 +31,7 @@ from .failures import is_permanent, is_unreachable, reason
 from .files import sent_files
 from .http_budget import remember_retry_after
 from .job import CycleJob
-from .model import Delivery, RunRef
+from .model import MANIFEST, Delivery, RunRef
 from .report import report_delivery
 from .seal import DamagedRecord
 
@@ -42,7 +43,8 @@ BATCH = 16  # prepared entries of one run sent together at most (one log_batch, 
 BATCH_HOLD_S = 2.0
 DELIVERED, REJECTED, DAMAGED, KEPT, ENDED = "delivered", "rejected", "damaged", "kept", "ended"
 BUSY = "busy"  # another process holds it (the training thread writing it, or another drain)
-SETTLED = (DELIVERED, REJECTED, DAMAGED, ENDED)
+CUT = "cut short"  # its writer died before it was queued: the one cycle a kill can take; removed
+SETTLED = (DELIVERED, REJECTED, DAMAGED, ENDED, CUT)
 
 
 @dataclass
@@ -50,7 +52,7 @@ class Outcome:
     """What became of one entry in a pass."""
 
     entry: Path
-    state: str  # DELIVERED | REJECTED | DAMAGED | KEPT | ENDED | BUSY
+    state: str  # DELIVERED | REJECTED | DAMAGED | KEPT | ENDED | BUSY | CUT
     why: str = ""
     delivery: Delivery | None = None
     run: RunRef | None = None
@@ -158,15 +160,31 @@ class Drain:
             while not stop.wait(poll_s) and not done.busy and _mtime(self.folder) == mtime:
                 pass
 
+    def end_held(self, held: Held, *, stop: threading.Event | None = None, deadline: float | None = None) -> Pass:
+        """Ends the run of an end entry this process holds, once no earlier cycle of the run is left.
+        The training process holds its run's end entry while close() waits, so that a helper
+        starved of CPU (nice 10 beside busy cores) cannot take it and leave the run RUNNING."""
+        done = Pass()
+        with self._lock, self.courier.gated(stop, deadline):
+            self._end(held.path, done, None)
+        return done
+
     # -- one entry -------------------------------------------------------------------------------------
 
     def _take(self, held: Held, done: Pass, on_outcome) -> _Ready | None:
         """The held entry ready to send, prepared first if it is queued; None when it was settled
         or set aside here, or must wait."""
         state = entries.state(held.path)
-        if state == entries.WRITING:
-            self._damaged(held.path, "half-written: it has no record.json nor job.json, and the process that wrote "
-                          "it ended", done, on_outcome)  # fmt: skip
+        if state == entries.WRITING and (held.path / FILES / MANIFEST).exists():  # prepared, then its record lost
+            self._damaged(held.path, "it has no record.json (nor job.json), though its files were prepared", done,
+                          on_outcome)  # fmt: skip
+            return None
+        if state == entries.WRITING:  # nobody holds it: its writer died before the cycle was queued
+            why = ("cut short: the process reading this cycle ended before it was queued (a kill, or a container's "
+                   "end); it holds no job nor record to send, and is removed")  # fmt: skip
+            entries.remove(held.path)
+            self.reporter.problem("cut", f"outbox entry {held.name} was {why}")
+            self._outcome(done, on_outcome, Outcome(held.path, CUT, why))
             return None
         if state == entries.ENDING:
             self._end(held.path, done, on_outcome)

@@ -15,7 +15,8 @@ Whoever works on an entry holds `flock` on its folder: the training thread while
 consumer while it prepares or delivers it. The kernel drops the lock when the process ends, however
 it ends and in whatever PID namespace, so an entry whose holder died is taken by the next consumer
 at once and one that a live process holds is never taken. An entry with none of the three files
-that nobody holds was left half-written by a process that died: it is set aside as damaged.
+that nobody holds was left by a process that died before the cycle was queued: it is removed, and
+said to be cut short.
 Ownership is never decided by pid liveness, which breaks across PID namespaces and pid reuse.
 
 Lock files in the outbox (each taken with `lock_file`):
@@ -82,7 +83,7 @@ def create(outbox: Path) -> Held:
     cannot be written, OutboxRefused when it is not this user's private folder.
 
     Made under a hidden name, locked, then renamed into the queue: a consumer that lists it finds
-    it held already (an entry visible before its lock was taken was set aside as half-written by a
+    it held already (an entry visible before its lock was taken would be taken for cut short by a
     consumer that came between; the lock follows the folder through the rename). A process that
     dies before the rename leaves an empty hidden folder, which `remove_if_idle` clears."""
     name = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):06d}"

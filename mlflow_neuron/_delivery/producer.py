@@ -61,6 +61,7 @@ class Producer:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None
+        self._ending: Held | None = None  # the run's end entry, held by close() while it waits
         self._last: Pass | None = None  # the latest pass this process made
         if self.helper is not None:
             self.helper.ensure()  # now: its imports take a second or two, before the first cycle
@@ -230,6 +231,7 @@ class Producer:
         started = time.monotonic()
         self.flush(timeout, progress=True)
         self._stop.set()
+        self._let_end_go()
         for drain in self.drains.values():
             drain.memory.clear()  # what is left is read from its entry by whoever drains it next
         if self.helper is not None:  # within the budget: one killed mid-delivery leaves its entry whole
@@ -272,14 +274,15 @@ class Producer:
                 time.sleep(0.05)  # another process holds an entry: look again shortly
 
     def _drain_here(self, deadline: float | None) -> Pass | None:
-        """One pass over each folder that holds a cycle of this process (their outcomes together)."""
+        """One pass over each folder that holds a cycle of this process (their outcomes together),
+        then the run's end if close() holds it."""
         done = Pass()
         try:
             for folder in {entry.parent for entry, _ in self._unsettled()} or {self.outbox}:
-                one = self._drain_for(folder).once(stop=self._stop, deadline=deadline)
-                done.outcomes += one.outcomes
-                done.busy += one.busy
-                done.unreachable.update(one.unreachable)
+                _merge(done, self._drain_for(folder).once(stop=self._stop, deadline=deadline))
+            ending = self._ending
+            if ending is not None and ending.fd >= 0:
+                _merge(done, self._drain_for(ending.path.parent).end_held(ending, stop=self._stop, deadline=deadline))
         except BaseException as error:  # noqa: BLE001 - strict mode: raised on the training thread
             self.errors.append(error)
             return None
@@ -296,6 +299,9 @@ class Producer:
     # -- the end ------------------------------------------------------------------------------------------
 
     def _queue_end(self) -> None:
+        """Queues the run's end and holds it: this process ends the run once its cycles are in (no
+        other drain can take it meanwhile), and lets it go to the helper or `sync` at the end of
+        close() if it could not."""
         try:
             held = entries.create(self.outbox)
         except OSError as error:
@@ -304,9 +310,18 @@ class Producer:
         try:
             run = {**asdict(self.run), "tracking_uri": _outbox.without_credentials(self.run.tracking_uri)}
             entries.write_json(held.path / END, {"format": entries.FORMAT, "run": run})
-            self.mine.append((held.path, None))
-        finally:
+        except BaseException:
+            entries.remove(held.path)
             held.release()
+            raise
+        self.mine.append((held.path, None))
+        self._ending = held
+
+    def _let_end_go(self) -> None:
+        with self._cond:
+            ending, self._ending = self._ending, None
+        if ending is not None:
+            ending.release()
 
     def _say_progress(self, left: float | None) -> bool:
         return closing.progress(self, left)
@@ -346,6 +361,12 @@ def _move_paths(job: CycleJob, old: Path, new: Path) -> None:
     job.raw_trace = Path(moved(job.raw_trace)) if job.raw_trace is not None else None
     if hasattr(job.source, "path") and hasattr(job.source, "fallback"):
         job.source = replace(job.source, path=moved(job.source.path), fallback=moved(job.source.fallback))
+
+
+def _merge(into: Pass, one: Pass) -> None:
+    into.outcomes += one.outcomes
+    into.busy += one.busy
+    into.unreachable.update(one.unreachable)
 
 
 def _progress(done: Pass) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import entries, outbox
-from .drain import BUSY, DAMAGED, DELIVERED, ENDED, KEPT, REJECTED, Drain, Outcome
+from .drain import BUSY, CUT, DAMAGED, DELIVERED, ENDED, KEPT, REJECTED, Drain, Outcome
 from .files import human_size
 from .report import RedactingStream
 
@@ -41,6 +41,7 @@ class SyncResult:
     kept: int = 0  # deliverable entries still in the outbox (a transient failure, or another process had it)
     rejected: int = 0  # entries refused for good, now or earlier, left in <outbox>/rejected
     damaged: int = 0  # entries this sync set aside in <outbox>/damaged (with --retry-damaged: still damaged)
+    cut: int = 0  # entries whose writer died before they were queued: removed, nothing to send (exit 0)
     unreachable: dict[str, str] = field(default_factory=dict)  # tracking URI -> why it did not answer
     refused: str | None = None  # why the outbox folder itself was not read (a link, another user's)
     busy: str | None = None  # another process follows the outbox: nothing was done
@@ -118,6 +119,9 @@ def _say(done: Outcome, prefix: str, folder: str, result: SyncResult, out, err) 
         result.damaged += 1
         where = f"; set aside in {done.moved.parent}" if done.moved else ""
         print(f"{prefix}: damaged, not sent: {done.why}{where}", file=out, flush=True)
+    elif done.state == CUT:
+        result.cut += 1
+        print(f"{prefix}: {done.why}", file=out, flush=True)
     elif done.state == REJECTED:
         result.rejected += 1
         print(f"{prefix}: rejected, not retried ({done.why})", file=out, flush=True)
@@ -145,7 +149,7 @@ class _Notes:
         self.out = out
 
     def problem(self, kind: str, message: str, error: BaseException | None = None) -> None:
-        if kind not in ("rejected", "damaged", "kept", "unreachable"):
+        if kind not in ("rejected", "damaged", "kept", "unreachable", "cut"):
             print(f"  {message}" + (f" ({error})" if error else ""), file=self.out, flush=True)
 
 
@@ -156,7 +160,8 @@ def _summary(result: SyncResult, total: int, folder: str, retry_rejected: bool, 
         result.kept += result.rejected  # asked for, and not delivered
         return
     summary += f"; {result.rejected} rejected" if result.rejected else ""
-    print(summary + (f"; {result.damaged} damaged" if result.damaged else ""), file=out, flush=True)
+    summary += f"; {result.damaged} damaged" if result.damaged else ""
+    print(summary + (f"; {result.cut} cut short by their process's end" if result.cut else ""), file=out, flush=True)
     refused = outbox.rejected(folder)
     if refused:
         result.rejected = len(refused)
