@@ -2,7 +2,8 @@
 under each load pattern, with 1, 2, 3 and 4 cycles a run.
 
     python benchmarks/calibration_matrix.py [--pairs 20] [--loads quiet,one,both,periodic] [--cycles 1,2,3,4]
-                                            [--gap-s 0] [--busy-shares 0.1,0.25,0.5,1] [--store sqlite:///...]
+                                            [--gap-s 0] [--rotation] [--busy-shares 0.1,0.25,0.5,1]
+                                            [--store sqlite:///...]
 
 Every run is a real torch.profiler run through `MLflowProfilerCallback` into a sqlite store,
 profiled with `schedule(wait=1, warmup=1, active=5, repeat=CYCLES)`, a run's cycles back to back
@@ -18,7 +19,9 @@ experiment, judged as a CI job would: `mlflow-neuron compare --experiment E --ba
 
 A/A on CPU is naive RMSNorm twice (host time); A/B is the same loop on the fake PrivateUse1
 device whose kernels are 30% longer in the candidate (device time, with the fake device's seeded
-jitter and stalls). Prints one table: per cell, how often the gate fired on A/A (should be 0 of
+jitter and stalls). `--rotation` adds A/A pairs profiled in rotation: naive RMSNorm twice as the
+two variants of one `interleaved()` call (base, same, base, ...), under every load but `one`.
+Prints one table: per cell, how often the gate fired on A/A (should be 0 of
 N) and how often it found the +30% (should be N of N), with the A/A pairs' total verdicts.
 `--busy-shares` then judges the same A/A pairs again with each `--host-busy-share` (the share of
 the host's CPUs busy elsewhere beyond which host time is not judged): per share, the alarms and
@@ -43,7 +46,8 @@ sys.path[:0] = [str(ROOT.parent), str(ROOT.parent / "tests"), str(ROOT)]
 
 LOADS = ("quiet", "one", "both", "periodic")
 HOGS_BESIDE = {"quiet": (0, 0), "one": (0, 2), "both": (2, 2), "periodic": (0, 0)}  # (base, candidate)
-KINDS = {"aa": ("base", 1.0, "same", 1.0), "ab": ("base", 1.0, "slower", 1.3)}
+KINDS = {"aa": ("base", 1.0, "same", 1.0), "ab": ("base", 1.0, "slower", 1.3), "rot": ("base", 1.0, "same", 1.0)}
+ROTATION_HOGS = {"quiet": 0, "both": 2, "periodic": 0}  # in rotation both runs share the load: no `one`
 
 
 def make_cells(uri: str, so: str | None, plan: list[tuple[str, str, int, int]], gap_s: float = 0.0) -> None:
@@ -67,6 +71,9 @@ def make_cells(uri: str, so: str | None, plan: list[tuple[str, str, int, int]], 
         fake_device.activate(pathlib.Path(so))
     for kind, load, cycles, index in plan:
         mlflow.set_experiment(experiment(kind, load, cycles, index))
+        if kind == "rot":
+            rotation_pair(cycles, load)
+            continue
         base_name, base_scale, name, scale = KINDS[kind]
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if kind == "ab" else [])
         with PeriodicHogs(2, 3.0) if load == "periodic" else nullcontext():
@@ -77,6 +84,23 @@ def make_cells(uri: str, so: str | None, plan: list[tuple[str, str, int, int]], 
                         with garbage_collector_paused():
                             profile_rmsnorm(spaced(callback, gap_s), steps=7 * cycles, activities=activities,
                                             wait=1, warmup=1, active=5, repeat=cycles)  # fmt: skip
+
+
+def rotation_pair(cycles: int, load: str) -> None:
+    """A/A in rotation: naive RMSNorm twice, as two variants of one `interleaved()` call (base,
+    same, base, same, ...), each a child run of the pair's parent."""
+    import mlflow
+    from calibration import PeriodicHogs
+    from calibration_runs import cpu_hogs
+    from workloads import inputs, rms_norm_naive
+
+    from mlflow_neuron import interleaved
+
+    x, weight = inputs()
+    load_beside = PeriodicHogs(2, 3.0) if load == "periodic" else cpu_hogs(ROTATION_HOGS[load])
+    with load_beside, mlflow.start_run(run_name="pair"):
+        interleaved({"base": lambda: rms_norm_naive(x, weight), "same": lambda: rms_norm_naive(x, weight)},
+                    cycles=cycles, wait=1, warmup=1, active=5, device="cpu", strict=True, background=False)  # fmt: skip
 
 
 def spaced(callback, gap_s: float):
@@ -105,6 +129,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=2026, help="FAKE_NEURON_SEED for the fake device's noise")
     parser.add_argument("--busy-shares", default="", help="comma-separated --host-busy-share values to judge the "
                         "A/A pairs again with (default: none)")  # fmt: skip
+    parser.add_argument("--rotation", action="store_true", help="also A/A pairs profiled in rotation "
+                        "(interleaved()), under the loads that allow it (not `one`)")  # fmt: skip
     parser.add_argument("--store", default=None, help="judge the runs a former matrix logged in this store "
                         "(its --pairs, --loads and --cycles) instead of logging new ones")  # fmt: skip
     args = parser.parse_args()
@@ -120,20 +146,24 @@ def main() -> int:
 
     so = calibration_runs.fake_device_library("A/A on CPU only")
     kinds = ["aa", "ab"] if so else ["aa"]
+    kinds += ["rot"] if args.rotation else []
     uri = args.store
     if uri is None:
         work = pathlib.Path(tempfile.mkdtemp(prefix="mlflow-neuron-matrix-"))
-        plan = [(kind, load, n, i) for load in loads for n in cycles for kind in kinds for i in range(args.pairs)]
+        plan = [(kind, load, n, i) for load in loads for n in cycles for kind in kinds for i in range(args.pairs)
+                if kind != "rot" or load in ROTATION_HOGS]  # fmt: skip
         uri = f"sqlite:///{work / 'mlflow.db'}"
         started = time.perf_counter()
         calibration_runs.run_worker(work, f"import calibration_matrix; calibration_matrix.make_cells({uri!r}, "
                                     f"{so!r}, {plan!r}, {args.gap_s!r})", args.seed, (ROOT,))  # fmt: skip
         print(f"logged {2 * len(plan)} runs in {time.perf_counter() - started:.0f} s ({uri})\n")
-    print(f"| load | cycles a run | A/A on CPU: gate fired | A/A: total's verdicts | A/B +30% on the fake device: found |")
-    print("|---|---|---|---|---|")
+    rotation = "rot" in kinds
+    print("| load | cycles a run | A/A on CPU: gate fired | A/A: total's verdicts | A/B +30% on the fake device: found |"
+          + (" A/A in rotation: gate fired | in rotation: total's verdicts |" if rotation else ""))  # fmt: skip
+    print("|---|---|---|---|---|" + ("---|---|" if rotation else ""))
     for load in loads:
         for n in cycles:
-            print(cell_row(uri, load, n, args.pairs, "ab" in kinds))
+            print(cell_row(uri, load, n, args.pairs, "ab" in kinds, rotation))
     if shares:
         print("\nthe A/A pairs on CPU judged again with --host-busy-share S: gate fired / host time judged "
               "(a verdict other than inconclusive)")  # fmt: skip
@@ -150,30 +180,41 @@ def main() -> int:
     return 0
 
 
-def aa_cell(uri: str, load: str, cycles: int, pairs: int, share: float | None = None) -> tuple[int, list[str]]:
+def aa_cell(uri: str, load: str, cycles: int, pairs: int, share: float | None = None,
+            kind: str = "aa") -> tuple[int, list[str]]:  # fmt: skip
     """The A/A pairs of one cell: how many the gate fired on, and each pair's total verdict."""
     import calibration_runs
 
     extra = () if share is None else ("--host-busy-share", str(share))
     fired, verdicts = 0, []
     for index in range(pairs):
-        code, report = calibration_runs.gate(uri, experiment("aa", load, cycles, index), *extra)
+        code, report = calibration_runs.gate(uri, experiment(kind, load, cycles, index), *extra)
         fired += code == 1
         verdicts.append(calibration_runs.total_verdict(report))
     return fired, verdicts
 
 
-def cell_row(uri: str, load: str, cycles: int, pairs: int, with_device: bool) -> str:
-    """One cell: the A/A pairs' alarms and verdicts, and the A/B pairs the gate found."""
+def cell_row(uri: str, load: str, cycles: int, pairs: int, with_device: bool, rotation: bool = False) -> str:
+    """One cell: the A/A pairs' alarms and verdicts, the A/B pairs the gate found, and with
+    `rotation` the A/A pairs in rotation."""
     import calibration_runs
 
     fired, verdicts = aa_cell(uri, load, cycles, pairs)
-    counted = ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts)))
     found = "-"
     if with_device:
         found = sum(calibration_runs.gate(uri, experiment("ab", load, cycles, i))[0] == 1 for i in range(pairs))
         found = f"{found}/{pairs}"
-    return f"| {load} | {cycles} | {fired}/{pairs} | {counted} | {found} |"
+    row = f"| {load} | {cycles} | {fired}/{pairs} | {_counted(verdicts)} | {found} |"
+    if rotation and load in ROTATION_HOGS:
+        fired, verdicts = aa_cell(uri, load, cycles, pairs, kind="rot")
+        row += f" {fired}/{pairs} | {_counted(verdicts)} |"
+    elif rotation:
+        row += " - | - |"
+    return row
+
+
+def _counted(verdicts: list[str]) -> str:
+    return ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts)))
 
 
 if __name__ == "__main__":

@@ -24,15 +24,18 @@ honest:
 3. **Too few cycles.** The cluster-level interval needs `MIN_CYCLES` (3) cycles in each run; with
    fewer, there is no honest interval and the verdict says how many cycles are needed.
 
+   For host time with `MIN_CYCLES` cycles a run, the interval is always the cycle-level one:
+   the F test on three or four cycles has little power, and on a quiet host a window's steps
+   jump together between levels about 2x apart (the calibration matrix's quiet A/A pairs: a
+   cycle's median step 46–160 us for one and the same code), in rotation too.
 4. **Which evidence the gate may act on.** A step-level interval from one or two windows a run
    covers the noise between steps, not the variation between windows: under host load, two
    windows can sit far apart and take every step with them. Host time is therefore gated
-   (`window_rule`) only when each run has `MIN_CYCLES` cycles (the between-cycle test had windows
-   to compare), or when the runs were profiled in rotation by `interleaved()` with at least
-   `MIN_ROTATION_CYCLES` cycles each (each window of a variant sits next to one of the baseline,
-   so what moves one moves the other). Device time, which the host's load does not move, is
-   gated on its own evidence. Rows that fail this keep their numbers and verdict, say why they
-   are not gated, and never fail the gate.
+   (`window_rule`) only when each run has `MIN_CYCLES` cycles, in rotation or not (runs of one
+   `interleaved()` call with 2 cycles each fired on 4 of 20 quiet A/A pairs), and on the
+   cycle-level interval only, at 1 − 0.05/m for a run of m rows (`family_intervals`). Device
+   time, which the host's load does not move, is gated on its own evidence. Rows that fail this
+   keep their numbers and verdict, say why they are not gated, and never fail the gate.
 
 Rows whose samples are not all positive (an op absent from some steps) and runs with one sample
 per cycle are judged on steps alone: the first have no log scale, the second are cycle-level
@@ -52,7 +55,6 @@ from .._compare.stats import CONFIDENCE, RatioEstimate, outlier_mask, ratio_inte
 CYCLE_ALPHA = 0.2
 NEGLIGIBLE_SHIFT = 0.005  # standard deviation of the cycles' shifts, on the log scale
 MIN_CYCLES = 3
-MIN_ROTATION_CYCLES = 2  # runs of one interleaved() call: windows side by side, at least two pairs of them
 STEPS, CYCLES = "steps", "cycles"  # the unit an interval was computed on
 
 
@@ -81,8 +83,11 @@ class Judged:
 
 
 def judge(base: np.ndarray, base_cycles: np.ndarray, run: np.ndarray, run_cycles: np.ndarray,
-          confidence: float = CONFIDENCE) -> Judged:  # fmt: skip
+          confidence: float = CONFIDENCE, *, by_cycles: bool = False) -> Judged:  # fmt: skip
     """run / baseline with the interval its cycles allow; named outliers are left out first.
+    `by_cycles`: host time of runs profiled apart, where each run carries a shift of its own
+    that no test on a few cycles can rule out: from `MIN_CYCLES` cycles a run the interval is
+    always the cycle-level one, whatever the F test says.
 
     Example::
 
@@ -92,6 +97,11 @@ def judge(base: np.ndarray, base_cycles: np.ndarray, run: np.ndarray, run_cycles
     x, cx = _kept(base, base_cycles)
     y, cy = _kept(run, run_cycles)
     noise = cycle_noise(x, cx, y, cy)
+    if by_cycles and min(noise.cycles) >= MIN_CYCLES:
+        if (x > 0).all() and (y > 0).all():
+            return Judged(cluster_interval(x, cx, y, cy, confidence), CYCLES, noise)
+        # an op absent from some steps: no log scale, so no cycle-level interval to judge or gate on
+        return Judged(RatioEstimate(ratio_interval(x, y, confidence).ratio, None, None), CYCLES, noise)
     if not noise.differ:
         return Judged(ratio_interval(x, y, confidence), STEPS, noise)
     if min(noise.cycles) < MIN_CYCLES:
@@ -100,17 +110,30 @@ def judge(base: np.ndarray, base_cycles: np.ndarray, run: np.ndarray, run_cycles
     return Judged(cluster_interval(x, cx, y, cy, confidence), CYCLES, noise)
 
 
-def window_rule(cycles: tuple[int, int], host_time: bool, rotation: bool) -> str | None:
+def window_rule(cycles: tuple[int, int], host_time: bool) -> str | None:
     """None when a comparison's intervals cover the variation between profiled windows, so the gate
     may act on them; else why not, in words (`2 windows a run: not gated; ...`). `cycles`: the
-    baseline's and the run's; `rotation`: both runs come from one `interleaved()` call."""
-    fewest = min(cycles)
-    if not host_time or fewest >= MIN_CYCLES or (rotation and fewest >= MIN_ROTATION_CYCLES):
+    baseline's and the run's."""
+    if not host_time or min(cycles) >= MIN_CYCLES:
         return None
     base, run = cycles
     count = f"{base} window{'s' if base != 1 else ''} a run" if base == run else f"{base} vs {run} windows a run"
-    fix = "use interleaved()" if fewest >= MIN_ROTATION_CYCLES else f"{MIN_ROTATION_CYCLES} in rotation with interleaved()"
-    return f"{count}: not gated; profile \u2265 {MIN_CYCLES} cycles or {fix}"
+    return f"{count}: not gated; profile \u2265 {MIN_CYCLES} cycles a run (in rotation: interleaved())"
+
+
+def family_intervals(rows: dict[str, tuple], alpha: float = 1 - CONFIDENCE) -> tuple[float, dict[str, tuple]]:
+    """(level, {row: (low, high)}): the cycle-level interval of each row at 1 - alpha/m, m the
+    rows that have one (Bonferroni). The gate asks whether *any* row of a run is slower: m rows at
+    95% each would fire on an A/A pair far more often than 5% of the time (the quiet A/A pairs of
+    the calibration matrix, host time, 3-4 cycles a run: 5 of 40 fired at 95%, 4 of them on ops).
+    `rows`: {row: (base, base_cycles, run, run_cycles)} of the rows judged on their cycles; named
+    outliers are left out first, as in `judge`."""
+    level = 1 - alpha / max(len(rows), 1)
+    found = {}
+    for row, (base, base_cycles, run, run_cycles) in rows.items():
+        estimate = cluster_interval(*_kept(base, base_cycles), *_kept(run, run_cycles), level)
+        found[row] = (estimate.low, estimate.high)
+    return level, found
 
 
 def cycle_noise(x: np.ndarray, cx: np.ndarray, y: np.ndarray, cy: np.ndarray) -> CycleNoise:

@@ -9,7 +9,7 @@ profiler step, over all of a run's active steps (see `samples`):
 - `ratio`, `ratio_low`, `ratio_high`: run / baseline with its 95% interval (NaN where no
   interval exists), from the samples that are not outliers: Hodges–Lehmann with Moses' interval
   over steps (`stats`), or Welch's interval over cycles when the cycles differ beyond the noise
-  between steps (`cycles`); `unit` says which (`steps` or `cycles`);
+  between steps, and for host time from 3 cycles a run (`cycles`); `unit` says which;
 - `verdict`: `faster`, `slower`, `no change` (the interval contains 1.0, or the change is under
   `noise_pct`), `too few samples` (no 95% interval), `too few cycles` (the cycles differ and a
   run has fewer than `cycles.MIN_CYCLES`), `inconclusive` (host time of runs that saw different
@@ -19,9 +19,9 @@ profiler step, over all of a run's active steps (see `samples`):
 samples sources, ATen calls per step, `host` (each run's host while profiled) and
 `inconclusive` (the reason, per run whose verdicts it made inconclusive), `not_gated` (per run
 whose host-time intervals do not cover the variation between windows: why, `cycles.window_rule`;
-the gate never fails on them), `cycle_noise` (the
-TOTAL's between-cycle test per run), `outliers` (each one named: run, op, cycle, step, value,
-times the median), `sentences` (the verdict in words, per run), `verdicts` (the TOTAL's), and
+the gate never fails on them), `gate_intervals` (host time: per run, the intervals the gate acts on,
+`cycles.family_intervals`), `cycle_noise` (the TOTAL's between-cycle test per run), `outliers`
+(each one named: run, op, cycle, step, value, times the median), `sentences` (the verdict in words, per run), `verdicts` (the TOTAL's), and
 `samples` (of the TOTAL and the top ops, for plots) with their (cycle, step) in `sample_steps`
 (the TOTAL's) and `op_sample_steps` (the ops'; they differ only where per-op samples are cycle
 averages).
@@ -66,8 +66,8 @@ from .._compare.verdict import sentence
 
 PLOTTED_OPS = 12  # ops whose samples travel in attrs for the charts (plus the TOTAL)
 METHOD = ("Hodges-Lehmann ratio of per-step samples with Moses' distribution-free 95% interval; Welch's interval on "
-          f"per-cycle medians where the cycles differ (nested F test, p < {_cycles.CYCLE_ALPHA:g}; at least "
-          f"{_cycles.MIN_CYCLES} cycles per run)")  # fmt: skip
+          f"per-cycle medians where the cycles differ (nested F test, p < {_cycles.CYCLE_ALPHA:g}) and for host time, "
+          f"from {_cycles.MIN_CYCLES} cycles per run")  # fmt: skip
 SHOWN_REGIONS = 8  # regions whose sentence a whole-step comparison carries
 
 
@@ -100,7 +100,7 @@ def compare(
     medians = pd.DataFrame({label: s.ops.median() for label, s in samples.items()})
     # Costliest first in any run, so an op that only one variant has (a compiled graph) shows too.
     order = list(medians.max(axis=1).sort_values(ascending=False, kind="stable").index)
-    frame, noise = _table(samples, base.label, order, noise_pct)
+    frame, noise, family = _table(samples, base.label, order, noise_pct, host_time=used == CPU_METRIC)
     hosts, weather = {p.label: dict(p.host) for p in profiles}, (host_load_threshold, host_busy_share)
     frame.attrs.update(
         **_evidence(frame, samples, profiles, base.label, used == CPU_METRIC, weather),
@@ -116,6 +116,7 @@ def compare(
         host=hosts,
         host_load_threshold_cores=host_load_threshold, host_busy_share=host_busy_share,
         cycle_noise=noise,
+        gate_intervals=family,
     )
     others = [label for label in samples if label != base.label]
     frame.attrs.update(_explanations(whole, profiles, region, order))
@@ -170,20 +171,24 @@ def _check(profiles: list[RunProfile], metric: str, skip_steps: int, noise_pct: 
         raise ValueError(f"skip_steps and noise_pct must be >= 0; got {skip_steps} and {noise_pct}")
 
 
-def _table(samples: dict[str, StepSamples], base: str, order: list[str],
-           noise_pct: float) -> tuple[pd.DataFrame, dict[str, dict]]:  # fmt: skip
+def _table(samples: dict[str, StepSamples], base: str, order: list[str], noise_pct: float,
+           host_time: bool) -> tuple[pd.DataFrame, dict[str, dict], dict[str, dict]]:  # fmt: skip
     """The frame without attrs (a row per op in `order` and the TOTAL, a column group per run),
-    and the TOTAL's between-cycle test per run."""
-    columns, noise = {}, {}
+    the TOTAL's between-cycle test per run, and for host time the gate's intervals per run
+    (`cycles.family_intervals`: {"level", "rows": {op: [low, high]}})."""
+    columns, noise, family = {}, {}, {}
     for label, run in samples.items():
-        cols, total = _run_columns(run, samples[base], order, label == base, noise_pct)
+        cols, total, on_cycles = _run_columns(run, samples[base], order, label == base, noise_pct, host_time)
         columns.update({(label, name): values for name, values in cols.items()})
         if label != base:
             noise[label] = _noise_attrs(total)
+        if host_time and label != base:
+            level, rows = _cycles.family_intervals(on_cycles)
+            family[label] = {"level": level, "rows": {op: [float(low), float(high)] for op, (low, high) in rows.items()}}
     frame = pd.DataFrame(columns, index=[*order, TOTAL])
     frame.columns = pd.MultiIndex.from_tuples(frame.columns, names=["run", "field"])
     frame.index.name = "op"
-    return frame, noise
+    return frame, noise, family
 
 
 def _noise_attrs(judged: _cycles.Judged) -> dict:
@@ -198,7 +203,7 @@ def _evidence(frame: pd.DataFrame, samples: dict[str, StepSamples], profiles: li
     """`not_gated` and `inconclusive`: per run, why the gate may not act on its host time, and why
     its host time is not judged at all (the second rewrites the run's verdicts)."""
     hosts = {p.label: dict(p.host) for p in profiles}
-    return {"not_gated": _window_rules(frame, samples, profiles, base, host_time),
+    return {"not_gated": _window_rules(frame, samples, base, host_time),
             "inconclusive": _weather_verdicts(frame, hosts, base, weather) if host_time else {}}
 
 
@@ -220,16 +225,13 @@ def _weather_verdicts(frame: pd.DataFrame, hosts: dict[str, dict], base: str,
     return found
 
 
-def _window_rules(frame: pd.DataFrame, samples: dict[str, StepSamples], profiles: list[RunProfile], base: str,
-                  host_time: bool) -> dict[str, str]:  # fmt: skip
+def _window_rules(frame: pd.DataFrame, samples: dict[str, StepSamples], base: str, host_time: bool) -> dict[str, str]:
     """Why the gate may not act on a run's judged rows, per run where it may not (`cycles.window_rule`):
-    the same rule for the TOTAL and every op, from the runs' cycles and whether they ran in rotation."""
-    rotation = {p.label: p.extra.get("rotation") for p in profiles}
+    the same rule for the TOTAL and every op, from the runs' cycles."""
     windows = {label: len({cycle for cycle, _ in s.steps}) for label, s in samples.items()}
     found = {}
     for label in samples:
-        in_rotation = bool(rotation[base]) and rotation[label] == rotation[base]
-        why = None if label == base else _cycles.window_rule((windows[base], windows[label]), host_time, in_rotation)
+        why = None if label == base else _cycles.window_rule((windows[base], windows[label]), host_time)
         if why and frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE]).any():
             found[label] = why
     return found
@@ -275,9 +277,10 @@ def bare(frame: pd.DataFrame) -> pd.DataFrame:
     return cells
 
 
-def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base: bool,
-                 noise_pct: float) -> tuple[dict, _cycles.Judged | None]:  # fmt: skip
-    """One run's column group (per op in `order`, then the TOTAL), and how its TOTAL was judged."""
+def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base: bool, noise_pct: float,
+                 by_cycles: bool = False) -> tuple[dict, _cycles.Judged | None, dict[str, tuple]]:  # fmt: skip
+    """One run's column group (per op in `order`, then the TOTAL), how its TOTAL was judged, and
+    the samples of the rows judged on an interval over cycles ({op: (base, cycles, run, cycles)})."""
     cols = {name: [] for name in FIELDS}
     total_median = _median(run.total)
     times, base_times, calls = _columns(run.ops), _columns(base.ops), _columns(run.calls)
@@ -285,12 +288,14 @@ def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base:
     rows = [(op, times.get(op), base_times.get(op), _median(calls[op]) if op in calls else np.nan, op_cycles)
             for op in order]  # fmt: skip
     rows.append((TOTAL, run.total, base.total, np.nan, (_cycle_ids(base.steps), _cycle_ids(run.steps))))
-    total_judged = None
+    total_judged, on_cycles = None, {}
     for op, values, base_values, op_calls, cycle_ids in rows:
         median = _median(values) if values is not None else np.nan
         base_median = _median(base_values) if base_values is not None else np.nan
-        judged, verdict = _judge(base_values, values, cycle_ids, is_base, noise_pct)
+        judged, verdict = _judge(base_values, values, cycle_ids, is_base, noise_pct, by_cycles)
         estimate = judged.estimate if judged else None
+        if estimate is not None and estimate.has_interval and judged.unit == _cycles.CYCLES:
+            on_cycles[op] = (base_values, cycle_ids[0], values, cycle_ids[1])
         if op == TOTAL:
             total_judged = judged
         cols["time_us"].append(median)
@@ -305,7 +310,7 @@ def _run_columns(run: StepSamples, base: StepSamples, order: list[str], is_base:
         cols["ratio_high"].append(estimate.high if estimate and estimate.has_interval else np.nan)
         cols["unit"].append(judged.unit if judged else None)
         cols["verdict"].append(verdict)
-    return cols, total_judged
+    return cols, total_judged, on_cycles
 
 
 _BASELINE = _cycles.Judged(_stats.RatioEstimate(1.0, 1.0, 1.0, exact=True), _cycles.STEPS,
@@ -329,7 +334,7 @@ def _median(values: np.ndarray) -> float:
 
 
 def _judge(base_values, values, cycle_ids: tuple[np.ndarray, np.ndarray], is_base: bool,
-           noise_pct: float) -> tuple[_cycles.Judged | None, str]:  # fmt: skip
+           noise_pct: float, by_cycles: bool = False) -> tuple[_cycles.Judged | None, str]:  # fmt: skip
     if is_base:
         return _BASELINE, BASELINE
     if values is None:
@@ -337,7 +342,7 @@ def _judge(base_values, values, cycle_ids: tuple[np.ndarray, np.ndarray], is_bas
     if base_values is None:
         return None, NEW
     # named outliers (stalls) are left out of the estimate; the medians keep every sample
-    judged = _cycles.judge(base_values, cycle_ids[0], values, cycle_ids[1])
+    judged = _cycles.judge(base_values, cycle_ids[0], values, cycle_ids[1], by_cycles=by_cycles)
     estimate = judged.estimate
     if judged.too_few_cycles:
         return judged, TOO_FEW_CYCLES

@@ -38,7 +38,8 @@ def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tupl
     if frame.attrs.get("region"):  # the TOTAL row is the region's
         slower = [replace(r, op=f"region {frame.attrs['region']}") if r.op == TOTAL else r for r in slower]
     lines = [f"REGRESSION {r.run}: {r.op} median {r.baseline_us:,.2f} -> {r.run_us:,.2f} us, ratio {r.ratio:.2f} "
-             f"(95% CI {r.ratio_low:.2f}\u2013{r.ratio_high:.2f}) > +{percent:g}% vs {base}" for r in slower]  # fmt: skip
+             f"({_level(frame, r.run)} {r.ratio_low:.2f}\u2013{r.ratio_high:.2f}) > +{percent:g}% vs {base}"
+             for r in slower]  # fmt: skip
     not_checked: dict[str, list[Regression]] = {}
     for r in unchecked(frame, min_us):
         not_checked.setdefault(r.run, []).append(r)
@@ -91,18 +92,33 @@ def not_gated_runs(frame: pd.DataFrame) -> dict[str, str]:
     return dict(frame.attrs.get("not_gated") or {})
 
 
-def _above(frame: pd.DataFrame, percent: float, min_us: float) -> list[Regression]:
-    """Judged rows whose whole interval lies above +`percent`, whether or not the gate may act on them."""
-    found = []
+def _above(frame: pd.DataFrame, percent: float, min_us: float, family: bool = True) -> list[Regression]:
+    """Judged rows whose whole interval lies above +`percent`, whether or not the gate may act on them.
+    Host time is judged on the run's family-wise intervals (`cycles.family_intervals`): a row
+    without one (judged on its steps) is never above. `family=False`: on the 95% intervals."""
+    found, family = [], (frame.attrs.get("gate_intervals") or {}) if family else {}
     for run, op, row in _gated_rows(frame, min_us):
-        if row["verdict"] != INCONCLUSIVE and row["ratio_low"] > 1 + percent / 100:
-            found.append(Regression(run, op, *_row_numbers(frame, run, op)))
+        numbers = _row_numbers(frame, run, op)
+        if run in family:
+            if op not in family[run]["rows"]:
+                continue
+            numbers = (*numbers[:3], *family[run]["rows"][op])
+        if row["verdict"] != INCONCLUSIVE and numbers[3] > 1 + percent / 100:
+            found.append(Regression(run, op, *numbers))
     return found
+
+
+def _level(frame: pd.DataFrame, run: str) -> str:
+    """`95% CI`, or for host time `99.6% CI over cycles, 12 rows`: the interval a REGRESSION line gives."""
+    family = (frame.attrs.get("gate_intervals") or {}).get(run)
+    if family is None:
+        return "95% CI"
+    return f"{100 * family['level']:.4g}% CI over cycles, {len(family['rows'])} rows"
 
 
 def _would_fail(frame: pd.DataFrame, run: str, percent: float, min_us: float) -> str:
     """`` (aten::mul ratio 3.34, 95% CI over steps 1.19–5.25, above +10%)``: what the gate leaves alone."""
-    rows = [r for r in _above(frame, percent, min_us) if r.run == run]
+    rows = [r for r in _above(frame, percent, min_us, family=False) if r.run == run]
     if not rows:
         return ""
     shown = "; ".join(f"{r.op} ratio {r.ratio:.2f}, 95% CI over steps {r.ratio_low:.2f}\u2013{r.ratio_high:.2f}"
