@@ -115,8 +115,7 @@ def compare(
         wrappers=sorted(_wrappers(profiles) & set(order)),
         host=hosts,
         host_load_threshold_cores=host_load_threshold, host_busy_share=host_busy_share,
-        cycle_noise=noise,
-        gate_intervals=family,
+        cycle_noise=noise, gate_intervals=family,
     )
     others = [label for label in samples if label != base.label]
     frame.attrs.update(_explanations(whole, profiles, region, order))
