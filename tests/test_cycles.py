@@ -292,8 +292,8 @@ def test_three_cycles_a_run_cover_the_windows_and_the_gate_acts_on_family_wise_i
     [mul] = [r for r in regressions(three, 10) if r.op == "aten::mul"]
     assert mul.ratio_low < three.loc["aten::mul", ("cand", "ratio_low")]  # wider than the row's 95% interval
     failed, lines = gate_lines(three, 10)
-    assert failed and any(line.startswith("REGRESSION cand: aten::mul") and "98.33% CI over cycles, 3 rows" in line
-                          for line in lines), lines  # fmt: skip
+    assert failed and any(line.startswith("REGRESSION cand: aten::mul") and "(98.33% CI " in line
+                          and " over cycles, for 3 rows)" in line for line in lines), lines  # fmt: skip
     # In rotation, 2 windows a run are not enough either: quiet A/A pairs of one interleaved() call
     # fired on 4 of 20 (the calibration matrix), their windows' levels jumping about 2x apart.
     for rotation in ("r1", None):

@@ -38,8 +38,7 @@ def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tupl
     if frame.attrs.get("region"):  # the TOTAL row is the region's
         slower = [replace(r, op=f"region {frame.attrs['region']}") if r.op == TOTAL else r for r in slower]
     lines = [f"REGRESSION {r.run}: {r.op} median {r.baseline_us:,.2f} -> {r.run_us:,.2f} us, ratio {r.ratio:.2f} "
-             f"({_level(frame, r.run)} {r.ratio_low:.2f}\u2013{r.ratio_high:.2f}) > +{percent:g}% vs {base}"
-             for r in slower]  # fmt: skip
+             f"({_level(frame, r)}) > +{percent:g}% vs {base}" for r in slower]  # fmt: skip
     not_checked: dict[str, list[Regression]] = {}
     for r in unchecked(frame, min_us):
         not_checked.setdefault(r.run, []).append(r)
@@ -108,12 +107,14 @@ def _above(frame: pd.DataFrame, percent: float, min_us: float, family: bool = Tr
     return found
 
 
-def _level(frame: pd.DataFrame, run: str) -> str:
-    """`95% CI`, or for host time `99.6% CI over cycles, 12 rows`: the interval a REGRESSION line gives."""
-    family = (frame.attrs.get("gate_intervals") or {}).get(run)
+def _level(frame: pd.DataFrame, r: Regression) -> str:
+    """`95% CI 1.2–1.4`, or for host time `99.6% CI 1.1–1.5 over cycles, for 12 rows`: the
+    interval a REGRESSION line gives."""
+    interval = f"{r.ratio_low:.2f}\u2013{r.ratio_high:.2f}"
+    family = (frame.attrs.get("gate_intervals") or {}).get(r.run)
     if family is None:
-        return "95% CI"
-    return f"{100 * family['level']:.4g}% CI over cycles, {len(family['rows'])} rows"
+        return f"95% CI {interval}"
+    return f"{100 * family['level']:.4g}% CI {interval} over cycles, for {len(family['rows'])} rows"
 
 
 def _would_fail(frame: pd.DataFrame, run: str, percent: float, min_us: float) -> str:
