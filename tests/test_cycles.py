@@ -27,15 +27,17 @@ from mlflow_neuron._compare.weather import run_host
 from synthetic_steps import Noise, cycle_rates, cycle_steps
 
 
-def run_profile(label, rng, n_cycles, scale=1.0, shift=0.0, steps=5, host=None, ops=("aten::mul",), **noise):
-    """A run of `n_cycles` cycles of `steps` steps; its ops' samples in both metrics."""
+def run_profile(label, rng, n_cycles, scale=1.0, shift=0.0, steps=5, host=None, ops=("aten::mul",), rotation="r1",
+                **noise):  # fmt: skip
+    """A run of `n_cycles` cycles of `steps` steps; its ops' samples in both metrics; in `rotation`
+    (an `interleaved()` call's tag) unless it is None."""
     values, labels = cycle_steps(rng, n_cycles, steps, Noise(**noise), scale, shift)
     rows = [{"cycle": 10 * (1 + int(c)), "step": i, "name": op, "calls": 1, "self_device_time_us": float(v),
              "self_cpu_time_us": float(v)} for op in ops for i, (v, c) in enumerate(zip(values, labels))]  # fmt: skip
     samples = pd.DataFrame(rows)
     table = samples.groupby("name", as_index=False)[[DEVICE_METRIC, CPU_METRIC, "calls"]].sum().assign(kind="op")
     return RunProfile(label, f"id-{label}", 1, table, {}, "cpu", "present", samples=samples, source="steps",
-                      host=host or {})  # fmt: skip
+                      host=host or {}, extra={"rotation": rotation})  # fmt: skip
 
 
 def test_cycles_that_differ_are_found_and_steps_that_only_jitter_are_not():
@@ -218,8 +220,9 @@ def test_too_few_samples_stay_too_few_whatever_the_host_load():
 # -- the gate acts only on evidence that covers the variation between windows (issue 36) ----------
 
 
-def chosen_run(label, cycles_of_mul, host=None, rotation=None, add=5.0):
-    """A run of the chosen aten::mul times, one list per cycle (profiled window), and a steady aten::add."""
+def chosen_run(label, cycles_of_mul, host=None, rotation="r1", add=5.0):
+    """A run of the chosen aten::mul times, one list per cycle (profiled window), and a steady aten::add;
+    in `rotation` (an `interleaved()` call's tag) unless it is None."""
     rows = [{"cycle": 8 * (c + 1), "step": 8 * c + i, "name": name, "calls": 1, "self_device_time_us": value,
              "self_cpu_time_us": value}
             for c, values in enumerate(cycles_of_mul) for i, mul in enumerate(values)
@@ -236,7 +239,9 @@ AA_BASE = [[12.5, 12.8, 13.1, 12.6, 12.9], [12.7, 12.8, 13.0, 12.4, 12.9]]
 AA_CAND = [[35.0, 39.15, 42.0, 38.0, 40.1], [36.2, 39.5, 41.0, 37.3, 39.0]]
 LOADED_BASE = {"other_cpu_cores": 0.9, "load_average_1m": 3.2, "cpu_count": 2.0}
 LOADED_CAND = {"other_cpu_cores": 1.4, "load_average_1m": 3.3, "cpu_count": 2.0}
-NOT_GATED = "2 windows a run: not gated; profile \u2265 3 cycles a run (in rotation: interleaved())"
+NOT_GATED = "2 windows a run: not gated; profile \u2265 3 cycles each in rotation"
+APART = ("host time of runs profiled apart: not gated (a whole run can shift); profile them in rotation with "
+         "interleaved(), \u2265 3 cycles each")  # fmt: skip
 
 
 def test_host_time_from_two_windows_a_run_gets_its_numbers_and_a_verdict_but_never_the_gate():
@@ -294,16 +299,22 @@ def test_three_cycles_a_run_cover_the_windows_and_the_gate_acts_on_family_wise_i
     failed, lines = gate_lines(three, 10)
     assert failed and any(line.startswith("REGRESSION cand: aten::mul") and "(98.33% CI " in line
                           and " over cycles, for 3 rows)" in line for line in lines), lines  # fmt: skip
-    # In rotation, 2 windows a run are not enough either: quiet A/A pairs of one interleaved() call
-    # fired on 4 of 20 (the calibration matrix), their windows' levels jumping about 2x apart.
-    for rotation in ("r1", None):
-        two = compare([chosen_run("base", AA_BASE, rotation=rotation), chosen_run("cand", AA_CAND, rotation=rotation)],
-                      metric=CPU_METRIC)  # fmt: skip
-        assert two.attrs["not_gated"] == {"cand": NOT_GATED} and regressions(two, 10) == []
-    single = compare([chosen_run("base", AA_BASE[:1], rotation="r1"), chosen_run("cand", AA_CAND[:1], rotation="r1")],
-                     metric=CPU_METRIC)  # fmt: skip
-    assert single.attrs["not_gated"] == {"cand": "1 window a run: not gated; profile \u2265 3 cycles a run (in "
-                                                 "rotation: interleaved())"}  # fmt: skip
+    # In rotation, 2 windows a run are not enough: quiet A/A pairs of one interleaved() call fired
+    # on 4 of 20 (the calibration matrix), their windows' levels jumping about 2x apart.
+    two = compare([chosen_run("base", AA_BASE), chosen_run("cand", AA_CAND)], metric=CPU_METRIC)
+    assert two.attrs["not_gated"] == {"cand": NOT_GATED} and regressions(two, 10) == []
+    single = compare([chosen_run("base", AA_BASE[:1]), chosen_run("cand", AA_CAND[:1])], metric=CPU_METRIC)
+    assert single.attrs["not_gated"] == {"cand": "1 window a run: not gated; profile \u2265 3 cycles each in rotation"}
+    # Runs profiled apart, however many cycles: a whole run can shift (quiet A/A pairs one after the
+    # other: every cycle of one run 1.3-1.9x the other's), and nothing inside a run shows it. Two
+    # rotations are two experiments, not one.
+    for base_rotation, cand_rotation in ((None, None), ("r1", None), ("r1", "r2")):
+        apart = compare([chosen_run("base", AA_BASE + third, rotation=base_rotation),
+                         chosen_run("cand", AA_CAND + cand_third, rotation=cand_rotation)], metric=CPU_METRIC)  # fmt: skip
+        assert apart.attrs["not_gated"] == {"cand": APART} and regressions(apart, 10) == []
+        assert apart.loc["aten::mul", ("cand", "verdict")] == SLOWER  # its numbers say so; the gate stays off
+        [line] = [line for line in gate_lines(apart, 10)[1] if line.startswith("NOT GATED")]
+        assert line.startswith(f"NOT GATED cand: host time, {APART} (aten::mul ratio 3.")
 
 
 def test_host_time_is_judged_on_cycles_even_where_the_cycles_look_alike():

@@ -30,12 +30,14 @@ honest:
    cycle's median step 46–160 us for one and the same code), in rotation too.
 4. **Which evidence the gate may act on.** A step-level interval from one or two windows a run
    covers the noise between steps, not the variation between windows: under host load, two
-   windows can sit far apart and take every step with them. Host time is therefore gated
-   (`window_rule`) only when each run has `MIN_CYCLES` cycles, in rotation or not (runs of one
-   `interleaved()` call with 2 cycles each fired on 4 of 20 quiet A/A pairs), and on the
-   cycle-level interval only, at 1 − 0.05/m for a run of m rows (`family_intervals`). Device
-   time, which the host's load does not move, is gated on its own evidence. Rows that fail this
-   keep their numbers and verdict, say why they are not gated, and never fail the gate.
+   windows can sit far apart and take every step with them, and on a quiet host a whole run
+   can shift (quiet A/A pairs profiled one after the other: every cycle of one run 1.3–1.9x
+   the other's). Host time is therefore gated (`window_rule`) only for runs of one
+   `interleaved()` call (their windows alternate, so a shift of the time moves both) with
+   `MIN_CYCLES` cycles each (2 fired on 4 of 20 quiet A/A pairs), and on the cycle-level
+   interval only, at 1 − 0.05/m for a run of m rows (`family_intervals`). Device time, which
+   the host's load does not move, is gated on its own evidence. Rows that fail this keep their
+   numbers and verdict, say why they are not gated, and never fail the gate.
 
 Rows whose samples are not all positive (an op absent from some steps) and runs with one sample
 per cycle are judged on steps alone: the first have no log scale, the second are cycle-level
@@ -110,19 +112,22 @@ def judge(base: np.ndarray, base_cycles: np.ndarray, run: np.ndarray, run_cycles
     return Judged(cluster_interval(x, cx, y, cy, confidence), CYCLES, noise)
 
 
-def window_rule(cycles: tuple[int, int], host_time: bool) -> str | None:
-    """None when a comparison's intervals cover the variation between profiled windows, so the gate
-    may act on them; else why not, in words (`2 windows a run: not gated; ...`). `cycles`: the
-    baseline's and the run's."""
-    if not host_time or min(cycles) >= MIN_CYCLES:
+def window_rule(cycles: tuple[int, int], host_time: bool, rotation: bool) -> str | None:
+    """None when a comparison's intervals cover the variation between profiled windows and runs,
+    so the gate may act on them; else why not, in words (`profiled apart: not gated; ...`).
+    `cycles`: the baseline's and the run's; `rotation`: both come from one `interleaved()` call."""
+    if not host_time or (rotation and min(cycles) >= MIN_CYCLES):
         return None
+    if not rotation:
+        return (f"host time of runs profiled apart: not gated (a whole run can shift); profile them in rotation "
+                f"with interleaved(), \u2265 {MIN_CYCLES} cycles each")  # fmt: skip
     base, run = cycles
     count = f"{base} window{'s' if base != 1 else ''} a run" if base == run else f"{base} vs {run} windows a run"
-    return f"{count}: not gated; profile \u2265 {MIN_CYCLES} cycles a run (in rotation: interleaved())"
+    return f"{count}: not gated; profile \u2265 {MIN_CYCLES} cycles each in rotation"
 
 
-def family_intervals(rows: dict[str, tuple], alpha: float = 1 - CONFIDENCE) -> tuple[float, dict[str, tuple]]:
-    """(level, {row: (low, high)}): the cycle-level interval of each row at 1 - alpha/m, m the
+def family_intervals(rows: dict[str, tuple], alpha: float = 1 - CONFIDENCE) -> tuple[float, dict[str, list]]:
+    """(level, {row: [low, high]}): the cycle-level interval of each row at 1 - alpha/m, m the
     rows that have one (Bonferroni). The gate asks whether *any* row of a run is slower: m rows at
     95% each would fire on an A/A pair far more often than 5% of the time (the quiet A/A pairs of
     the calibration matrix, host time, 3-4 cycles a run: 5 of 40 fired at 95%, 4 of them on ops).
@@ -132,7 +137,7 @@ def family_intervals(rows: dict[str, tuple], alpha: float = 1 - CONFIDENCE) -> t
     found = {}
     for row, (base, base_cycles, run, run_cycles) in rows.items():
         estimate = cluster_interval(*_kept(base, base_cycles), *_kept(run, run_cycles), level)
-        found[row] = (estimate.low, estimate.high)
+        found[row] = [float(estimate.low), float(estimate.high)]
     return level, found
 
 

@@ -6,10 +6,10 @@ profiler step, over all of a run's active steps (see `samples`):
 - `time_us`: the median per step; `calls`: median calls per step; `share`: of the run's median
   total; `delta_us`: median minus the baseline's median; `speedup`: baseline median / median;
 - `n`: samples (steps) of the run; `outliers`: how many of this op's samples are outliers;
-- `ratio`, `ratio_low`, `ratio_high`: run / baseline with its 95% interval (NaN where no
-  interval exists), from the samples that are not outliers: Hodges–Lehmann with Moses' interval
-  over steps (`stats`), or Welch's interval over cycles when the cycles differ beyond the noise
-  between steps, and for host time from 3 cycles a run (`cycles`); `unit` says which;
+- `ratio`, `ratio_low`, `ratio_high`: run / baseline with its 95% interval (NaN where no interval
+  exists), from the samples that are not outliers: Hodges–Lehmann with Moses' interval over steps
+  (`stats`), or Welch's over cycles where they differ, and for host time from 3 cycles a run
+  (`cycles`); `unit` says which;
 - `verdict`: `faster`, `slower`, `no change` (the interval contains 1.0, or the change is under
   `noise_pct`), `too few samples` (no 95% interval), `too few cycles` (the cycles differ and a
   run has fewer than `cycles.MIN_CYCLES`), `inconclusive` (host time of runs that saw different
@@ -21,10 +21,10 @@ samples sources, ATen calls per step, `host` (each run's host while profiled) an
 whose host-time intervals do not cover the variation between windows: why, `cycles.window_rule`;
 the gate never fails on them), `gate_intervals` (host time: per run, the intervals the gate acts on,
 `cycles.family_intervals`), `cycle_noise` (the TOTAL's between-cycle test per run), `outliers`
-(each one named: run, op, cycle, step, value, times the median), `sentences` (the verdict in words, per run), `verdicts` (the TOTAL's), and
-`samples` (of the TOTAL and the top ops, for plots) with their (cycle, step) in `sample_steps`
-(the TOTAL's) and `op_sample_steps` (the ops'; they differ only where per-op samples are cycle
-averages).
+(each one named: run, op, cycle, step, value, times the median), `sentences` (the verdict in
+words, per run), `verdicts` (the TOTAL's), and `samples` (of the TOTAL and the top ops, for
+plots) with their (cycle, step) in `sample_steps` (the TOTAL's) and `op_sample_steps` (the ops';
+they differ only where per-op samples are cycle averages).
 
 Device time is compared when every run has some; otherwise all runs are compared on self CPU time
 and the frame says so in `attrs`: device and CPU microseconds are never mixed in one table.
@@ -182,8 +182,7 @@ def _table(samples: dict[str, StepSamples], base: str, order: list[str], noise_p
         if label != base:
             noise[label] = _noise_attrs(total)
         if host_time and label != base:
-            level, rows = _cycles.family_intervals(on_cycles)
-            family[label] = {"level": level, "rows": {op: [float(low), float(high)] for op, (low, high) in rows.items()}}
+            family[label] = dict(zip(("level", "rows"), _cycles.family_intervals(on_cycles)))
     frame = pd.DataFrame(columns, index=[*order, TOTAL])
     frame.columns = pd.MultiIndex.from_tuples(frame.columns, names=["run", "field"])
     frame.index.name = "op"
@@ -202,7 +201,7 @@ def _evidence(frame: pd.DataFrame, samples: dict[str, StepSamples], profiles: li
     """`not_gated` and `inconclusive`: per run, why the gate may not act on its host time, and why
     its host time is not judged at all (the second rewrites the run's verdicts)."""
     hosts = {p.label: dict(p.host) for p in profiles}
-    return {"not_gated": _window_rules(frame, samples, base, host_time),
+    return {"not_gated": _window_rules(frame, samples, profiles, base, host_time),
             "inconclusive": _weather_verdicts(frame, hosts, base, weather) if host_time else {}}
 
 
@@ -224,15 +223,17 @@ def _weather_verdicts(frame: pd.DataFrame, hosts: dict[str, dict], base: str,
     return found
 
 
-def _window_rules(frame: pd.DataFrame, samples: dict[str, StepSamples], base: str, host_time: bool) -> dict[str, str]:
+def _window_rules(frame: pd.DataFrame, samples: dict[str, StepSamples], profiles: list[RunProfile], base: str,
+                  host_time: bool) -> dict[str, str]:  # fmt: skip
     """Why the gate may not act on a run's judged rows, per run where it may not (`cycles.window_rule`):
-    the same rule for the TOTAL and every op, from the runs' cycles."""
+    the same rule for the TOTAL and every op, from the runs' cycles and whether they ran in rotation."""
+    rotation = {p.label: p.extra.get("rotation") for p in profiles}
     windows = {label: len({cycle for cycle, _ in s.steps}) for label, s in samples.items()}
     found = {}
-    for label in samples:
-        why = None if label == base else _cycles.window_rule((windows[base], windows[label]), host_time)
-        if why and frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE]).any():
-            found[label] = why
+    for label in [label for label in samples if label != base]:
+        together = bool(rotation[base]) and rotation[label] == rotation[base]
+        why = _cycles.window_rule((windows[base], windows[label]), host_time, together)
+        found.update({label: why} if why and frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE]).any() else {})
     return found
 
 
