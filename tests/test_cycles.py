@@ -240,8 +240,8 @@ AA_CAND = [[35.0, 39.15, 42.0, 38.0, 40.1], [36.2, 39.5, 41.0, 37.3, 39.0]]
 LOADED_BASE = {"other_cpu_cores": 0.9, "load_average_1m": 3.2, "cpu_count": 2.0}
 LOADED_CAND = {"other_cpu_cores": 1.4, "load_average_1m": 3.3, "cpu_count": 2.0}
 NOT_GATED = "2 windows a run: not gated; profile \u2265 3 cycles each in rotation"
-APART = ("host time of runs profiled apart: not gated (a whole run can shift); profile them in rotation with "
-         "interleaved(), \u2265 3 cycles each")  # fmt: skip
+APART = ("runs profiled apart: not gated (a whole run can shift); profile them in rotation with interleaved(), "
+         "\u2265 3 cycles each")  # fmt: skip
 
 
 def test_host_time_from_two_windows_a_run_gets_its_numbers_and_a_verdict_but_never_the_gate():
@@ -314,7 +314,7 @@ def test_three_cycles_a_run_cover_the_windows_and_the_gate_acts_on_family_wise_i
         assert apart.attrs["not_gated"] == {"cand": APART} and regressions(apart, 10) == []
         assert apart.loc["aten::mul", ("cand", "verdict")] == SLOWER  # its numbers say so; the gate stays off
         [line] = [line for line in gate_lines(apart, 10)[1] if line.startswith("NOT GATED")]
-        assert line.startswith(f"NOT GATED cand: host time, {APART} (aten::mul ratio 3.")
+        assert line.startswith(f"NOT GATED cand: host time, {APART} (aten::mul ratio 3.") and "95% CI over cycles" in line
 
 
 def test_host_time_is_judged_on_cycles_even_where_the_cycles_look_alike():

@@ -119,8 +119,8 @@ def window_rule(cycles: tuple[int, int], host_time: bool, rotation: bool) -> str
     if not host_time or (rotation and min(cycles) >= MIN_CYCLES):
         return None
     if not rotation:
-        return (f"host time of runs profiled apart: not gated (a whole run can shift); profile them in rotation "
-                f"with interleaved(), \u2265 {MIN_CYCLES} cycles each")  # fmt: skip
+        return (f"runs profiled apart: not gated (a whole run can shift); profile them in rotation with "
+                f"interleaved(), \u2265 {MIN_CYCLES} cycles each")  # fmt: skip
     base, run = cycles
     count = f"{base} window{'s' if base != 1 else ''} a run" if base == run else f"{base} vs {run} windows a run"
     return f"{count}: not gated; profile \u2265 {MIN_CYCLES} cycles each in rotation"

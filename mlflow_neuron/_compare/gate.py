@@ -122,7 +122,8 @@ def _would_fail(frame: pd.DataFrame, run: str, percent: float, min_us: float) ->
     rows = [r for r in _above(frame, percent, min_us, family=False) if r.run == run]
     if not rows:
         return ""
-    shown = "; ".join(f"{r.op} ratio {r.ratio:.2f}, 95% CI over steps {r.ratio_low:.2f}\u2013{r.ratio_high:.2f}"
+    unit = bare(frame)[(run, "unit")]
+    shown = "; ".join(f"{r.op} ratio {r.ratio:.2f}, 95% CI over {unit[r.op]} {r.ratio_low:.2f}\u2013{r.ratio_high:.2f}"
                       for r in rows[:3])  # fmt: skip
     more = f" and {len(rows) - 3} more" if len(rows) > 3 else ""
     return f" ({shown}{more}: above +{percent:g}% but not proven)"
