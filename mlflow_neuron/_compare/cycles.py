@@ -87,9 +87,9 @@ class Judged:
 def judge(base: np.ndarray, base_cycles: np.ndarray, run: np.ndarray, run_cycles: np.ndarray,
           confidence: float = CONFIDENCE, *, by_cycles: bool = False) -> Judged:  # fmt: skip
     """run / baseline with the interval its cycles allow; named outliers are left out first.
-    `by_cycles`: host time of runs profiled apart, where each run carries a shift of its own
-    that no test on a few cycles can rule out: from `MIN_CYCLES` cycles a run the interval is
-    always the cycle-level one, whatever the F test says.
+    `by_cycles`: host time, whose windows jump between levels together, in rotation or not, more
+    than an F test on a few cycles can tell: from `MIN_CYCLES` cycles a run the interval is always
+    the cycle-level one, whatever the test says.
 
     Example::
 

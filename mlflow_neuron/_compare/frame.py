@@ -225,15 +225,15 @@ def _weather_verdicts(frame: pd.DataFrame, hosts: dict[str, dict], base: str,
 
 def _window_rules(frame: pd.DataFrame, samples: dict[str, StepSamples], profiles: list[RunProfile], base: str,
                   host_time: bool) -> dict[str, str]:  # fmt: skip
-    """Why the gate may not act on a run's judged rows, per run where it may not (`cycles.window_rule`):
-    the same rule for the TOTAL and every op, from the runs' cycles and whether they ran in rotation."""
+    """Why the gate may not act on a run's rows (`cycles.window_rule`; the TOTAL and every op alike)."""
     rotation = {p.label: p.extra.get("rotation") for p in profiles}
     windows = {label: len({cycle for cycle, _ in s.steps}) for label, s in samples.items()}
     found = {}
     for label in [label for label in samples if label != base]:
         together = bool(rotation[base]) and rotation[label] == rotation[base]
         why = _cycles.window_rule((windows[base], windows[label]), host_time, together)
-        found.update({label: why} if why and frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE]).any() else {})
+        if why and frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE]).any():
+            found[label] = why
     return found
 
 

@@ -91,11 +91,11 @@ def not_gated_runs(frame: pd.DataFrame) -> dict[str, str]:
     return dict(frame.attrs.get("not_gated") or {})
 
 
-def _above(frame: pd.DataFrame, percent: float, min_us: float, family: bool = True) -> list[Regression]:
+def _above(frame: pd.DataFrame, percent: float, min_us: float, family_wise: bool = True) -> list[Regression]:
     """Judged rows whose whole interval lies above +`percent`, whether or not the gate may act on them.
     Host time is judged on the run's family-wise intervals (`cycles.family_intervals`): a row
-    without one (judged on its steps) is never above. `family=False`: on the 95% intervals."""
-    found, family = [], (frame.attrs.get("gate_intervals") or {}) if family else {}
+    without one (judged on its steps) is never above. `family_wise=False`: on the 95% intervals."""
+    found, family = [], (frame.attrs.get("gate_intervals") or {}) if family_wise else {}
     for run, op, row in _gated_rows(frame, min_us):
         numbers = _row_numbers(frame, run, op)
         if run in family:
@@ -119,7 +119,7 @@ def _level(frame: pd.DataFrame, r: Regression) -> str:
 
 def _would_fail(frame: pd.DataFrame, run: str, percent: float, min_us: float) -> str:
     """`` (aten::mul ratio 3.34, 95% CI over steps 1.19–5.25, above +10%)``: what the gate leaves alone."""
-    rows = [r for r in _above(frame, percent, min_us, family=False) if r.run == run]
+    rows = [r for r in _above(frame, percent, min_us, family_wise=False) if r.run == run]
     if not rows:
         return ""
     unit = bare(frame)[(run, "unit")]

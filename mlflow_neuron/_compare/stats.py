@@ -24,10 +24,11 @@ its own run's median: |x − median| > 5 · 1.4826 · MAD (n >= 4; more sigmas b
 `_trace.step_summary`), with the MAD floored at 1% of the median (and at 1 ns), so samples that
 are all equal do not flag the nanosecond of jitter that a timer adds. The median and the MAD
 ignore up to half the samples, so three stalls in ten steps are still found (quartiles would
-take them in). Outliers are named wherever a comparison is shown, and the ratio and its interval are estimated without them (`without_outliers`): a stalled
-step is a separate event, not a sample of how long the op takes. Left in, two stalls in ten
-steps stretch the interval over most of its range; taken out by this rule, the simulated
-coverage stays at about 95% (`benchmarks/stats_calibration.py`).
+take them in). Outliers are named wherever a comparison is shown, and the ratio and its
+interval are estimated without them (`without_outliers`): a stalled step is a separate event,
+not a sample of how long the op takes. Left in, two stalls in ten steps stretch the interval over
+most of its range; taken out by this rule, the simulated coverage stays at about 95%
+(`benchmarks/stats_calibration.py`).
 """
 
 from __future__ import annotations

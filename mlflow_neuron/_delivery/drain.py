@@ -175,11 +175,11 @@ class Drain:
         """The held entry ready to send, prepared first if it is queued; None when it was settled
         or set aside here, or must wait."""
         state = entries.state(held.path)
-        if state == entries.WRITING and (held.path / FILES / MANIFEST).exists():  # prepared, then its record lost
-            self._damaged(held.path, "it has no record.json (nor job.json), though its files were prepared", done,
-                          on_outcome)  # fmt: skip
-            return None
-        if state == entries.WRITING:  # nobody holds it: its writer died before the cycle was queued
+        if state == entries.WRITING:  # nobody holds it, and it has none of the three files
+            if (held.path / FILES / MANIFEST).exists():  # prepared, then its record lost: its files may be whole
+                self._damaged(held.path, "it has no record.json (nor job.json), though its files were prepared", done,
+                              on_outcome)  # fmt: skip
+                return None
             why = ("cut short: the process reading this cycle ended before it was queued (a kill, or a container's "
                    "end); it holds no job nor record to send, and is removed")  # fmt: skip
             entries.remove(held.path)
