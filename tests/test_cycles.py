@@ -23,6 +23,7 @@ from mlflow_neuron._compare.model import (
     TOTAL,
     RunProfile,
 )
+from mlflow_neuron._compare.stats import ratio_interval
 from mlflow_neuron._compare.weather import run_host
 from synthetic_steps import Noise, cycle_rates, cycle_steps
 
@@ -172,7 +173,7 @@ def test_the_cli_exits_4_on_inconclusive_only_when_asked_and_1_still_wins(tracki
     from mlflow_neuron.cli import main as cli_main
 
     rng = np.random.default_rng(18)
-    profiles = [run_profile("base", rng, 4, host=QUIET), run_profile("cand", rng, 4, scale=1.6, host=BUSY)]
+    profiles = [run_profile("base", rng, 6, host=QUIET), run_profile("cand", rng, 6, scale=1.6, host=BUSY)]
     monkeypatch.setattr(loading, "resolve_runs", lambda client, names, experiment: names)
     monkeypatch.setattr(loading, "load_profiles", lambda client, names, step=None: profiles)
     argv = ["compare", "--runs", "base", "cand", "--metric", "self_cpu_time_us", "--fail-if-slower", "10"]
@@ -185,7 +186,7 @@ def test_the_cli_exits_4_on_inconclusive_only_when_asked_and_1_still_wins(tracki
     assert "INCONCLUSIVE cand:" in capsys.readouterr().out
     # within a wider threshold the same runs are judged, and the proven regression exits 1
     assert cli_main([*argv, "--fail-if-inconclusive", "--host-load-threshold", "3"]) == 1
-    profiles.append(run_profile("slow", rng, 4, scale=3.0, host=QUIET))
+    profiles.append(run_profile("slow", rng, 6, scale=3.0, host=QUIET))
     assert cli_main(["compare", "--runs", "base", "cand", "slow", *argv[4:], "--fail-if-inconclusive"]) == 1
 
 
@@ -239,9 +240,12 @@ AA_BASE = [[12.5, 12.8, 13.1, 12.6, 12.9], [12.7, 12.8, 13.0, 12.4, 12.9]]
 AA_CAND = [[35.0, 39.15, 42.0, 38.0, 40.1], [36.2, 39.5, 41.0, 37.3, 39.0]]
 LOADED_BASE = {"other_cpu_cores": 0.9, "load_average_1m": 3.2, "cpu_count": 2.0}
 LOADED_CAND = {"other_cpu_cores": 1.4, "load_average_1m": 3.3, "cpu_count": 2.0}
-NOT_GATED = "2 windows a run: not gated; profile \u2265 3 cycles each in rotation"
+NOT_GATED = "2 windows a run: not gated; profile \u2265 5 cycles each in rotation"  # 3 rows: 5 cycles
 APART = ("runs profiled apart: not gated (a whole run can shift); profile them in rotation with interleaved(), "
-         "\u2265 3 cycles each")  # fmt: skip
+         "\u2265 5 cycles each")  # fmt: skip
+# three more windows of each run, at the levels of its first two
+MORE_BASE = [[12.6, 12.8, 13.0, 12.5, 12.9], [12.4, 12.9, 12.7, 12.6, 13.0], [12.8, 12.5, 12.9, 12.7, 12.6]]
+MORE_CAND = [[36.0, 39.2, 41.5, 37.9, 40.0], [38.1, 36.9, 40.4, 39.3, 37.2], [37.0, 40.8, 38.8, 39.9, 36.4]]
 
 
 def test_host_time_from_two_windows_a_run_gets_its_numbers_and_a_verdict_but_never_the_gate():
@@ -287,41 +291,82 @@ def test_device_time_over_two_cycles_is_gated_on_its_own_evidence():
     assert {r.op for r in regressions(frame, 10)} == {"aten::mul", TOTAL}
 
 
-def test_three_cycles_a_run_cover_the_windows_and_the_gate_acts_on_family_wise_intervals_over_cycles():
-    third = [[12.6, 12.8, 13.0, 12.5, 12.9]]
-    cand_third = [[36.0, 39.2, 41.5, 37.9, 40.0]]
-    three = compare([chosen_run("base", AA_BASE + third), chosen_run("cand", AA_CAND + cand_third)], metric=CPU_METRIC)
-    assert not three.attrs["not_gated"] and "aten::mul" in {r.op for r in regressions(three, 10)}
-    family = three.attrs["gate_intervals"]["cand"]
+def test_enough_cycles_in_rotation_cover_the_windows_and_the_gate_acts_on_family_wise_intervals_over_cycles():
+    five = compare([chosen_run("base", AA_BASE + MORE_BASE), chosen_run("cand", AA_CAND + MORE_CAND)], metric=CPU_METRIC)
+    assert not five.attrs["not_gated"] and "aten::mul" in {r.op for r in regressions(five, 10)}
+    family = five.attrs["gate_intervals"]["cand"]
     assert family["level"] == 1 - 0.05 / 3 and set(family["rows"]) == {"aten::mul", "aten::add", TOTAL}
-    [mul] = [r for r in regressions(three, 10) if r.op == "aten::mul"]
-    assert mul.ratio_low < three.loc["aten::mul", ("cand", "ratio_low")]  # wider than the row's 95% interval
-    failed, lines = gate_lines(three, 10)
+    assert family["needs"] == 5
+    [mul] = [r for r in regressions(five, 10) if r.op == "aten::mul"]
+    assert mul.ratio_low < five.loc["aten::mul", ("cand", "ratio_low")]  # wider than the row's 95% interval
+    failed, lines = gate_lines(five, 10)
     assert failed and any(line.startswith("REGRESSION cand: aten::mul") and "(98.33% CI " in line
                           and " over cycles, for 3 rows)" in line for line in lines), lines  # fmt: skip
-    # In rotation, 2 windows a run are not enough: quiet A/A pairs of one interleaved() call fired
-    # on 4 of 20 (the calibration matrix), their windows' levels jumping about 2x apart.
-    two = compare([chosen_run("base", AA_BASE), chosen_run("cand", AA_CAND)], metric=CPU_METRIC)
-    assert two.attrs["not_gated"] == {"cand": NOT_GATED} and regressions(two, 10) == []
-    single = compare([chosen_run("base", AA_BASE[:1]), chosen_run("cand", AA_CAND[:1])], metric=CPU_METRIC)
-    assert single.attrs["not_gated"] == {"cand": "1 window a run: not gated; profile \u2265 3 cycles each in rotation"}
+    # In rotation, fewer windows a run are not enough: quiet A/A pairs of one interleaved() call fired
+    # on 4 of 20 at 2 cycles and 1 of 20 at 4 (the calibration matrix).
+    for cycles_each in (1, 2, 3, 4):
+        few = compare([chosen_run("base", (AA_BASE + MORE_BASE)[:cycles_each]),
+                       chosen_run("cand", (AA_CAND + MORE_CAND)[:cycles_each])], metric=CPU_METRIC)  # fmt: skip
+        windows = "1 window" if cycles_each == 1 else f"{cycles_each} windows"
+        assert few.attrs["not_gated"] == {"cand": f"{windows} a run: not gated; profile \u2265 5 cycles each in rotation"}
+        assert regressions(few, 10) == [] and few.loc["aten::mul", ("cand", "verdict")] == SLOWER
     # Runs profiled apart, however many cycles: a whole run can shift (quiet A/A pairs one after the
     # other: every cycle of one run 1.3-1.9x the other's), and nothing inside a run shows it. Two
     # rotations are two experiments, not one.
     for base_rotation, cand_rotation in ((None, None), ("r1", None), ("r1", "r2")):
-        apart = compare([chosen_run("base", AA_BASE + third, rotation=base_rotation),
-                         chosen_run("cand", AA_CAND + cand_third, rotation=cand_rotation)], metric=CPU_METRIC)  # fmt: skip
+        apart = compare([chosen_run("base", AA_BASE + MORE_BASE, rotation=base_rotation),
+                         chosen_run("cand", AA_CAND + MORE_CAND, rotation=cand_rotation)], metric=CPU_METRIC)  # fmt: skip
         assert apart.attrs["not_gated"] == {"cand": APART} and regressions(apart, 10) == []
         assert apart.loc["aten::mul", ("cand", "verdict")] == SLOWER  # its numbers say so; the gate stays off
         [line] = [line for line in gate_lines(apart, 10)[1] if line.startswith("NOT GATED")]
         assert line.startswith(f"NOT GATED cand: host time, {APART} (aten::mul ratio 3.") and "95% CI over cycles" in line
 
 
+def test_the_gates_interval_over_cycles_is_distribution_free_so_one_run_at_one_level_does_not_fire():
+    """The quiet A/A pair in rotation that fired (calibration matrix, 4 cycles each): the base's
+    four windows of aten::mean sat at one level (cycle medians 3.34-3.38 us), three of the
+    candidate's at another, and Welch's interval over cycles read the base's variance as near zero
+    (99.62% CI 1.17-1.68). Moses' interval on the cycles' medians needs no normal levels: at the
+    gate's level it exists from 5 or 6 cycles each, and is the exact one on those medians."""
+    base = [[3.36, 3.36, 3.36, 3.3, 3.4], [3.34, 3.34, 3.34, 3.3, 3.4], [3.36, 3.36, 3.36, 3.3, 3.4],
+            [3.38, 3.38, 3.38, 3.3, 3.4]]  # fmt: skip
+    cand = [[4.8, 4.8, 4.8, 4.7, 4.9], [4.46, 4.46, 4.46, 4.4, 4.5], [4.97, 4.97, 4.97, 4.9, 5.0],
+            [4.58, 4.58, 4.58, 4.5, 4.6]]  # fmt: skip
+    welch = cycles.cluster_interval(*_flat(base), *_flat(cand), 1 - 0.05 / 3)
+    assert welch.low > 1.1  # what fired
+    four = compare([chosen_run("base", base), chosen_run("cand", cand)], metric=CPU_METRIC)
+    assert set(four.attrs["gate_intervals"]["cand"]["rows"]) == {"aten::add"}  # steady: its exact interval 1-1
+    assert regressions(four, 10) == []
+    assert four.attrs["not_gated"] == {"cand": "4 windows a run: not gated; profile \u2265 5 cycles each in rotation"}
+    # two more windows each, the candidate's back at the base's level: an A/A pair's windows mix
+    six = compare([chosen_run("base", base + base[:2]), chosen_run("cand", cand + base[2:])], metric=CPU_METRIC)
+    [low, high] = six.attrs["gate_intervals"]["cand"]["rows"]["aten::mul"]
+    medians = [np.median(c) for c in base + base[:2]], [np.median(c) for c in cand + base[2:]]
+    exact = ratio_interval(np.array(medians[0]), np.array(medians[1]), 1 - 0.05 / 3)
+    assert (low, high) == pytest.approx((exact.low, exact.high)) and low < 1.1 and regressions(six, 10) == []
+
+
+def _flat(cycles_of_values):
+    values = np.array([v for c in cycles_of_values for v in c])
+    return values, np.repeat(np.arange(len(cycles_of_values)), [len(c) for c in cycles_of_values])
+
+
+def test_the_all_clear_line_names_the_level_the_gate_judged_host_time_at():
+    """A run whose host time the gate acted on over cycles passed at the family's level, not at 95%."""
+    same = compare([chosen_run("base", AA_BASE + MORE_BASE), chosen_run("cand", AA_BASE + MORE_BASE)], metric=CPU_METRIC)
+    failed, lines = gate_lines(same, 10)
+    assert not failed and lines[-1] == "no op or total is proven more than 10% slower than base (95% interval; host time 98.33% over cycles)"
+    apart = compare([chosen_run("base", AA_BASE + MORE_BASE, rotation=None),
+                     chosen_run("cand", AA_BASE + MORE_BASE, rotation=None)], metric=CPU_METRIC)  # fmt: skip
+    assert gate_lines(apart, 10)[1][-1] == "no op or total is proven more than 10% slower than base (95% interval)"
+
+
 def test_host_time_is_judged_on_cycles_even_where_the_cycles_look_alike():
     """The F test on three cycles has little power: a pair whose cycles it found alike was judged
     on its steps, and that fired on quiet A/A pairs whose every window of one run sat at another
     level. Host time from 3 cycles a run is judged on its cycles; device time keeps the test."""
-    base = [[50.0, 51, 49, 50.5, 49.5], [50.2, 50.8, 49.3, 50.1, 49.9], [49.8, 50.4, 50.6, 49.7, 50.3]]
+    base = [[50.0, 51, 49, 50.5, 49.5], [50.2, 50.8, 49.3, 50.1, 49.9], [49.8, 50.4, 50.6, 49.7, 50.3],
+            [50.1, 49.6, 50.7, 49.9, 50.2], [49.7, 50.3, 50.9, 49.4, 50.0]]  # fmt: skip
     cand = [[v * 1.3 for v in cycle] for cycle in base]
     host = compare([chosen_run("base", base), chosen_run("cand", cand)], metric=CPU_METRIC)
     assert set(host[("cand", "unit")]) == {"cycles"}

@@ -33,9 +33,11 @@ honest:
    windows can sit far apart and take every step with them, and on a quiet host a whole run
    can shift (quiet A/A pairs profiled one after the other: every cycle of one run 1.3–1.9x
    the other's). Host time is therefore gated (`window_rule`) only for runs of one
-   `interleaved()` call (their windows alternate, so a shift of the time moves both) with
-   `MIN_CYCLES` cycles each (2 fired on 4 of 20 quiet A/A pairs), and on the cycle-level
-   interval only, at 1 − 0.05/m for a run of m rows (`family_intervals`). Device time, which
+   `interleaved()` call (their windows alternate, so a shift of the time moves both), and on a
+   distribution-free interval over cycles only, at 1 − 0.05/m for a run of m rows
+   (`family_intervals`): 4 cycles each for one row, 6 for 7–23 rows (`gate_cycles`). Welch's
+   interval at that level fired on 1 of 20 quiet A/A pairs in rotation with 4 cycles each: one
+   run's four windows sat at one level, and its variance read near zero. Device time, which
    the host's load does not move, is gated on its own evidence. Rows that fail this keep their
    numbers and verdict, say why they are not gated, and never fail the gate.
 
@@ -52,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import fdtrc, stdtrit
 
-from .._compare.stats import CONFIDENCE, RatioEstimate, outlier_mask, ratio_interval
+from .._compare.stats import CONFIDENCE, RatioEstimate, moses_rank, outlier_mask, ratio_interval
 
 CYCLE_ALPHA = 0.2
 NEGLIGIBLE_SHIFT = 0.005  # standard deviation of the cycles' shifts, on the log scale
@@ -112,33 +114,48 @@ def judge(base: np.ndarray, base_cycles: np.ndarray, run: np.ndarray, run_cycles
     return Judged(cluster_interval(x, cx, y, cy, confidence), CYCLES, noise)
 
 
-def window_rule(cycles: tuple[int, int], host_time: bool, rotation: bool) -> str | None:
+def window_rule(cycles: tuple[int, int], host_time: bool, rotation: bool, needs: int = MIN_CYCLES) -> str | None:
     """None when a comparison's intervals cover the variation between profiled windows and runs,
     so the gate may act on them; else why not, in words (`profiled apart: not gated; ...`).
-    `cycles`: the baseline's and the run's; `rotation`: both come from one `interleaved()` call."""
-    if not host_time or (rotation and min(cycles) >= MIN_CYCLES):
+    `cycles`: the baseline's and the run's; `rotation`: both come from one `interleaved()` call;
+    `needs`: the cycles each run needs for the gate's interval (`family_intervals`)."""
+    needs = max(needs, MIN_CYCLES)
+    if not host_time or (rotation and min(cycles) >= needs):
         return None
     if not rotation:
         return (f"runs profiled apart: not gated (a whole run can shift); profile them in rotation with "
-                f"interleaved(), \u2265 {MIN_CYCLES} cycles each")  # fmt: skip
+                f"interleaved(), \u2265 {needs} cycles each")  # fmt: skip
     base, run = cycles
     count = f"{base} window{'s' if base != 1 else ''} a run" if base == run else f"{base} vs {run} windows a run"
-    return f"{count}: not gated; profile \u2265 {MIN_CYCLES} cycles each in rotation"
+    return f"{count}: not gated; profile \u2265 {needs} cycles each in rotation"
 
 
 def family_intervals(rows: dict[str, tuple], alpha: float = 1 - CONFIDENCE) -> tuple[float, dict[str, list]]:
-    """(level, {row: [low, high]}): the cycle-level interval of each row at 1 - alpha/m, m the
-    rows that have one (Bonferroni). The gate asks whether *any* row of a run is slower: m rows at
-    95% each would fire on an A/A pair far more often than 5% of the time (the quiet A/A pairs of
-    the calibration matrix, host time, 3-4 cycles a run: 5 of 40 fired at 95%, 4 of them on ops).
+    """(level, {row: [low, high]}): each row's distribution-free interval over cycles at
+    1 - alpha/m, m the rows judged on their cycles (Bonferroni). The gate asks whether *any*
+    row of a run is slower: m rows at 95% each fire on an A/A pair far more often than 5% of the
+    time. The interval is Moses' on the cycles' medians (`stats.ratio_interval`), not Welch's: a
+    window's level is not normal (it jumps between levels about 2x apart), and four cycles of
+    one run that all sat at one level gave Welch a near-zero variance and a quiet A/A pair in
+    rotation an alarm (1 of 20, the calibration matrix). Rows without an interval at this level
+    (too few cycles, `gate_cycles`) are left out, and the gate does not act on them.
     `rows`: {row: (base, base_cycles, run, run_cycles)} of the rows judged on their cycles; named
     outliers are left out first, as in `judge`."""
     level = 1 - alpha / max(len(rows), 1)
     found = {}
     for row, (base, base_cycles, run, run_cycles) in rows.items():
-        estimate = cluster_interval(*_kept(base, base_cycles), *_kept(run, run_cycles), level)
-        found[row] = [float(estimate.low), float(estimate.high)]
+        x, y = np.exp(_cycle_medians(*_kept(base, base_cycles))), np.exp(_cycle_medians(*_kept(run, run_cycles)))
+        if len(x) and len(y):
+            estimate = ratio_interval(x, y, level)
+            if estimate.has_interval:
+                found[row] = [float(estimate.low), float(estimate.high)]
     return level, found
+
+
+def gate_cycles(rows: int, alpha: float = 1 - CONFIDENCE) -> int:
+    """The fewest cycles each run needs for `family_intervals` to give `rows` rows an interval:
+    4 for one row, 5 for 2–6, 6 for 7–23, 7 for 24–85 (two-sided, exact)."""
+    return next(n for n in range(2, 64) if moses_rank(n, n, 1 - alpha / max(rows, 1)) >= 1)
 
 
 def cycle_noise(x: np.ndarray, cx: np.ndarray, y: np.ndarray, cy: np.ndarray) -> CycleNoise:

@@ -6,9 +6,10 @@ samples or cycles for an interval can never fail; the gate names them instead of
 silence. Nor can the rows of a run whose verdicts are `inconclusive` (host time, and the host's
 load differed from the baseline's): the gate prints why, and `inconclusive_runs` lets the
 command line exit 4 for a CI job that wants to retry on a quieter host. Nor can the rows of a
-run whose host-time intervals do not cover the variation between profiled windows (fewer than 3
-cycles a run, not in rotation: `cycles.window_rule`): the gate prints a NOT GATED line with the
-rows that would have failed, and exits 0 on them. A comparison of many runs (`overview`) holds only
+run whose host-time intervals do not cover the variation between profiled windows (runs
+profiled apart, or in rotation with too few cycles for the gate's distribution-free interval:
+`cycles.window_rule`): the gate prints a NOT GATED line with the rows that would have failed, and
+exits 0 on them. A comparison of many runs (`overview`) holds only
 the runs shown in detail: the gate judges those, on their per-step samples, and names them
 (JUDGED IN DETAIL) and the runs it did not judge (NOT JUDGED IN DETAIL); summaries never fail it.
 """
@@ -54,7 +55,7 @@ def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tupl
             lines.append(f"NOT GATED {run}: host time, {why}{_would_fail(frame, run, percent, min_us)}")
     lines += _detail_lines(frame, percent)
     if not slower:
-        lines.append(f"no op or total is proven more than {percent:g}% slower than {base} (95% interval)"
+        lines.append(f"no op or total is proven more than {percent:g}% slower than {base} ({_levels(frame)})"
                      + (" among the runs judged in detail" if frame.attrs.get("many") else ""))  # fmt: skip
     return bool(slower), lines
 
@@ -115,6 +116,14 @@ def _level(frame: pd.DataFrame, r: Regression) -> str:
     if family is None:
         return f"95% CI {interval}"
     return f"{100 * family['level']:.4g}% CI {interval} over cycles, for {len(family['rows'])} rows"
+
+
+def _levels(frame: pd.DataFrame) -> str:
+    """`95% interval`, or `95% interval; host time 99.6% over cycles` when a gated run's host time
+    was judged on its family-wise intervals: the level the all-clear line stands on."""
+    family, left = frame.attrs.get("gate_intervals") or {}, {**not_gated_runs(frame), **inconclusive_runs(frame)}
+    levels = sorted({f"{100 * f['level']:.4g}%" for run, f in family.items() if run not in left})
+    return "95% interval" + (f"; host time {', '.join(levels)} over cycles" if levels else "")
 
 
 def _would_fail(frame: pd.DataFrame, run: str, percent: float, min_us: float) -> str:

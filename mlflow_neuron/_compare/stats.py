@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+from scipy.special import ndtri
 
 # the outlier rule lives with the run-level summary, which the delivery side computes too
 from .._trace.step_summary import MIN_OUTLIER_SAMPLES, OUTLIER_SIGMAS, outlier_mask, without_outliers  # noqa: F401
 
 CONFIDENCE = 0.95
 _EXACT_MAX_COMBINATIONS = 2**61  # int64 q-binomial coefficients (and twice them) stay exact
-_Z = {0.90: 1.6448536269514722, 0.95: 1.959963984540054, 0.99: 2.5758293035489004}
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,7 @@ def moses_rank(n: int, m: int, confidence: float = CONFIDENCE) -> int:
     if math.comb(n + m, n) <= _EXACT_MAX_COMBINATIONS:
         cumulative = np.cumsum(_u_counts(n, m)) / math.comb(n + m, n)
         return int(np.searchsorted(cumulative, alpha_half, side="right"))  # count of P(U <= u) <= alpha/2
-    z = _Z.get(round(confidence, 2))
-    if z is None:
-        raise ValueError(f"confidence must be one of {sorted(_Z)} for large samples; got {confidence}")
+    z = float(ndtri(0.5 + confidence / 2))  # the normal approximation, for samples too large to count exactly
     return max(0, math.floor(n * m / 2 - z * math.sqrt(n * m * (n + m + 1) / 12)))
 
 
