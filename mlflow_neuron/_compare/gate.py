@@ -1,17 +1,18 @@
 """The CI gate on a comparison frame (pure): which rows are proven slower, and what it says.
 
-A row fails only when the whole 95% interval of run / baseline lies above +`percent`: a point
-estimate over the line is not enough, since per-step noise and stalls move it. Rows with too few
-samples or cycles for an interval can never fail; the gate names them instead of passing in
-silence. Nor can the rows of a run whose verdicts are `inconclusive` (host time, and the host's
-load differed from the baseline's): the gate prints why, and `inconclusive_runs` lets the
-command line exit 4 for a CI job that wants to retry on a quieter host. Nor can the rows of a
-run whose host-time intervals do not cover the variation between profiled windows (runs
-profiled apart, or in rotation with too few cycles for the gate's distribution-free interval:
-`cycles.window_rule`): the gate prints a NOT GATED line with the rows that would have failed, and
-exits 0 on them. A comparison of many runs (`overview`) holds only
-the runs shown in detail: the gate judges those, on their per-step samples, and names them
-(JUDGED IN DETAIL) and the runs it did not judge (NOT JUDGED IN DETAIL); summaries never fail it.
+A row fails only when the whole interval of run / baseline lies above +`percent` (95%; host time
+over cycles at 1 − 0.05/m, `cycles.family_intervals`): a point estimate over the line is not
+enough, since per-step noise and stalls move it. Rows with too few samples or cycles for an
+interval can never fail; the gate names them instead of passing in silence. Nor can the rows of a
+run whose verdicts are `inconclusive` (host time, and the host's load differed from the
+baseline's): the gate prints why, and `inconclusive_runs` lets the command line exit 4 for a CI job
+that wants to retry on a quieter host. Nor can the rows of a run whose host-time intervals do not
+cover the variation between profiled windows (runs profiled apart, or in rotation with too few
+cycles for the gate's distribution-free interval: `cycles.window_rule`): the gate prints a NOT
+GATED line with the rows that would have failed, and exits 0 on them. A comparison of many runs
+(`overview`) holds only the runs shown in detail: the gate judges those, on their per-step samples,
+and names them (JUDGED IN DETAIL) and the runs it did not judge (NOT JUDGED IN DETAIL); summaries
+never fail it.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def _detail_lines(frame: pd.DataFrame, percent: float) -> list[str]:
 
 
 def regressions(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> list[Regression]:
-    """Ops (and the TOTAL) whose whole 95% interval of run / baseline lies above +`percent`.
+    """Ops (and the TOTAL) whose whole interval of run / baseline lies above +`percent` (95%, or
+    for host time the run's family-wise interval over cycles).
 
     A point estimate over the line is not enough: per-step noise and stalls move it, and the
     interval says by how much. Ops under `min_us` (median) in both runs, and wrapper ranges, are

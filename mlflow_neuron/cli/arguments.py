@@ -138,7 +138,9 @@ def parser() -> CommandParser:
     cmp.add_argument("--format", default="table", choices=["table", "markdown", "csv", "json"],
                      help="table (default) or markdown for people; csv and json keep every field and whole op names")
     cmp.add_argument("--fail-if-slower", type=non_negative_float, metavar="PCT",
-                     help="exit 1 if the whole 95%% interval of an op or the total is above +PCT%%")
+                     help="exit 1 if the whole 95%% interval of an op or the total is above +PCT%% (host time: "
+                          "only runs of one interleaved() call, over 5-7 or more cycles each, at "
+                          "1 - 0.05/rows; docs/cli.md)")
     cmp.add_argument("--fail-if-inconclusive", action="store_true",
                      help="exit 4 when host time was not judged because the host was busy or the runs saw "
                      "different host load (a CI job can retry on a quieter host); a proven regression still exits 1")

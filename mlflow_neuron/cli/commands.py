@@ -93,7 +93,7 @@ def compare(args: argparse.Namespace, out=None) -> int:
 
 
 def _gate(frame, percent: float, min_us: float, out) -> int:
-    """Exit 1 only for a row whose whole 95% interval lies above +percent; print that interval."""
+    """Exit 1 only for a row whose whole interval (`gate.gate_lines`) lies above +percent; print that interval."""
     from .._compare.gate import gate_lines
 
     failed, lines = gate_lines(frame, percent, min_us)
