@@ -130,9 +130,11 @@ def window_rule(cycles: tuple[int, int], host_time: bool, rotation: bool, needs:
     return f"{count}: not gated; profile \u2265 {needs} cycles each in rotation"
 
 
-def family_intervals(rows: dict[str, tuple], alpha: float = 1 - CONFIDENCE) -> tuple[float, dict[str, list]]:
-    """(level, {row: [low, high]}): each row's distribution-free interval over cycles at
-    1 - alpha/m, m the rows judged on their cycles (Bonferroni). The gate asks whether *any*
+def family_intervals(rows: dict[str, tuple], judged: int = 0, alpha: float = 1 - CONFIDENCE) -> dict:
+    """{"level", "rows": {row: [low, high]}, "needs"}: each row's distribution-free interval over
+    cycles at 1 - alpha/m, m the rows judged on their cycles (Bonferroni; else the `judged` rows,
+    as runs of too few cycles have), and the cycles each run needs for them (`gate_cycles`).
+    The gate asks whether *any*
     row of a run is slower: m rows at 95% each fire on an A/A pair far more often than 5% of the
     time. The interval is Moses' on the cycles' medians (`stats.ratio_interval`), not Welch's: a
     window's level is not normal (it jumps between levels about 2x apart), and four cycles of
@@ -149,7 +151,7 @@ def family_intervals(rows: dict[str, tuple], alpha: float = 1 - CONFIDENCE) -> t
             estimate = ratio_interval(x, y, level)
             if estimate.has_interval:
                 found[row] = [float(estimate.low), float(estimate.high)]
-    return level, found
+    return {"level": level, "rows": found, "needs": gate_cycles(len(rows) or judged, alpha)}
 
 
 def gate_cycles(rows: int, alpha: float = 1 - CONFIDENCE) -> int:

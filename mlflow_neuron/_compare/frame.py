@@ -15,16 +15,16 @@ profiler step, over all of a run's active steps (see `samples`):
   run has fewer than `cycles.MIN_CYCLES`), `inconclusive` (host time of runs that saw different
   host load, or a busy host, see `weather`), `new` / `gone` (the op is in one run only), `baseline`.
 
-`frame.attrs` (JSON-serializable) adds: the metric and any fallback, the baseline, runs, n,
-samples sources, ATen calls per step, `host` (each run's host while profiled) and
-`inconclusive` (the reason, per run whose verdicts it made inconclusive), `not_gated` (per run
-whose host-time intervals do not cover the variation between windows: why, `cycles.window_rule`;
-the gate never fails on them), `gate_intervals` (host time: per run, the intervals the gate acts on,
-`cycles.family_intervals`, its level and the cycles a run `needs`), `cycle_noise` (the TOTAL's between-cycle test per run), `outliers`
-(each one named: run, op, cycle, step, value, times the median), `sentences` (the verdict in
-words, per run), `verdicts` (the TOTAL's), and `samples` (of the TOTAL and the top ops, for
-plots) with their (cycle, step) in `sample_steps` (the TOTAL's) and `op_sample_steps` (the ops';
-they differ only where per-op samples are cycle averages).
+`frame.attrs` (JSON-serializable) adds: the metric and any fallback, the baseline, runs, n, samples
+sources, ATen calls per step, `host` (each run's host while profiled) and `inconclusive` (the
+reason, per run whose verdicts it made inconclusive), `not_gated` (per run whose host-time
+intervals do not cover the variation between windows: why, `cycles.window_rule`; the gate never
+fails on them), `gate_intervals` (host time: per run, the intervals the gate acts on, their level
+and the cycles a run `needs`, `cycles.family_intervals`), `cycle_noise` (the TOTAL's between-cycle
+test per run), `outliers` (each one named: run, op, cycle, step, value, times the median),
+`sentences` (the verdict in words, per run), `verdicts` (the TOTAL's), and `samples` (of the TOTAL
+and the top ops, for plots) with their (cycle, step) in `sample_steps` (the TOTAL's) and
+`op_sample_steps` (the ops'; they differ only where per-op samples are cycle averages).
 
 Device time is compared when every run has some; otherwise all runs are compared on self CPU time
 and the frame says so in `attrs`: device and CPU microseconds are never mixed in one table.
@@ -173,18 +173,15 @@ def _check(profiles: list[RunProfile], metric: str, skip_steps: int, noise_pct: 
 def _table(samples: dict[str, StepSamples], base: str, order: list[str], noise_pct: float,
            host_time: bool) -> tuple[pd.DataFrame, dict[str, dict], dict[str, dict]]:  # fmt: skip
     """The frame without attrs (a row per op in `order` and the TOTAL, a column group per run),
-    the TOTAL's between-cycle test per run, and for host time the gate's intervals per run
-    (`cycles.family_intervals`: {"level", "rows": {op: [low, high]}, "needs": cycles a run})."""
+    the TOTAL's between-cycle test per run, and for host time the gate's intervals per run."""
     columns, noise, family = {}, {}, {}
     for label, run in samples.items():
         cols, total, on_cycles = _run_columns(run, samples[base], order, label == base, noise_pct, host_time)
         columns.update({(label, name): values for name, values in cols.items()})
         if label != base:
             noise[label] = _noise_attrs(total)
-        if host_time and label != base:
-            level, intervals = _cycles.family_intervals(on_cycles)
-            judged = len(on_cycles) or int(np.isfinite(np.asarray(cols["ratio_low"], float)).sum())
-            family[label] = {"level": level, "rows": intervals, "needs": _cycles.gate_cycles(judged)}
+        if host_time and label != base:  # the rows with any interval count where none is over cycles
+            family[label] = _cycles.family_intervals(on_cycles, int(np.isfinite(cols["ratio_low"]).sum()))
     frame = pd.DataFrame(columns, index=[*order, TOTAL])
     frame.columns = pd.MultiIndex.from_tuples(frame.columns, names=["run", "field"])
     frame.index.name = "op"
@@ -201,8 +198,7 @@ def _noise_attrs(judged: _cycles.Judged) -> dict:
 def _evidence(frame: pd.DataFrame, samples: dict[str, StepSamples], profiles: list[RunProfile], base: str,
               host_time: bool, weather: tuple[float, float], family: dict) -> dict[str, dict[str, str]]:  # fmt: skip
     """`not_gated` and `inconclusive`: per run, why the gate may not act on its host time, and why
-    its host time is not judged at all (the second rewrites the run's verdicts). `family`: the
-    gate's intervals per run (`_table`), whose level sets how many cycles a run needs."""
+    its host time is not judged at all (the second rewrites the run's verdicts)."""
     hosts = {p.label: dict(p.host) for p in profiles}
     return {"not_gated": _window_rules(frame, samples, profiles, base, host_time, family),
             "inconclusive": _weather_verdicts(frame, hosts, base, weather) if host_time else {}}
@@ -227,14 +223,14 @@ def _weather_verdicts(frame: pd.DataFrame, hosts: dict[str, dict], base: str,
 
 
 def _window_rules(frame: pd.DataFrame, samples: dict[str, StepSamples], profiles: list[RunProfile], base: str,
-                  host_time: bool, family: dict | None) -> dict[str, str]:  # fmt: skip
+                  host_time: bool, family: dict) -> dict[str, str]:  # fmt: skip
     """Why the gate may not act on a run's rows (`cycles.window_rule`; the TOTAL and every op alike)."""
     rotation = {p.label: p.extra.get("rotation") for p in profiles}
     windows = {label: len({cycle for cycle, _ in s.steps}) for label, s in samples.items()}
     found = {}
     for label in [label for label in samples if label != base]:
         together = bool(rotation[base]) and rotation[label] == rotation[base]
-        needs = (family or {}).get(label, {}).get("needs", _cycles.MIN_CYCLES)
+        needs = family.get(label, {}).get("needs", _cycles.MIN_CYCLES)
         why = _cycles.window_rule((windows[base], windows[label]), host_time, together, needs)
         if why and frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE]).any():
             found[label] = why
