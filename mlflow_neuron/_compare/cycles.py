@@ -114,12 +114,11 @@ def judge(base: np.ndarray, base_cycles: np.ndarray, run: np.ndarray, run_cycles
     return Judged(cluster_interval(x, cx, y, cy, confidence), CYCLES, noise)
 
 
-def window_rule(cycles: tuple[int, int], host_time: bool, rotation: bool, needs: int = MIN_CYCLES) -> str | None:
+def window_rule(cycles: tuple[int, int], host_time: bool, rotation: bool, needs: int) -> str | None:
     """None when a comparison's intervals cover the variation between profiled windows and runs,
     so the gate may act on them; else why not, in words (`profiled apart: not gated; ...`).
     `cycles`: the baseline's and the run's; `rotation`: both come from one `interleaved()` call;
     `needs`: the cycles each run needs for the gate's interval (`family_intervals`)."""
-    needs = max(needs, MIN_CYCLES)
     if not host_time or (rotation and min(cycles) >= needs):
         return None
     if not rotation:
@@ -132,17 +131,17 @@ def window_rule(cycles: tuple[int, int], host_time: bool, rotation: bool, needs:
 
 def family_intervals(rows: dict[str, tuple], judged: int = 0, alpha: float = 1 - CONFIDENCE) -> dict:
     """{"level", "rows": {row: [low, high]}, "needs"}: each row's distribution-free interval over
-    cycles at 1 - alpha/m, m the rows judged on their cycles (Bonferroni; else the `judged` rows,
-    as runs of too few cycles have), and the cycles each run needs for them (`gate_cycles`).
-    The gate asks whether *any*
-    row of a run is slower: m rows at 95% each fire on an A/A pair far more often than 5% of the
-    time. The interval is Moses' on the cycles' medians (`stats.ratio_interval`), not Welch's: a
-    window's level is not normal (it jumps between levels about 2x apart), and four cycles of
-    one run that all sat at one level gave Welch a near-zero variance and a quiet A/A pair in
-    rotation an alarm (1 of 20, the calibration matrix). Rows without an interval at this level
-    (too few cycles, `gate_cycles`) are left out, and the gate does not act on them.
-    `rows`: {row: (base, base_cycles, run, run_cycles)} of the rows judged on their cycles; named
-    outliers are left out first, as in `judge`."""
+    cycles at 1 - alpha/m, m the rows judged on their cycles (Bonferroni; else the `judged`
+    rows, as runs of too few cycles have), and the cycles each run needs for them
+    (`gate_cycles`). The gate asks whether *any* row of a run is slower: m rows at 95% each
+    fire on an A/A pair far more often than 5% of the time. The interval is Moses' on the
+    cycles' medians (`stats.ratio_interval`), not Welch's: a window's level is not normal (it
+    jumps between levels about 2x apart), and four cycles of one run that all sat at one level
+    gave Welch a near-zero variance and a quiet A/A pair in rotation an alarm (1 of 20, the
+    calibration matrix). Rows without an interval at this level (too few cycles, `gate_cycles`)
+    are left out, and the gate does not act on them. `rows`: {row: (base, base_cycles, run,
+    run_cycles)} of the rows judged on their cycles; named outliers are left out first, as in
+    `judge`."""
     level = 1 - alpha / max(len(rows), 1)
     found = {}
     for row, (base, base_cycles, run, run_cycles) in rows.items():

@@ -230,7 +230,7 @@ def _window_rules(frame: pd.DataFrame, samples: dict[str, StepSamples], profiles
     found = {}
     for label in [label for label in samples if label != base]:
         together = bool(rotation[base]) and rotation[label] == rotation[base]
-        needs = family.get(label, {}).get("needs", _cycles.MIN_CYCLES)
+        needs = family.get(label, {}).get("needs", 0)  # host time has one per run; device time needs none
         why = _cycles.window_rule((windows[base], windows[label]), host_time, together, needs)
         if why and frame[(label, "verdict")].isin([FASTER, SLOWER, NO_CHANGE]).any():
             found[label] = why

@@ -26,6 +26,7 @@ from .._compare.cycles import MIN_CYCLES
 from .._compare.frame import bare
 from .._compare.model import INCONCLUSIVE, TOTAL, UNJUDGED, Regression
 from .._compare.overview import names
+from .._compare.stats import CONFIDENCE
 
 
 def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tuple[bool, list[str]]:
@@ -117,7 +118,8 @@ def _level(frame: pd.DataFrame, r: Regression) -> str:
     family = (frame.attrs.get("gate_intervals") or {}).get(r.run)
     if family is None:
         return f"95% CI {interval}"
-    return f"{100 * family['level']:.4g}% CI {interval} over cycles, for {len(family['rows'])} rows"
+    rows = round((1 - CONFIDENCE) / (1 - family["level"]))  # the m of its level 1 - 0.05/m, rows with no interval too
+    return f"{100 * family['level']:.4g}% CI {interval} over cycles, for {rows} rows"
 
 
 def _levels(frame: pd.DataFrame) -> str:
