@@ -350,6 +350,41 @@ def test_the_trace_in_a_real_store_is_the_timeline_linked_to_the_run_once(tracki
     assert mul.attributes["input_shapes"] == [[4, 512], [4, 512]] and mul.attributes["calls"] == 6
 
 
+def test_the_trace_text_written_a_template_per_span_shape_is_the_text_written_value_by_value():
+    """The spans that share a kind and attribute names are written by one template; what a template
+    cannot say exactly (the root, mixed or odd values, `%` in a name) goes value by value. Both give
+    the same text, and MLflow reads each value back."""
+    from mlflow.entities import Span
+
+    from mlflow_neuron._delivery.traces import TraceDraft, _json_string, _span_text, trace_data_text, trace_id_for
+
+    timeline, _, _ = profile_cpu_cycle(steps=2, record_shapes=True)
+    odd = [dict(name="root%s", kind="cycle", start_ns=1, end_ns=9, parent=-1, attributes={"step": 3}),
+           *({"name": f"a\u00e9\"%d{k}", "kind": "op%", "start_ns": 2, "end_ns": 5, "parent": 0,
+              "attributes": {"x%s": "v%" if k else "w\n\u2026", "b": k == 0, "n": None, "l": [[1, k]], "f": 1.5}}
+             for k in range(3)),
+           dict(name="d", kind="op", start_ns=2, end_ns=5, parent=1, attributes={"m": 1, "g": 2.25}),
+           dict(name="e", kind="op", start_ns=2, end_ns=5, parent=1, attributes={"m": 1.0, "g": float("nan")}),
+           dict(name="f", kind="op", start_ns=3, end_ns=4, parent=1, attributes={"i": 10**20, "f": 0.1}),
+           dict(name="g", kind="op", start_ns=3, end_ns=4, parent=1, attributes={"i": -5, "f": float("inf")}),
+           *(dict(name="h", kind="summary", start_ns=3, end_ns=4, parent=2, attributes={}) for _ in range(2))]
+    for draft in (TraceDraft.of(timeline), TraceDraft("odd", 1, 0, 0, odd)):
+        for shift in (0, 7):
+            trace_id = trace_id_for("run%d/3")
+            text = trace_data_text(draft, trace_id, shift)
+            quoted = _json_string(trace_id)
+            fixed = '"mlflow.traceRequestId":' + _json_string(quoted) + ',"mlflow.spanType":"\\"UNKNOWN\\"","kind":'
+            each = ",".join(_span_text(s, i, quoted, fixed, {}, shift) for i, s in enumerate(draft.spans))
+            assert text == '{"spans":[' + each + "]}"
+            spans = [Span.from_dict(d) for d in json.loads(text)["spans"]]
+            for span, want in zip(spans, draft.spans):
+                assert (span.name, span.start_time_ns - shift, span.parent_id is None) == (
+                    want["name"], want["start_ns"], want["parent"] < 0)
+                got = {k: span.attributes[k] for k in want["attributes"]}
+                assert json.dumps(got) == json.dumps(want["attributes"])  # NaN included
+    assert len(spans) == len(odd)
+
+
 def test_a_partial_write_is_replaced_and_other_processes_find_the_complete_trace(tracking_uri, tmp_path):
     from mlflow.entities import TraceInfo, TraceLocation, TraceState
     from mlflow.tracing.client import TracingClient

@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from mlflow.entities import Metric, Span, TraceInfo, TraceLocation, TraceState
@@ -265,34 +266,97 @@ def trace_data_text(draft: TraceDraft, trace_id: str, shift_ns: int = 0) -> str:
     """What MLflow's exporter uploads as a trace's data (`TraceData.to_dict()` as JSON), written
     straight from the spans: each attribute value JSON-encoded inside the JSON, as MLflow stores
     it. Text, not dicts for a JSON writer: ~16,000 values a cycle, most of them op names that
-    repeat (encoded once each) and numbers."""
+    repeat (encoded once each) and numbers.
+
+    Column by column: the spans that share a kind and attribute names (the ops of a cycle, its
+    kernels, ...) are one `%` template, filled for all of them in one pass of C; each column is
+    encoded once per distinct value. A span the template cannot say exactly (the root, a column
+    of mixed or odd types) is written one value at a time (`_span_text`), as it always was."""
     quoted_id = _json_string(trace_id)
     fixed = '"mlflow.traceRequestId":' + _json_string(quoted_id) + ',"mlflow.spanType":"\\"UNKNOWN\\"","kind":'
-    keys: dict[str, str] = {}
     texts: dict[str, str] = {}  # a str value -> its JSON inside JSON
-    int_text, float_text, finite = int.__repr__, float.__repr__, math.isfinite
-    out = []
-    for i, s in enumerate(draft.spans):
-        kind = s["kind"]
-        parts = [fixed + (texts.get(kind) or texts.setdefault(kind, _json_string(_json_string(kind))))]
-        for k, v in s["attributes"].items():
-            key = keys.get(k) or keys.setdefault(k, _json_string(k) + ":")
-            of = type(v)
-            if of is str:
-                text = texts.get(v)
-                if text is None:
-                    text = texts[v] = _json_string(_json_string(v))
-            elif of is int:
-                text = '"' + int_text(v) + '"'
-            elif of is float and finite(v):
-                text = '"' + float_text(v) + '"'
-            else:
-                text = _json_string(json.dumps(v))
-            parts.append(key + text)
-        parent = s["parent"]
-        out.append(_SPAN_TEXT % (quoted_id, i + 1, f'"{parent + 1:016x}"' if parent >= 0 else '""', _json_string(s["name"]),
-                                 s["start_ns"] + shift_ns, s["end_ns"] + shift_ns, ",".join(parts)))  # fmt: skip
+    spans = draft.spans
+    out: list[str | None] = [None] * len(spans)
+    groups: dict[tuple, list[int]] = {}
+    for i, shape in enumerate(zip(map(_KIND, spans), map(tuple, map(_ATTRIBUTES, spans)))):
+        groups.setdefault(shape, []).append(i)
+    head = '{"trace_id":' + quoted_id.replace("%", "%%") + ',"span_id":"%016x","parent_span_id":"%016x","name":%s,'
+    for (kind, keys), rows in groups.items():
+        members = [spans[i] for i in rows]
+        columns = _template_columns(members, keys, texts, shift_ns)
+        if columns is None:
+            for i, span in zip(rows, members):
+                out[i] = _span_text(span, i, quoted_id, fixed, texts, shift_ns)
+            continue
+        codes, values = columns
+        kind_text = texts.get(kind) or texts.setdefault(kind, _json_string(_json_string(kind)))
+        attributes = ",".join([(fixed + kind_text).replace("%", "%%")]
+                              + [(_json_string(k) + ":").replace("%", "%%") + code for k, code in zip(keys, codes)])
+        template = (head + '"start_time_unix_nano":%d,"end_time_unix_nano":%d,"status":{"code":"STATUS_CODE_OK",'
+                    '"message":""},"attributes":{' + attributes + '},"events":[]}')  # fmt: skip
+        ids = [i + 1 for i in rows]
+        for i, text in zip(rows, map(template.__mod__, zip(ids, *values))):
+            out[i] = text
     return '{"spans":[' + ",".join(out) + "]}"
+
+
+_KIND, _ATTRIBUTES = itemgetter("kind"), itemgetter("attributes")
+_PLACE = {int: '"%d"', float: '"%r"', str: "%s"}  # a column of one type: its value's place in the template
+
+
+def _template_columns(members: list[dict], keys: tuple, texts: dict[str, str], shift_ns: int):
+    """(a `%` code per attribute, the columns in template order) for spans of one shape; None when
+    a template could not write them exactly as `_span_text` does."""
+    parents = list(map(itemgetter("parent"), members))
+    starts, ends = list(map(itemgetter("start_ns"), members)), list(map(itemgetter("end_ns"), members))
+    names = list(map(itemgetter("name"), members))
+    if min(parents) < 0 or {*map(type, parents), *map(type, starts), *map(type, ends)} != {int}:
+        return None  # the root ("" for a parent); times that are not ints
+    if set(map(type, names)) != {str}:
+        return None
+    codes, columns = [], []
+    attributes = list(map(itemgetter("attributes"), members))
+    for key in keys:
+        column = list(map(itemgetter(key), attributes))
+        kinds = set(map(type, column))
+        if len(kinds) != 1 or (kind := kinds.pop()) not in _PLACE:
+            return None
+        if kind is float and not all(map(math.isfinite, column)):
+            return None
+        if kind is str:
+            for value in set(column).difference(texts):
+                texts[value] = _json_string(_json_string(value))
+            column = list(map(texts.__getitem__, column))
+        codes.append(_PLACE[kind])
+        columns.append(column)
+    named = {}
+    for name in set(names):
+        named[name] = _json_string(name)
+    if shift_ns:
+        starts, ends = list(map(shift_ns.__add__, starts)), list(map(shift_ns.__add__, ends))
+    return codes, [list(map((1).__add__, parents)), list(map(named.__getitem__, names)), starts, ends, *columns]
+
+
+def _span_text(s: dict, i: int, quoted_id: str, fixed: str, texts: dict[str, str], shift_ns: int) -> str:
+    """One span's text, one value at a time: any JSON value an attribute may hold."""
+    kind = s["kind"]
+    parts = [fixed + (texts.get(kind) or texts.setdefault(kind, _json_string(_json_string(kind))))]
+    for k, v in s["attributes"].items():
+        of = type(v)
+        if of is str:
+            text = texts.get(v)
+            if text is None:
+                text = texts[v] = _json_string(_json_string(v))
+        elif of is int:
+            text = '"' + int.__repr__(v) + '"'
+        elif of is float and math.isfinite(v):
+            text = '"' + float.__repr__(v) + '"'
+        else:
+            text = _json_string(json.dumps(v))
+        parts.append(_json_string(k) + ":" + text)
+    parent = s["parent"]
+    return _SPAN_TEXT % (quoted_id, i + 1, f'"{parent + 1:016x}"' if parent >= 0 else '""', _json_string(s["name"]),
+                         s["start_ns"] + shift_ns, s["end_ns"] + shift_ns, ",".join(parts))  # fmt: skip
 
 
 _json_string = json.encoder.encode_basestring_ascii  # what json.dumps uses for a str (C when available)
