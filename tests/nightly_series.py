@@ -187,8 +187,8 @@ def _summary_metrics(tables: dict[str, dict[str, pd.DataFrame]]) -> dict[str, fl
         for step, device, cpu in zip(files["step_totals.json"]["step"], files["step_totals.json"]["self_device_time_us"],
                                      files["step_totals.json"]["self_cpu_time_us"]):  # fmt: skip
             mine = by_step.get(int(step), pd.DataFrame(columns=["device_time_us", "cpu_time_us"]))
-            steps.steps[f"{number}/{int(step)}"] = {
+            steps.absorb({"steps": {f"{number}/{int(step)}": {
                 "total": [float(device), float(cpu)],
                 "regions": {name: [float(r["device_time_us"]), float(r["cpu_time_us"])] for name, r in mine.iterrows()},
-            }
+            }}})  # fmt: skip
     return steps.metrics()

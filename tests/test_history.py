@@ -66,6 +66,18 @@ def test_no_change_says_which_it_was_a_suggestion_inside_the_band_none_or_no_sea
     assert line(short) == "no change looked for: 3 runs are too few to look for a change (3 a side, 6 in all)"
 
 
+def test_the_median_intervals_order_statistic_is_the_binomial_quantile_at_any_number_of_steps():
+    """Exact (scipy's `binom.ppf`) from one step to a long run's thousands, where the run's summary
+    recomputes it each cycle."""
+    from scipy.stats import binom
+
+    from mlflow_neuron._trace.step_summary import _binomial_half_quantile
+
+    for n in [*range(1, 80), 100, 333, 1000, 5000]:
+        for q in (0.005, 0.025, 0.05, 0.25):
+            assert _binomial_half_quantile(n, q) == int(binom.ppf(q, n, 0.5)), (n, q)
+
+
 def test_the_median_interval_and_the_environment_lines():
     assert median_interval(np.arange(1.0, 11.0)) == (2.0, 9.0)  # order statistics 2 and 9 of 10: 97.9%
     assert median_interval(np.arange(5.0)) == (None, None)

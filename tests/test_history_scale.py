@@ -69,6 +69,49 @@ def test_a_summary_covers_cycles_prepared_by_other_processes():
     assert metrics[summary_key("region_device_time_us", "median", "block")] == 150.0
 
 
+def test_a_summary_kept_as_steps_come_is_the_summary_of_every_step_held():
+    """The columns `RunSteps` keeps as cycles come (adds, other preparers' steps, a cycle prepared
+    again with other regions) give what summarizing every step held from scratch gives."""
+    from mlflow_neuron._delivery.run_summary import MAX_REGIONS, _numbers
+    from mlflow_neuron._delivery.model import REGION_METRICS, STEP_METRICS
+
+    def from_scratch(held: RunSteps) -> dict:
+        steps, found = list(held.steps.values()), {}
+        for index in (0, 1):
+            found.update(_numbers([s["total"][index] for s in steps], STEP_METRICS[index], None))
+        cpu = {}
+        for step in steps:
+            for name, times in step["regions"].items():
+                cpu[name] = cpu.get(name, 0.0) + times[1]
+        for name in sorted(cpu, key=lambda n: (-cpu[n], n))[:MAX_REGIONS]:
+            for index in (0, 1):
+                values = [s["regions"].get(name, (0.0, 0.0))[index] for s in steps]
+                found.update(_numbers(values, REGION_METRICS[index], name))
+        return found
+
+    rng = np.random.default_rng(7)
+
+    def cycle(first: int, names: list[str]):
+        steps = range(first, first + 3)
+        totals = tuple(StepTotal(s, float(rng.uniform(50, 60)), float(rng.uniform(80, 90)), 3) for s in steps)
+        regions = tuple(RegionStep(s, name, 1, float(rng.uniform(1, 9)), float(rng.uniform(1, 9)), 1)
+                        for s in steps for name in names if rng.random() < 0.8)  # fmt: skip
+        return cycle_profile("neuron", True, [], total_device_us=0, total_cpu_us=0, attributed_us=0, aten_calls=0,
+                             steps_seen=3, event_count=0, step_totals=totals, regions=regions)  # fmt: skip
+
+    names = [f"layer_{k}" for k in range(25)]  # more than MAX_REGIONS: which ones get a summary matters
+    mine, other = RunSteps(), RunSteps()
+    for c in range(40):
+        (mine if c % 3 else other).add(c, cycle(3 * c, names[: 5 + c % 21]))
+        if c % 7 == 6:
+            mine.absorb(other.export())
+            assert mine.metrics() == from_scratch(mine)
+    mine.add(4, cycle(12, names[20:]))  # cycle 4 prepared again, by a process that read other regions
+    mine.absorb(other.export())
+    assert len(mine.steps) == 120 and mine.metrics() == from_scratch(mine)
+    assert other.metrics() == from_scratch(other)
+
+
 def test_summaries_find_the_change_at_the_commit_the_tables_find(store):
     fast = history_runs("series", tracking_uri=store)
     slow = history_runs("series", tracking_uri=store, summaries=False)

@@ -112,6 +112,19 @@ def test_sync_sets_a_corrupt_record_aside_and_delivers_the_rest(sync_store, dead
     assert f"1 record(s) in {outbox / 'damaged'} are damaged and not sent: {broken.name}: unreadable" in again.stdout
 
 
+def test_an_entrys_json_files_read_back_as_pythons_json_wrote_them(tmp_path):
+    """orjson writes job.json, record.json and a run's state (each cycle); what it would say
+    otherwise (NaN as null, int keys, ints past 64 bits, a lone surrogate) goes through `json`."""
+    import json
+
+    from mlflow_neuron._delivery import entries
+
+    for value in [{"a": float("nan"), "b": [1, 2.5, float("inf")], "c": None}, {"k": {1: "x"}}, {"s": "\udc80"},
+                  {"big": 2**70, "neg": -(2**63) - 1}, {"u": "\u00e9\u2026", "t": (1, 2)}, {"f": 0.1, "g": 1e300}]:
+        entries.write_json(tmp_path / "x.json", value)
+        assert json.dumps(entries.read_json(tmp_path / "x.json")) == json.dumps(json.loads(json.dumps(value)))
+
+
 def test_the_console_script_is_installed():
     script = str(Path(sys.executable).with_name("mlflow-neuron"))  # the environment's bin folder
     result = subprocess.run([script, "sync", "--help"], capture_output=True, text=True)

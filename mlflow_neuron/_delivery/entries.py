@@ -32,10 +32,12 @@ Lock files in the outbox (each taken with `lock_file`):
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -43,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .._trace.json_text import dumps, parse
 from . import outbox as _outbox
 
 try:
@@ -145,21 +148,62 @@ def try_claim(entry: Path) -> Held | None:
     return None
 
 
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+
+
 def write_json(path: Path, data: dict) -> None:
     """`data` as `path`, whole or not at all (a 0600 file renamed into place)."""
     partial = path.with_name(f".{path.name}.partial")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    with open(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f)
+    with open(fd, "wb") as f:
+        f.write(dumps(data))
     os.replace(partial, path)
 
 
+def write_state(path: Path, data: dict) -> str:
+    """A run's state shared by the processes preparing its cycles (`write_json`), headed by a token
+    of this write, which it returns: `read_state` by the process that wrote it last reads 100 bytes,
+    not the whole state (in a long run, thousands of steps a cycle)."""
+    token = f"{os.getpid()}-{time.time_ns()}-{next(_WRITES)}"
+    write_json(path, {_TOKEN_KEY: token, **data})
+    return token
+
+
+def read_state(path: Path, written: str | None) -> dict | None:
+    """The state in `path` (without its token); None when its token is `written`: nothing new."""
+    with open(path, "rb") as f:
+        head = f.read(100)
+        mine = _TOKEN.match(head)
+        if mine is not None and written is not None and mine.group(1).decode() == written:
+            return None
+        text = head + f.read()
+    collecting = gc.isenabled()
+    gc.disable()  # thousands of small dicts: the cycle collector would scan the process again and again
+    try:
+        data = _loads(path, text)
+    finally:
+        if collecting:
+            gc.enable()
+    data.pop(_TOKEN_KEY, None)
+    return data
+
+
+_TOKEN_KEY = "written_by"
+_TOKEN = re.compile(rb'\{"written_by":\s*"([0-9-]+)"')
+_WRITES = itertools.count()
+
+
 def read_json(path: Path) -> dict:
-    with open(path, encoding="utf-8") as f:
-        try:
-            data = json.load(f)
-        except RecursionError:  # nested past Python's limit: not a file we wrote, a damaged one
-            raise ValueError(f"{path.name} is nested too deep to read") from None
+    with open(path, "rb") as f:
+        return _loads(path, f.read())
+
+
+def _loads(path: Path, text: bytes) -> dict:
+    try:
+        # orjson reads an int past 64 bits as a float: a file with 19 digits in a row goes to `json`
+        data = json.loads(text) if _LONG_DIGITS.search(text) else parse(text)
+    except RecursionError:  # nested past Python's limit: not a file we wrote, a damaged one
+        raise ValueError(f"{path.name} is nested too deep to read") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path.name} holds {type(data).__name__}, not an object")
     return data

@@ -52,11 +52,17 @@ def summary_key(metric: str, stat: str, region: str | None = None) -> str:
 
 
 class RunSteps:
-    """Every (cycle, step) of one run seen so far: the step's totals and each region's time in it."""
+    """Every (cycle, step) of one run seen so far: the step's totals and each region's time in it.
+    Beside them, columns in the order the steps came (a region's 0 where it did not run), kept as
+    steps come: a run's thousandth cycle costs no more than its tenth to summarize."""
 
     def __init__(self) -> None:
         self.steps: dict[str, dict] = {}  # "cycle/step" -> {"total": [device, cpu], "regions": {name: [device, cpu]}}
         self.device_profiled = False
+        self._row: dict[str, int] = {}  # a step's place in the columns
+        self._totals: tuple[list[float], list[float]] = ([], [])  # (device, cpu) per step
+        self._regions: dict[str, tuple[list[float], list[float]]] = {}  # name -> (device, cpu) per step
+        self._ran: dict[str, int] = {}  # name -> the steps it ran in
 
     def add(self, cycle: int, profile: CycleProfile) -> None:
         regions: dict[int, dict[str, list[float]]] = {}
@@ -65,8 +71,8 @@ class RunSteps:
             times[0] += r.device_time_us
             times[1] += r.cpu_time_us
         for t in profile.step_totals:
-            self.steps[f"{cycle}/{t.step}"] = {"total": [t.self_device_time_us, t.self_cpu_time_us],
-                                               "regions": regions.get(t.step, {})}  # fmt: skip
+            self._put(f"{cycle}/{t.step}", {"total": [t.self_device_time_us, t.self_cpu_time_us],
+                                            "regions": regions.get(t.step, {})}, replace=True)  # fmt: skip
         self.device_profiled |= profile.device_time != NOT_PROFILED
 
     def export(self) -> dict:
@@ -75,26 +81,43 @@ class RunSteps:
     def absorb(self, known: dict) -> None:
         """Takes the steps another preparer of the run saw (a union: a step keeps its values)."""
         for key, values in (known.get("steps") or {}).items():
-            self.steps.setdefault(key, values)
+            if key not in self.steps:
+                self._put(key, values, replace=False)
         self.device_profiled |= bool(known.get("device_profiled"))
+
+    def _put(self, key: str, values: dict, *, replace: bool) -> None:
+        row = self._row.get(key)
+        if row is not None and not replace:
+            return
+        if row is None:
+            row = self._row[key] = len(self._totals[0])
+            for column in (*self._totals, *(c for pair in self._regions.values() for c in pair)):
+                column.append(0.0)
+        else:  # the same cycle prepared again: its step's regions are the new ones
+            for name in self.steps[key]["regions"]:
+                self._ran[name] -= 1
+                self._regions[name][0][row] = self._regions[name][1][row] = 0.0
+        self.steps[key] = values
+        self._totals[0][row], self._totals[1][row] = values["total"][0], values["total"][1]
+        for name, times in values["regions"].items():
+            pair = self._regions.get(name)
+            if pair is None:
+                pair = self._regions[name] = ([0.0] * len(self._totals[0]), [0.0] * len(self._totals[0]))
+            pair[0][row], pair[1][row] = times[0], times[1]
+            self._ran[name] = self._ran.get(name, 0) + 1
 
     def metrics(self) -> dict[str, float]:
         """The summary metrics over every step held (empty when none)."""
         if not self.steps:
             return {}
-        steps = list(self.steps.values())
         found: dict[str, float] = {}
         device = (0,) if self.device_profiled else ()
         for index in (*device, 1):
-            found.update(_numbers([s["total"][index] for s in steps], STEP_METRICS[index], None))
-        cpu = {}
-        for s in steps:
-            for name, times in s["regions"].items():
-                cpu[name] = cpu.get(name, 0.0) + times[1]
+            found.update(_numbers(self._totals[index], STEP_METRICS[index], None))
+        cpu = {name: sum(pair[1]) for name, pair in self._regions.items() if self._ran[name]}
         for name in sorted(cpu, key=lambda n: (-cpu[n], n))[:MAX_REGIONS]:
             for index in (*device, 1):  # a step the region did not run in counts 0, as `compare --region` counts it
-                values = [s["regions"].get(name, (0.0, 0.0))[index] for s in steps]
-                found.update(_numbers(values, REGION_METRICS[index], name))
+                found.update(_numbers(self._regions[name][index], REGION_METRICS[index], name))
         return found
 
 

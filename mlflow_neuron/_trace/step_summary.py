@@ -25,7 +25,6 @@ found.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -84,14 +83,18 @@ def median_interval(values, confidence: float = 0.95) -> tuple[float | None, flo
 
 @lru_cache(maxsize=1024)
 def _binomial_half_quantile(n: int, q: float) -> int:
-    """The smallest k with P(X <= k) >= q for X ~ binomial(n, 1/2) (scipy's `binom.ppf`), exactly."""
+    """The smallest k with P(X <= k) >= q for X ~ binomial(n, 1/2) (scipy's `binom.ppf`), exactly:
+    in integers, sum(C(n, i) for i <= k) * d >= m * 2**n for q = m/d. Each C(n, k) comes from the
+    last (C(n, k) from scratch made a run's summary at 5,000 steps take 0.6 s a cycle)."""
     if n <= 0:
         return 0
-    target, cumulative = Fraction(q) * 2**n, 0
+    q = Fraction(q)
+    target, cumulative, comb = q.numerator * 2**n, 0, 1
     for k in range(n + 1):
-        cumulative += math.comb(n, k)
-        if cumulative >= target:
+        cumulative += comb
+        if cumulative * q.denominator >= target:
             return k
+        comb = comb * (n - k) // (k + 1)
     return n
 
 
