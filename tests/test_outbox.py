@@ -125,6 +125,21 @@ def test_an_entrys_json_files_read_back_as_pythons_json_wrote_them(tmp_path):
         assert json.dumps(entries.read_json(tmp_path / "x.json")) == json.dumps(json.loads(json.dumps(value)))
 
 
+def test_a_runs_state_is_read_again_only_when_another_process_wrote_it_last(tmp_path):
+    import json
+
+    from mlflow_neuron._delivery import entries
+
+    path = tmp_path / ".keys-run.json"
+    path.write_text(json.dumps({"keys": {"a": "a"}}))  # an earlier version's state: no token
+    assert entries.read_state(path, None) == {"keys": {"a": "a"}}
+    mine = entries.write_state(path, {"keys": {"a": "a", "b": "b"}})
+    assert entries.read_state(path, mine) is None  # nothing new: this process wrote it last
+    assert entries.read_state(path, None) == entries.read_state(path, "another") == {"keys": {"a": "a", "b": "b"}}
+    theirs = entries.write_state(path, {"keys": {"c": "c"}})  # another process (or this one) wrote since
+    assert theirs != mine and entries.read_state(path, mine) == {"keys": {"c": "c"}}
+
+
 def test_the_console_script_is_installed():
     script = str(Path(sys.executable).with_name("mlflow-neuron"))  # the environment's bin folder
     result = subprocess.run([script, "sync", "--help"], capture_output=True, text=True)
