@@ -103,14 +103,24 @@ def consumer_cpu_per_cycle(work: Path, cycles: int, earlier: int = 0) -> float:
     return (time.process_time() - started) / max(done.count("delivered"), 1)
 
 
+def _counts(text: str) -> list[int]:
+    try:
+        counts = [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        counts = [-1]
+    if any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError(f"expected whole numbers >= 1, comma-separated; got {text!r}")
+    return counts
+
+
 def main() -> int:
     options = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     options.add_argument("--repeats", type=int, default=3)
     options.add_argument("--hogs", type=int, default=0, help="busy Python processes beside the benchmark")
     options.add_argument("--schedules", default="3000:350:7,30000:70:7,3000:500:50")
     options.add_argument("--cpu-cycles", type=int, default=20)
-    options.add_argument("--earlier", default="1000", help="also the consumer's CPU after these many cycles of the "
-                         "run (comma-separated; empty: none)")
+    options.add_argument("--earlier", default="1000", type=_counts, help="also the consumer's CPU after these many "
+                         "cycles of the run (comma-separated; empty: none)")
     args = options.parse_args()
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
     rows = []
@@ -128,7 +138,7 @@ def main() -> int:
             ratio = statistics.median(ours) / statistics.median(tb)
             rows.append((f"{ops:,} ops x {steps} steps, a cycle every {period}", f"{statistics.median(tb):.2f}",
                          f"{statistics.median(ours):.2f}", f"{ratio:.2f}x", f"{max(kept)}"))  # fmt: skip
-        cpu, later = [], {int(n): [] for n in args.earlier.split(",") if n.strip()}
+        cpu, later = [], {n: [] for n in args.earlier}
         for _ in range(args.repeats):  # one figure swings by a third on this shared machine: the median
             for earlier, found in [(0, cpu), *later.items()]:
                 with tempfile.TemporaryDirectory() as scratch:
