@@ -132,12 +132,43 @@ def test_a_runs_state_is_read_again_only_when_another_process_wrote_it_last(tmp_
 
     path = tmp_path / ".keys-run.json"
     path.write_text(json.dumps({"keys": {"a": "a"}}))  # an earlier version's state: no token
-    assert entries.read_state(path, None) == {"keys": {"a": "a"}}
-    mine = entries.write_state(path, {"keys": {"a": "a", "b": "b"}})
-    assert entries.read_state(path, mine) is None  # nothing new: this process wrote it last
-    assert entries.read_state(path, None) == entries.read_state(path, "another") == {"keys": {"a": "a", "b": "b"}}
-    theirs = entries.write_state(path, {"keys": {"c": "c"}})  # another process (or this one) wrote since
-    assert theirs != mine and entries.read_state(path, mine) == {"keys": {"c": "c"}}
+    assert entries.read_state(path, None) == ({"keys": {"a": "a"}}, None)
+    mine, seen = entries.SharedState(), []
+    mine.put(path, seen.append, lambda: {"keys": {"a": "a", "b": "b"}})
+    assert seen == [{"keys": {"a": "a"}}]  # what was there is taken before it is written over
+    mine.take(path, seen.append)
+    assert len(seen) == 1  # nothing new: this process wrote it last (100 bytes read)
+    other = entries.SharedState()
+    other.take(path, seen.append)
+    assert seen[-1] == {"keys": {"a": "a", "b": "b"}}
+    other.put(path, seen.append, lambda: {"keys": {"c": "c"}})
+    mine.take(path, seen.append)
+    assert seen[-1] == {"keys": {"c": "c"}} and len(seen) == 3
+
+
+def test_two_processes_preparing_cycles_of_one_run_at_once_lose_neither_ones_steps(tmp_path):
+    """Each read the run's state before the other wrote: the later write still holds both cycles'
+    steps, so the next cycle's summary covers every cycle before it."""
+    from mlflow_neuron._delivery import entries
+    from mlflow_neuron._delivery.run_summary import RunSteps, summary_key
+    from mlflow_neuron._trace.profile import StepTotal, cycle_profile
+
+    def cycle(step: int):
+        return cycle_profile("cpu", False, [], total_device_us=0, total_cpu_us=0, attributed_us=0, aten_calls=0,
+                             steps_seen=1, event_count=0, step_totals=(StepTotal(step, 0.0, 100.0 + step, 1),))  # fmt: skip
+
+    path = tmp_path / ".keys-run.json"
+    helper, training = (RunSteps(), entries.SharedState()), (RunSteps(), entries.SharedState())
+    for steps, state in (helper, training):
+        with pytest.raises(FileNotFoundError):
+            state.take(path, steps.absorb)  # both look before either wrote
+    for cycle_step, (steps, state) in ((3, helper), (6, training)):
+        steps.add(cycle_step, cycle(cycle_step))
+        state.put(path, steps.absorb, steps.export)
+    steps, state = RunSteps(), entries.SharedState()  # the next cycle, prepared by a third (`sync`)
+    state.take(path, steps.absorb)
+    steps.add(9, cycle(9))
+    assert steps.metrics()[summary_key("self_cpu_time_us", "n_steps")] == 3
 
 
 def test_the_console_script_is_installed():

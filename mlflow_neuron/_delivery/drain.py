@@ -98,7 +98,7 @@ class Drain:
         self.last_profile = None  # the latest cycle this process prepared
         self.memory: dict[Path, object] = {}  # entry -> its cycle's numbers held in this process (read first)
         self._preparers: dict[tuple, object] = {}
-        self._states: dict[Path, str] = {}  # a run's state file -> the token of this drain's last write
+        self._state = entries.SharedState()  # each run's state in the outbox, as this drain last saw it
         self._lock = threading.Lock()  # one pass at a time in this process
         remember_retry_after()
 
@@ -234,13 +234,12 @@ class Drain:
         if preparer is None:
             preparer = self._preparers[key] = Preparer(self.reporter, **settings)
         keys_file = self.outbox / f".keys-{run.run_key or run.run_id or 'none'}.json"
-        with entries.store_lock(self.outbox):
-            with contextlib.suppress(OSError, ValueError):
-                preparer.absorb(entries.read_state(keys_file, self._states.get(keys_file)) or {})
+        with entries.store_lock(self.outbox), contextlib.suppress(OSError, ValueError):
+            self._state.take(keys_file, preparer.absorb)
         job.tried = (entry / TRIED).exists()
         delivery = preparer.prepare(job)
         with entries.store_lock(self.outbox), contextlib.suppress(OSError):
-            self._states[keys_file] = entries.write_state(keys_file, preparer.export())
+            self._state.put(keys_file, preparer.absorb, preparer.export)
         self.last_profile = preparer.last_profile or self.last_profile
         _outbox.write_record(entry, delivery, run, copy_max_bytes=self.copy_max_bytes, files_dir=FILES, skip=(JOB, END))
         with contextlib.suppress(FileNotFoundError):

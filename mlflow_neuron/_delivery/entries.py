@@ -41,7 +41,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -160,22 +160,41 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(partial, path)
 
 
-def write_state(path: Path, data: dict) -> str:
-    """A run's state shared by the processes preparing its cycles (`write_json`), headed by a token
-    of this write, which it returns: `read_state` by the process that wrote it last reads 100 bytes,
-    not the whole state (in a long run, thousands of steps a cycle)."""
-    token = f"{os.getpid()}-{time.time_ns()}-{next(_WRITES)}"
-    write_json(path, {_TOKEN_KEY: token, **data})
-    return token
+class SharedState:
+    """A run's state, shared by the processes that prepare its cycles through one outbox
+    (`.keys-<run>.json`: op keys, the run's steps so far). `take` absorbs what other processes
+    wrote since this one last looked; `put` writes a union: what another process wrote meanwhile is
+    taken first, so two processes preparing cycles at once lose neither's steps. Each write is
+    headed by a token, so a process that looks again at what it wrote itself reads 100 bytes, not
+    the whole state (in a long run, thousands of steps). Call both under the outbox's store lock."""
+
+    def __init__(self) -> None:
+        self._seen: dict[Path, str] = {}  # a state file -> the token this process last read or wrote
+
+    def take(self, path: Path, absorb: Callable[[dict], None]) -> None:
+        data, token = read_state(path, self._seen.get(path))
+        if data is not None:
+            absorb(data)
+        if token is not None:
+            self._seen[path] = token
+
+    def put(self, path: Path, absorb: Callable[[dict], None], export: Callable[[], dict]) -> None:
+        with contextlib.suppress(OSError, ValueError):  # none yet, or damaged: this write replaces it
+            self.take(path, absorb)
+        token = f"{os.getpid()}-{time.time_ns()}-{next(_WRITES)}"
+        write_json(path, {_TOKEN_KEY: token, **export()})
+        self._seen[path] = token
 
 
-def read_state(path: Path, written: str | None) -> dict | None:
-    """The state in `path` (without its token); None when its token is `written`: nothing new."""
+def read_state(path: Path, seen: str | None) -> tuple[dict | None, str | None]:
+    """(the state in `path` without its token, its token); the state is None when the token is
+    `seen`: nothing new. An earlier version's file has no token."""
     with open(path, "rb") as f:
         head = f.read(100)
-        mine = _TOKEN.match(head)
-        if mine is not None and written is not None and mine.group(1).decode() == written:
-            return None
+        found = _TOKEN.match(head)
+        token = found.group(1).decode() if found is not None else None
+        if token is not None and token == seen:
+            return None, token
         text = head + f.read()
     collecting = gc.isenabled()
     gc.disable()  # thousands of small dicts: the cycle collector would scan the process again and again
@@ -185,7 +204,7 @@ def read_state(path: Path, written: str | None) -> dict | None:
         if collecting:
             gc.enable()
     data.pop(_TOKEN_KEY, None)
-    return data
+    return data, token
 
 
 _TOKEN_KEY = "written_by"
