@@ -124,6 +124,22 @@ def test_a_sync_finding_the_outbox_locked_says_by_whom_and_changes_nothing(sync_
     assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == EXIT_OK  # released
 
 
+def test_the_runs_summary_after_sync_covers_every_cycle_whoever_prepared_each(sync_store, tmp_path):
+    """Offline, the helper and the training process (at close) prepare the run's cycles at once, so a
+    cycle's summary may leave out one prepared beside it. The run's latest summary is the one made
+    last, over every cycle: what `history` reads agrees with the run's tables."""
+    from mlflow_neuron._delivery.run_summary import summary_key
+
+    for attempt in range(3):  # who prepares which cycle differs from run to run
+        outbox = offline_records(tmp_path, name=f"outbox-{attempt}", cycles=4)
+        assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == EXIT_OK
+    client = MlflowClient(sync_store)
+    runs = client.search_runs(["0"], filter_string="attributes.run_name = 'offline'")
+    assert len(runs) == 3
+    for run in runs:  # 4 cycles of 2 active steps each
+        assert run.data.metrics[summary_key("self_cpu_time_us", "n_steps")] == 8, run.info.run_id
+
+
 def test_a_record_another_process_is_sending_is_left_to_it(sync_store, tmp_path, capsys):
     outbox = offline_records(tmp_path)
     held = _outbox.pending(outbox)[1]

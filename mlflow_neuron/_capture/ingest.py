@@ -132,7 +132,7 @@ def ingest(path: Path, run: RunRef | Callable[[], RunRef], *, top_k: int = 50, m
         if logger is None:
             logger = RunLogger(run() if callable(run) else run)
         try:
-            delivery = preparer.prepare(job)
+            delivery = preparer.with_run_summary(preparer.prepare(job))
             _, vanished = logger.deliver(delivery)
             files = sent_files(delivery, vanished)  # what was uploaded: generated files and the profile's own
         finally:

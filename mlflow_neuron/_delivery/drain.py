@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from . import entries
@@ -238,8 +239,9 @@ class Drain:
             self._state.take(keys_file, preparer.absorb)
         job.tried = (entry / TRIED).exists()
         delivery = preparer.prepare(job)
-        with entries.store_lock(self.outbox), contextlib.suppress(OSError):
-            self._state.put(keys_file, preparer.absorb, preparer.export)
+        with entries.store_lock(self.outbox):  # the run's summary: after what others wrote, before they write again
+            delivery = self._state.put(keys_file, preparer.absorb, preparer.export,
+                                       partial(preparer.with_run_summary, delivery))  # fmt: skip
         self.last_profile = preparer.last_profile or self.last_profile
         _outbox.write_record(entry, delivery, run, copy_max_bytes=self.copy_max_bytes, files_dir=FILES, skip=(JOB, END))
         with contextlib.suppress(FileNotFoundError):

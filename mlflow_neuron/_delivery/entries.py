@@ -43,6 +43,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 from pathlib import Path
 
 from .._trace.json_text import dumps, parse
@@ -160,6 +161,9 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(partial, path)
 
 
+T = TypeVar("T")
+
+
 class SharedState:
     """A run's state, shared by the processes that prepare its cycles through one outbox
     (`.keys-<run>.json`: op keys, the run's steps so far). `take` absorbs what other processes
@@ -178,12 +182,18 @@ class SharedState:
         if token is not None:
             self._seen[path] = token
 
-    def put(self, path: Path, absorb: Callable[[dict], None], export: Callable[[], dict]) -> None:
+    def put(self, path: Path, absorb: Callable[[dict], None], export: Callable[[], dict],
+            then: Callable[[], T] = lambda: None) -> T:  # fmt: skip
+        """Takes what others wrote, runs `then` (which sees it) and writes; returns what `then`
+        returned. A state that cannot be written stays as it was: the next write carries it all."""
         with contextlib.suppress(OSError, ValueError):  # none yet, or damaged: this write replaces it
             self.take(path, absorb)
+        made = then()
         token = f"{os.getpid()}-{time.time_ns()}-{next(_WRITES)}"
-        write_json(path, {_TOKEN_KEY: token, **export()})
-        self._seen[path] = token
+        with contextlib.suppress(OSError):
+            write_json(path, {_TOKEN_KEY: token, **export()})
+            self._seen[path] = token
+        return made
 
 
 def read_state(path: Path, seen: str | None) -> tuple[dict | None, str | None]:

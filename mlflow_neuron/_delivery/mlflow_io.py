@@ -130,6 +130,8 @@ class RunLogger:
         for d in deliveries:
             metrics += [Metric(k, v, d.timestamp_ms, d.step) for k, v in d.metrics.items()]
             metrics += [Metric(k, v, d.timestamp_ms, step) for k, v, step in d.series]
+            if d.summary_at is not None:
+                metrics += [Metric(k, v, d.summary_at[1], d.summary_at[0]) for k, v in d.summary]
             tags.update(d.tags)  # in cycle order: the last cycle's value wins, as when sent one by one
             if d.table:
                 tags[MLFLOW_LOGGED_ARTIFACTS] = self._register_table(d.table)

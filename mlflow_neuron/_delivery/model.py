@@ -72,3 +72,8 @@ class Delivery:
     table: str | None = None  # artifact path of an ops table to register for the UI
     series: tuple[tuple[str, float, int], ...] = ()  # (key, value, step): points at steps of their own
     timeline: str | None = None  # a file in files_dir holding the cycle's Timeline, logged as a trace
+    # The run's summary over every cycle known when it was made (`run_summary`), logged at
+    # `summary_at` = (the run's highest cycle step known then, the time it was made): the run's
+    # latest value is the one made last, over the most cycles.
+    summary: tuple[tuple[str, float], ...] = ()
+    summary_at: tuple[int, int] | None = None

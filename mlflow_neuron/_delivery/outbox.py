@@ -200,6 +200,8 @@ def load(record_dir: Path, *, check_seal: bool = True) -> tuple[Delivery, RunRef
             table=data["table"],
             series=tuple((key, value, step) for key, value, step in data.get("series", ())),
             timeline=data.get("timeline"),  # records from before timelines have none
+            summary=tuple((key, value) for key, value in data.get("summary", ())),
+            summary_at=tuple(data["summary_at"]) if data.get("summary_at") else None,  # fmt: skip
         )
         return delivery, RunRef(**data["run"])
     except (TypeError, ValueError) as error:

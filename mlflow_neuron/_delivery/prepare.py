@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -107,13 +109,26 @@ class Preparer:
             if profile.device_time == MISSING:
                 self.reporter.problem("device_time_missing", MISSING_DEVICE_TIME_HINT.format(device=profile.device))
             metrics, series, tags = self._metrics(profile), self._series(profile), {}
-            if self.primary:  # the run's summary over every cycle so far: what `history` reads in bulk
+            if self.primary:  # its steps join the run's: `with_run_summary` summarizes them
                 self.run_steps.add(job.step, profile)
-                metrics.update(self.run_steps.metrics())
                 self._device_time_seen |= profile.device_time == PRESENT
                 seen = PRESENT if self._device_time_seen else profile.device_time
                 tags = {DEVICE_TAG: profile.device, DEVICE_TIME_TAG: seen}
             return summary, ops_table(profile, self.keys, job.peak), metrics, series, tags
+
+    def with_run_summary(self, delivery: Delivery) -> Delivery:
+        """`delivery` with the run's summary over every step known now, which `history` reads in
+        bulk: made after this cycle's steps joined the run's and, where other processes prepare
+        the run's cycles too, under the outbox's store lock, once what they wrote is taken
+        (`drain.prepare`). It is logged at the run's highest cycle known, timed now, so that of
+        two cycles prepared at once, the summary made last is the run's latest value."""
+        if not self.primary:
+            return delivery
+        with self._lock:
+            summary = tuple(self.run_steps.metrics().items())
+            last = self.run_steps.last_cycle
+            at = (max(delivery.step, last if last is not None else delivery.step), int(time.time() * 1000))
+        return replace(delivery, summary=summary, summary_at=at) if summary else delivery
 
     def _summary(self, job: CycleJob) -> CycleSummary:
         try:

@@ -18,9 +18,10 @@ processes over its life (the helper, the training process at close, `mlflow-neur
 preparer of a run already shares the run's state through the outbox (`.keys-<run>.json`, read
 before and written after each cycle, removed when the run ends: `drain.prepare`); the per-step
 values ride in that state (`RunSteps.export` / `absorb`: a union by (cycle, step)), so each
-cycle's summary covers every cycle this outbox has prepared for the run. The summary is logged at
-the cycle's step, so the run's latest value (the one `search_runs` returns) is the one of its
-last cycle. Cycles prepared through another outbox are missing from it: `history` then sees the
+cycle's summary covers every cycle this outbox has prepared for the run. It is made under the
+outbox's store lock and logged at the run's highest cycle step known then, timed when it was made
+(`Preparer.with_run_summary`): the run's latest value (the one `search_runs` returns) is the
+summary made last, over every cycle, even where two processes prepared cycles at once. Cycles prepared through another outbox are missing from it: `history` then sees the
 summary disagree with the run's tables, names the run, and the tables win.
 """
 
@@ -59,6 +60,7 @@ class RunSteps:
     def __init__(self) -> None:
         self.steps: dict[str, dict] = {}  # "cycle/step" -> {"total": [device, cpu], "regions": {name: [device, cpu]}}
         self.device_profiled = False
+        self.last_cycle: int | None = None  # the highest cycle step held
         self._row: dict[str, int] = {}  # a step's place in the columns
         self._totals: tuple[list[float], list[float]] = ([], [])  # (device, cpu) per step
         self._regions: dict[str, tuple[list[float], list[float]]] = {}  # name -> (device, cpu) per step
@@ -89,6 +91,9 @@ class RunSteps:
         row = self._row.get(key)
         if row is not None and not replace:
             return
+        cycle = key.split("/", 1)[0]
+        if cycle.lstrip("-").isdigit():
+            self.last_cycle = max(int(cycle), self.last_cycle if self.last_cycle is not None else int(cycle))
         if row is None:
             row = self._row[key] = len(self._totals[0])
             for column in (*self._totals, *(c for pair in self._regions.values() for c in pair)):
