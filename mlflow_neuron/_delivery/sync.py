@@ -111,7 +111,7 @@ def _say(done: Outcome, prefix: str, folder: str, result: SyncResult, out, err) 
         result.delivered += 1
         note = f" ({len(done.vanished)} file(s) had disappeared)" if done.vanished else ""
         print(f"{prefix}: step {done.delivery.step} -> run {done.run.run_id} at {done.run.tracking_uri}: "
-              f"{len(done.delivery.metrics)} metrics, {len(done.files)} file(s), "
+              f"{len(done.delivery.metrics) + len(done.delivery.summary)} metrics, {len(done.files)} file(s), "
               f"{human_size(sum(done.files.values()))}{note}", file=out, flush=True)  # fmt: skip
     elif done.state == ENDED:
         print(f"{prefix}: run {done.run.run_id} ended (FINISHED): all its cycles are in", file=out, flush=True)
