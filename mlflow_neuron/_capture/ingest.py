@@ -29,7 +29,8 @@ from .._neuron import layout
 from .._neuron.output_files import TOO_LARGE, UPLOAD, FoundFile
 from .._trace.chrome import read_chrome_file
 from .._trace.chrome_links import Linking
-from .._trace.summarize import CycleSettings, CycleSummary, Summarized, cycle_collector_paused, summarize
+from .._trace.json_text import cycle_collector_paused
+from .._trace.summarize import CycleSettings, CycleSummary, Summarized, summarize
 from .._trace.timeline import DEFAULT_MAX_SPANS
 
 TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")

@@ -32,7 +32,6 @@ Lock files in the outbox (each taken with `lock_file`):
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import itertools
 import json
@@ -46,7 +45,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 from pathlib import Path
 
-from .._trace.json_text import dumps, parse
+from .._trace.json_text import cycle_collector_paused, dumps, parse
 from . import outbox as _outbox
 
 try:
@@ -206,13 +205,8 @@ def read_state(path: Path, seen: str | None) -> tuple[dict | None, str | None]:
         if token is not None and token == seen:
             return None, token
         text = head + f.read()
-    collecting = gc.isenabled()
-    gc.disable()  # thousands of small dicts: the cycle collector would scan the process again and again
-    try:
+    with cycle_collector_paused():  # thousands of small dicts
         data = _loads(path, text)
-    finally:
-        if collecting:
-            gc.enable()
     data.pop(_TOKEN_KEY, None)
     return data, token
 

@@ -329,9 +329,7 @@ def _template_columns(members: list[dict], keys: tuple, texts: dict[str, str], s
             column = list(map(texts.__getitem__, column))
         codes.append(_PLACE[kind])
         columns.append(column)
-    named = {}
-    for name in set(names):
-        named[name] = _json_string(name)
+    named = {name: _json_string(name) for name in set(names)}
     if shift_ns:
         starts, ends = list(map(shift_ns.__add__, starts)), list(map(shift_ns.__add__, ends))
     return codes, [list(map((1).__add__, parents)), list(map(named.__getitem__, names)), starts, ends, *columns]

@@ -9,8 +9,11 @@ infinity is refused: the text must be JSON that any reader takes.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 try:
@@ -71,3 +74,17 @@ def _has_non_finite(value: Any) -> bool:
     if kind is list or kind is tuple:
         return any(_has_non_finite(v) for v in value)
     return False
+
+
+@contextmanager
+def cycle_collector_paused() -> Iterator[None]:
+    """Parsed trace events, or a run's state of thousands of steps, are many thousands of acyclic
+    objects: Python's cycle collector would scan them again and again as they are made (about half
+    of reading them), while reference counting frees them anyway."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()

@@ -18,9 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +25,7 @@ from .aggregate import aggregate
 from .chrome import read_chrome_file
 from .event_tree import event_tree
 from .events import RawEvents, TimelineInputs, empty_events
+from .json_text import cycle_collector_paused
 from .profile import CycleProfile
 from .span_tree import build_timeline
 from .table import cycle_table
@@ -105,17 +103,3 @@ class Summarized:
 
     def summarize(self) -> CycleSummary:
         return self.summary
-
-
-@contextmanager
-def cycle_collector_paused() -> Iterator[None]:
-    """Parsed trace events are many thousands of acyclic objects: Python's cycle collector would
-    scan them again and again as they are made (about half of reading them), while reference
-    counting frees them anyway."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            gc.enable()
