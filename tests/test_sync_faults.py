@@ -7,8 +7,10 @@ sqlite store (their behaviour does not depend on the network)."""
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -24,7 +26,7 @@ from workloads import profile_rmsnorm
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._delivery import entries
 from mlflow_neuron._delivery import outbox as _outbox
-from mlflow_neuron._delivery.failures import is_permanent
+from mlflow_neuron._delivery.failures import is_permanent, is_unreachable
 from mlflow_neuron.cli import main as cli_main
 from mlflow_neuron.cli.arguments import EXIT_BUSY, EXIT_FAILED, EXIT_OK
 
@@ -325,6 +327,35 @@ def test_a_database_race_on_the_server_is_never_a_permanent_refusal(message):
     code, _, text = message.partition(": ")
     assert not is_permanent(RestException({"error_code": code, "message": text}))
     assert is_permanent(RestException({"error_code": code, "message": "Run 'x' must be in the 'active' state"}))
+
+
+def test_a_server_that_stops_halfway_through_its_answer_did_not_answer():
+    """A server that dies while it writes a body: MLflow's client raises a cut-off read. That is no
+    answer (the cycle stays kept, sync says the server is unreachable), never a refusal."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_half() -> None:
+        with listener:
+            for _ in range(8):  # MLflow's client retries; each try is cut off the same way
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: 500\r\n\r\n{\"experiment\": {")  # fmt: skip
+
+    threading.Thread(target=answer_half, daemon=True).start()
+    from mlflow.utils.rest_utils import MlflowHostCreds, http_request
+
+    creds = MlflowHostCreds(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    with pytest.raises(Exception) as caught:
+        http_request(creds, "/api/2.0/mlflow/experiments/get", "GET", max_retries=0, timeout=5,
+                     params={"experiment_id": "0"})  # fmt: skip
+    listener.close()
+    assert is_unreachable(caught.value), repr(caught.value)
+    assert not is_permanent(caught.value)
 
 
 # -- no secret in any output ----------------------------------------------------------------------------

@@ -43,16 +43,21 @@ def reason(error: BaseException) -> str:
 
 
 def is_unreachable(error: BaseException) -> bool:
-    """True when the server did not answer at all: refused, reset, DNS, or timed out.
+    """True when the server did not answer at all, or stopped halfway: refused, reset, DNS, timed
+    out, or an answer cut off mid-body (a server that died while it answered).
 
     MLflow wraps these in an MlflowException whose context holds the requests/urllib3 error."""
+    from http.client import IncompleteRead
+
     import requests
+    from urllib3.exceptions import ProtocolError
 
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, (ConnectionError, TimeoutError, requests.exceptions.ConnectionError,
-                              requests.exceptions.Timeout)):  # fmt: skip
+        if isinstance(error, (ConnectionError, TimeoutError, IncompleteRead, ProtocolError,
+                              requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                              requests.exceptions.ChunkedEncodingError)):  # fmt: skip
             return True
         error = error.__cause__ or error.__context__
     return False
