@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -445,3 +446,30 @@ def test_a_send_lock_held_past_its_patience_does_not_stop_a_send(tmp_path, monke
     finally:
         held.release()
     assert count_cycles(MlflowClient(uri), run_id, [4, 8]) == (2, 0)
+
+
+def test_a_drain_not_yet_sending_prepares_each_cycle_and_leaves_it_whole_for_whoever_sends(tmp_path):
+    """The helper prepares cycles while it imports MLflow (`sending` unset): each is prepared and
+    left in the queue, nothing reaches the store; then the training process's drain (or the
+    helper's, once set) sends each once."""
+    from mlflow_neuron._delivery.drain import Drain
+    from mlflow_neuron._delivery.report import Reporter
+
+    uri, outbox, run_id = _queued_cycles(tmp_path, 3)
+    queued = entries.listed(outbox)
+    assert [entries.state(e) for e in queued] == [entries.QUEUED] * 3
+    sending = threading.Event()
+    helper = Drain(outbox, Reporter(), credentials={uri: uri}, sending=sending)
+    done = helper.once()
+    assert (done.busy, done.outcomes) == (3, [])
+    assert [entries.state(e) for e in entries.listed(outbox)] == [entries.PREPARED] * 3
+    assert count_cycles(MlflowClient(uri), run_id, [4, 8, 12]) == (0, 0)
+    written = [(e / "record.json").stat().st_mtime_ns for e in entries.listed(outbox)]
+    assert helper.once().busy == 3  # held back again, not prepared twice
+    assert [(e / "record.json").stat().st_mtime_ns for e in entries.listed(outbox)] == written
+    training = Drain(outbox, Reporter(), credentials={uri: uri})
+    assert training.once().count("delivered") == 3
+    sending.set()
+    assert helper.once().outcomes == []  # nothing left
+    assert count_cycles(MlflowClient(uri), run_id, [4, 8, 12]) == (3, 0)
+    assert entries.listed(outbox) == []

@@ -16,7 +16,8 @@ from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowProfilerCallback, compare_runs, load_timelines, render
 from mlflow_neuron._capture.ingest import ingest
-from mlflow_neuron._delivery.traces import CYCLE_KEY_TAG, marked_steps
+from mlflow_neuron._delivery.trace_text import TraceDraft
+from mlflow_neuron._delivery.traces import CYCLE_KEY_TAG, marked_steps, mlflow_spans
 from mlflow_neuron._delivery.model import RunRef
 from mlflow_neuron._delivery.outbox import load, pending
 from mlflow_neuron._delivery.seal import seal
@@ -110,6 +111,26 @@ def test_offline_cycles_keep_their_timeline_and_sync_logs_one_trace_each(sync_st
     assert {t.info.tags["mlflow_neuron.run_name"] for t in traces.values()} == {"offline"}
 
 
+def test_the_trace_data_written_ahead_is_what_the_timeline_gives_and_no_artifact(sync_store, dead_server, tmp_path):
+    """A prepared cycle holds its trace's data under a stand-in id (the helper writes it before
+    it has MLflow); sent, its spans are those timeline.json gives for the cycle's real trace id,
+    and the file is not among the cycle's artifacts."""
+    outbox = tmp_path / "outbox"
+    profile_offline(dead_server, outbox, cycles=2)
+    timelines = {load(r)[0].step: TraceDraft.from_json((r / "files" / "timeline.json").read_bytes())
+                 for r in pending(outbox)}  # fmt: skip
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0
+    client = MlflowClient(sync_store)
+    [run] = client.search_runs(["0"])
+    traces = by_step(traces_of(client, run.info.run_id))
+    assert sorted(traces) == sorted(timelines) == [4, 8]
+    for step, trace in traces.items():
+        expected = mlflow_spans(timelines[step], trace.info.trace_id)
+        assert [s.to_dict() for s in trace.data.spans] == [s.to_dict() for s in expected]
+        names = {a.path.rsplit("/", 1)[-1] for a in client.list_artifacts(run.info.run_id, f"profiler/step_{step}")}
+        assert "timeline.json" in names and not any(n.startswith(".") for n in names)
+
+
 def test_an_outbox_record_from_before_timelines_still_syncs(sync_store, dead_server, tmp_path):
     outbox = tmp_path / "outbox"
     profile_offline(dead_server, outbox, cycles=1)
@@ -126,13 +147,20 @@ def test_an_outbox_record_from_before_timelines_still_syncs(sync_store, dead_ser
     assert client.get_metric_history(run.info.run_id, "profiler/total/active_steps")
 
 
-def test_a_damaged_timeline_file_skips_the_trace_and_the_cycle_still_syncs(sync_store, dead_server, tmp_path):
+@pytest.mark.parametrize("damaged", ["timeline.json", ".trace_spans.json"])
+def test_a_damaged_timeline_file_skips_the_trace_and_the_cycle_still_syncs(sync_store, dead_server, tmp_path, damaged):
+    """The trace is sent from the trace data written ahead (`.trace_spans.json`), or from
+    timeline.json in a record of a version before it."""
     outbox = tmp_path / "outbox"
     profile_offline(dead_server, outbox, cycles=1)
     [record] = pending(outbox)
-    (record / "files" / "timeline.json").write_text('{"name": "truncat')
-    # Written damaged, and sealed so (damage after sealing sets the whole record aside: test_sync_faults).
     data = json.loads((record / "record.json").read_text())
+    assert data["trace_spans"] == ".trace_spans.json" and (record / "files" / ".trace_spans.json").is_file()
+    if damaged == "timeline.json":  # a record of an earlier version
+        data["trace_spans"] = None
+        (record / "files" / ".trace_spans.json").unlink()
+    (record / "files" / damaged).write_text('{"name": "truncat')
+    # Written damaged, and sealed so (damage after sealing sets the whole record aside: test_sync_faults).
     data["checks"] = {k: v for k, v in seal(record).items() if k != "record.json"}
     (record / "record.json").write_text(json.dumps(data))
     assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == 0

@@ -87,7 +87,7 @@ class Drain:
 
     def __init__(self, outbox: str | os.PathLike, reporter, *, credentials: dict[str, str] | None = None,
                  tracking_uri: str | None = None, run_id: str | None = None, progress=None, retries: int = 2,
-                 retry_wait_s: float = 0.5, rejected: bool = False,
+                 retry_wait_s: float = 0.5, rejected: bool = False, sending: threading.Event | None = None,
                  copy_max_bytes: int = _outbox.DEFAULT_COPY_MAX_BYTES) -> None:  # fmt: skip
         self.outbox = Path(outbox).absolute()
         self.folder = self.outbox / _outbox.REJECTED if rejected else self.outbox
@@ -96,6 +96,7 @@ class Drain:
                                progress=progress)  # fmt: skip
         self.retries, self.retry_wait_s = retries, retry_wait_s
         self.copy_max_bytes = copy_max_bytes
+        self.sending = sending  # while unset (the helper importing MLflow), entries are prepared, not sent
         self.last_profile = None  # the latest cycle this process prepared
         self.memory: dict[Path, object] = {}  # entry -> its cycle's numbers held in this process (read first)
         self._preparers: dict[tuple, object] = {}
@@ -129,7 +130,7 @@ class Drain:
                     if ready and entries.state(entry) == entries.ENDING:  # the cycles before it go first
                         self._send(ready, done, on_outcome, stop, deadline)
                         ready = []
-                    item = self._take(held, done, on_outcome)
+                    item = self._take(held, done, on_outcome, self.sending is None or self.sending.is_set())
                     if item is None:
                         held.release()
                         continue
@@ -173,9 +174,9 @@ class Drain:
 
     # -- one entry -------------------------------------------------------------------------------------
 
-    def _take(self, held: Held, done: Pass, on_outcome) -> _Ready | None:
+    def _take(self, held: Held, done: Pass, on_outcome, send: bool = True) -> _Ready | None:
         """The held entry ready to send, prepared first if it is queued; None when it was settled
-        or set aside here, or must wait."""
+        or set aside here, or must wait (`send` False: anything past preparing waits)."""
         state = entries.state(held.path)
         if state == entries.WRITING:  # nobody holds it, and it has none of the three files
             if (held.path / FILES / MANIFEST).exists():  # prepared, then its record lost: its files may be whole
@@ -188,7 +189,7 @@ class Drain:
             self.reporter.problem("cut", f"outbox entry {held.name} was {why}")
             self._outcome(done, on_outcome, Outcome(held.path, CUT, why))
             return None
-        if state == entries.ENDING:
+        if state == entries.ENDING and send:
             self._end(held.path, done, on_outcome)
             return None
         if state == entries.QUEUED:
@@ -200,6 +201,9 @@ class Drain:
                                       f"({reason(refused)}); it stays queued")  # fmt: skip
                 self._kept(held.path, refused, done, on_outcome)
                 return None
+        if not send:  # prepared: sent by a later pass, or by the training process's drain
+            done.busy += 1
+            return None
         try:
             delivery, run = _outbox.load(held.path, check_seal=state != entries.QUEUED)
         except DamagedRecord as damage:
@@ -311,12 +315,8 @@ class Drain:
         for attempt in range(0 if error else self.retries + 1):
             if attempt:
                 wait = self.retry_wait_s * 2 ** (attempt - 1)
-                if _over(stop, deadline, wait):
+                if _over(stop, deadline, wait) or (stop.wait(wait) if stop is not None else time.sleep(wait)):
                     break
-                if stop is not None and stop.wait(wait):
-                    break
-                if stop is None:
-                    time.sleep(wait)
             try:
                 result = self._deliver([item], stop, deadline)[0]
             except Exception as caught:  # noqa: BLE001 - server down, slow, 5xx, a refusal

@@ -32,7 +32,7 @@ def sent_files(delivery: Delivery, vanished: list[str] = ()) -> dict[str, int]:
     files = {}
     if delivery.files_dir and os.path.isdir(delivery.files_dir):
         for path in Path(delivery.files_dir).rglob("*"):
-            if path.is_file():
+            if path.is_file() and path.name != delivery.trace_spans:
                 files[str(path)] = path.stat().st_size
     for source, _ in delivery.uploads:
         if source not in vanished and os.path.isfile(source):

@@ -88,6 +88,26 @@ def _watch_input(stop: threading.Event) -> None:
         threading.Thread(target=target, name=f"mlflow-neuron-helper-{target.__name__}", daemon=True).start()
 
 
+def _open_stores(credentials: dict[str, str], sending: threading.Event) -> None:
+    """Imports MLflow and opens the stores the training process named (about 2 s of a core) while
+    the drain prepares the cycles that come meanwhile; it sends once this is done. A store that
+    would be created (a fresh sqlite file) is left for the first delivery, under the store lock."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        from . import mlflow_io  # noqa: F401 - what the first delivery imports
+        from .courier import store_ready
+
+        for uri in credentials.values():
+            if store_ready(uri):
+                MlflowClient(uri)._tracking_client.store  # MLflow keeps one store per URI
+    except Exception:  # noqa: BLE001 - the first delivery meets it again, and reports it
+        pass
+    finally:
+        gc.freeze()
+        sending.set()
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for training; its close() stops us
     argv = sys.argv if argv is None else argv
@@ -119,8 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     from .drain import Drain
 
     gc.freeze()  # what the imports made lives as long as we do: out of the cycle collector's sight
+    sending = threading.Event()
+    threading.Thread(target=_open_stores, args=(settings.get("credentials") or {}, sending), daemon=True,
+                     name="mlflow-neuron-helper-mlflow").start()  # fmt: skip
     drain = Drain(outbox, ChannelReporter(channel), credentials=settings.get("credentials"),
-                  retries=settings.get("retries", 2), retry_wait_s=settings.get("retry_wait_s", 0.5),
+                  retries=settings.get("retries", 2), retry_wait_s=settings.get("retry_wait_s", 0.5), sending=sending,
                   progress=lambda line: channel.send(type="progress", line=redact(line)))  # fmt: skip
     channel.send(type="ready", pid=os.getpid(), parser=PARSER)
     drain.follow(stop, POLL_S)

@@ -158,7 +158,7 @@ class RunLogger:
     def _log_generated_files(self, run_id: str, deliveries: list[Delivery]) -> None:
         """Every delivery's generated files under its own `artifact_dir`, in one artifact pass: a
         folder of links laid out as the run's artifacts, logged at once."""
-        if len(deliveries) == 1:
+        if len(deliveries) == 1 and not deliveries[0].trace_spans:
             self.client.log_artifacts(run_id, deliveries[0].files_dir, deliveries[0].artifact_dir)
             return
         with tempfile.TemporaryDirectory(prefix="mlflow-neuron-batch-") as root:
@@ -167,7 +167,8 @@ class RunLogger:
                     target = Path(root, d.artifact_dir, os.path.relpath(folder, d.files_dir))
                     target.mkdir(parents=True, exist_ok=True)
                     for name in names:  # artifact stores read through links (copytree, open, upload_file)
-                        os.symlink(os.path.abspath(os.path.join(folder, name)), target / name)
+                        if not (name == d.trace_spans and folder == d.files_dir):  # the trace's, not an artifact
+                            os.symlink(os.path.abspath(os.path.join(folder, name)), target / name)
             self.client.log_artifacts(run_id, root)
 
     def _log_checked_manifest(self, run_id: str, delivery: Delivery, sent: dict) -> None:
@@ -182,15 +183,18 @@ class RunLogger:
         """The cycles' traces, last: everything else is in when one says `complete`. Idempotent.
         A timeline file gone or damaged is added to its cycle's `vanished` (no trace then;
         retrying cannot help)."""
-        from .traces import TraceDraft, log_timelines  # MLflow's tracing client: only for cycles with a timeline
+        from .trace_text import TraceDraft, TraceText
+        from .traces import log_timelines  # MLflow's tracing client: only for cycles with a timeline
 
         timelines = {}  # device tag -> timelines (one run: one device, but the tag is per cycle)
         for d, gone in zip(deliveries, vanished):
             if not (d.timeline and d.files_dir):
                 continue
-            path = Path(d.files_dir, d.timeline)
+            path = Path(d.files_dir, d.trace_spans or d.timeline)  # the trace's data, when it was written ahead
             try:
-                timelines.setdefault(d.tags.get(DEVICE_TAG), []).append(TraceDraft.from_json(path.read_bytes()))
+                read = (TraceText.from_file_text(path.read_text(encoding="utf-8")) if d.trace_spans
+                        else TraceDraft.from_json(path.read_bytes()))  # fmt: skip
+                timelines.setdefault(d.tags.get(DEVICE_TAG), []).append(read)
             except (OSError, ValueError, TypeError, KeyError):
                 gone.append(str(path))
         info = self._run_info

@@ -24,6 +24,8 @@ STEP_TOTALS_TABLE = "step_totals.json"  # one row per profiler step: its totals 
 REGION_OPS_TABLE = "region_ops.json"  # per (profiler step, record_function region): the ops and kernels inside
 KEY_AVERAGES = "key_averages.txt"  # the op table in torch's text layout
 TIMELINE = "timeline.json"  # the cycle's span tree (`_trace.timeline.Timeline`): the MLflow trace, the report's SVG
+# The timeline as the MLflow trace's data, under a stand-in trace id (`trace_text`): not an artifact
+TRACE_SPANS = ".trace_spans.json"
 TRACE = "trace.json.gz"  # the framework trace, when no Neuron session folder holds one
 MANIFEST = "manifest.json"  # every file found, where it went, its checksum; NTFFs with their NEFFs
 
@@ -72,6 +74,7 @@ class Delivery:
     table: str | None = None  # artifact path of an ops table to register for the UI
     series: tuple[tuple[str, float, int], ...] = ()  # (key, value, step): points at steps of their own
     timeline: str | None = None  # a file in files_dir holding the cycle's Timeline, logged as a trace
+    trace_spans: str | None = None  # a file in files_dir holding that trace's data (`TRACE_SPANS`), or None
     # The run's summary over every cycle known when it was made (`run_summary`), logged at
     # `summary_at` = (the run's highest cycle step known then, the time it was made): the run's
     # latest value is the one made last, over the most cycles.

@@ -200,6 +200,7 @@ def load(record_dir: Path, *, check_seal: bool = True) -> tuple[Delivery, RunRef
             table=data["table"],
             series=tuple((key, value, step) for key, value, step in data.get("series", ())),
             timeline=data.get("timeline"),  # records from before timelines have none
+            trace_spans=data.get("trace_spans"),  # records from before it have none: timeline.json is read
             summary=tuple((key, value) for key, value in data.get("summary", ())),
             summary_at=tuple(data["summary_at"]) if data.get("summary_at") else None,  # fmt: skip
         )

@@ -25,7 +25,7 @@ from .._trace.summarize import CycleSettings, CycleSummary, empty_summary
 from .files import gzip_file
 from .job import CycleJob
 from .keys import OpKeys
-from .model import DEVICE_TAG, DEVICE_TIME_TAG, KEY_AVERAGES, MANIFEST, OPS_TABLE, TIMELINE, TRACE, Delivery
+from .model import DEVICE_TAG, DEVICE_TIME_TAG, KEY_AVERAGES, MANIFEST, OPS_TABLE, TIMELINE, TRACE, TRACE_SPANS, Delivery
 from .record import (
     cycle_metrics,
     host_metrics,
@@ -37,6 +37,7 @@ from .record import (
     write_table,
 )
 from .run_summary import RunSteps
+from .trace_text import TraceDraft, TraceText
 
 
 class Preparer:
@@ -77,7 +78,7 @@ class Preparer:
         numbers = self._numbers(job) if job.source is not None else None
         staged = job.staged_dir
         staged.mkdir(parents=True, exist_ok=True)
-        metrics, series, tags, table, timeline = {}, (), dict(job.tags), None, None
+        metrics, series, tags, table, timeline, trace_spans = {}, (), dict(job.tags), None, None, None
         if numbers is not None:
             summary, ops, metrics, series, device_tags = numbers
             tags.update(device_tags)
@@ -87,8 +88,12 @@ class Preparer:
                 write_table(frame, staged / name)
             (staged / KEY_AVERAGES).write_text(job.table_note + summary.table, encoding="utf-8")
             if summary.timeline is not None:
-                (staged / TIMELINE).write_text(summary.timeline.to_json(), encoding="utf-8")
+                draft = TraceDraft.of(summary.timeline)
+                (staged / TIMELINE).write_text(summary.timeline.to_json(draft.spans), encoding="utf-8")
                 timeline = TIMELINE
+                if draft.origin_ns:  # the trace's data too, so that sending it is only MLflow's requests
+                    (staged / TRACE_SPANS).write_text(TraceText.of(draft).file_text(), encoding="utf-8")
+                    trace_spans = TRACE_SPANS
         if self.primary:  # the keys carry no rank: one host's numbers per cycle
             metrics = {**metrics, **host_metrics(job.host)}
         self._stage_trace(job)
@@ -96,7 +101,7 @@ class Preparer:
         return Delivery(
             step=job.step, timestamp_ms=job.timestamp_ms, artifact_dir=job.artifact_dir,
             metrics={**metrics, **self._summary_metrics(job)}, tags=tags, params=job.params, files_dir=str(staged),
-            uploads=job.uploads, table=table, series=series, timeline=timeline,
+            uploads=job.uploads, table=table, series=series, timeline=timeline, trace_spans=trace_spans,
         )  # fmt: skip
 
     def _numbers(self, job: CycleJob) -> tuple[CycleSummary, pd.DataFrame, dict, tuple, dict]:

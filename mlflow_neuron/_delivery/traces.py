@@ -31,12 +31,8 @@ with MLflow 3.17.
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 from mlflow.entities import Metric, Span, TraceInfo, TraceLocation, TraceState
@@ -46,6 +42,9 @@ from mlflow.tracing.utils.artifact_utils import get_artifact_uri_for_trace
 
 from .._trace.json_text import parse
 from .._trace.timeline import Timeline
+from .trace_text import TraceDraft, TraceText, span_count, trace_data_text
+
+Cycle = Timeline | TraceDraft | TraceText  # what a cycle's trace is written from
 
 CYCLE_KEY_TAG = "mlflow_neuron.cycle_key"
 MARK_METRIC = "profiler/timeline/spans"  # a point at a cycle's step: its trace is complete (value: its spans)
@@ -82,7 +81,7 @@ def log_timeline(
     client: Any,
     run_id: str,
     experiment_id: str,
-    timeline: Timeline | TraceDraft,
+    timeline: Cycle,
     *,
     device: str | None = None,
     run_name: str | None = None,
@@ -110,7 +109,7 @@ def log_timeline(
     return trace_id
 
 
-def log_timelines(client: Any, run_id: str, experiment_id: str, timelines: list[Timeline | TraceDraft], *, device: str | None = None,
+def log_timelines(client: Any, run_id: str, experiment_id: str, timelines: list[Cycle], *, device: str | None = None,
                   run_name: str | None = None, fresh: bool = False) -> list[str]:  # fmt: skip
     """`log_timeline` for several cycles of one run: their links to the run and their marks in one
     request each."""
@@ -121,7 +120,7 @@ def log_timelines(client: Any, run_id: str, experiment_id: str, timelines: list[
     return [trace_id for trace_id, _ in done]
 
 
-def _written_unless_complete(client: Any, run_id: str, experiment_id: str, timeline: Timeline | TraceDraft, fresh: bool,
+def _written_unless_complete(client: Any, run_id: str, experiment_id: str, timeline: Cycle, fresh: bool,
                              span_storage: str, marked: set[int] | None = None, **tags: Any) -> tuple[str, bool]:  # fmt: skip
     """(the cycle's trace id, whether it was written now): a complete trace of the cycle is kept.
     `marked`: the run's marked steps, when the caller read them already."""
@@ -137,14 +136,14 @@ def _written_unless_complete(client: Any, run_id: str, experiment_id: str, timel
     return trace_id, True
 
 
-def mark_complete(client: Any, run_id: str, timelines: list[Timeline | TraceDraft]) -> None:
+def mark_complete(client: Any, run_id: str, timelines: list[Cycle]) -> None:
     """Links the written traces of these cycles to the run (MLflow takes up to 100 a request),
     then marks them complete in one `log_batch`: only then does a later attempt take one as done."""
     trace_ids = [trace_id_for(cycle_key(run_id, t.cycle_step)) for t in timelines]
     for first in range(0, len(trace_ids), 100):
         client.link_traces_to_run(trace_ids[first : first + 100], run_id)
     now = int(time.time() * 1000)
-    marks = [Metric(MARK_METRIC, float(len(t.spans)), now, t.cycle_step) for t in timelines]
+    marks = [Metric(MARK_METRIC, float(span_count(t)), now, t.cycle_step) for t in timelines]
     for first in range(0, len(marks), 1000):  # MLflow's limit of metrics per log_batch
         client.log_batch(run_id, metrics=marks[first : first + 1000], synchronous=True)
 
@@ -154,13 +153,16 @@ def marked_steps(client: Any, run_id: str) -> set[int]:
     return {point.step for point in client.get_metric_history(run_id, MARK_METRIC)}
 
 
-def _write_trace(client: Any, run_id: str, experiment_id: str, timeline: Timeline | TraceDraft, trace_id: str,
+def _write_trace(client: Any, run_id: str, experiment_id: str, timeline: Cycle, trace_id: str,
                  tags: dict[str, str], span_storage: str) -> None:  # fmt: skip
     """The trace's info and spans, not linked nor complete yet."""
-    draft = TraceDraft.of(timeline)
-    root = draft.spans[0]
-    shift = 0 if draft.origin_ns else time.time_ns() - root["end_ns"]
-    text = trace_data_text(draft, trace_id, shift)
+    if isinstance(timeline, TraceText):  # written when the cycle was prepared
+        start, end, text = timeline.start_ns, timeline.end_ns, timeline.for_trace(trace_id)
+    else:
+        draft = TraceDraft.of(timeline)
+        start, end = draft.spans[0]["start_ns"], draft.spans[0]["end_ns"]
+        shift = 0 if draft.origin_ns else time.time_ns() - end
+        start, end, text = start + shift, end + shift, trace_data_text(draft, trace_id, shift)
     tracing = TracingClient(client.tracking_uri)
     in_store = False
     if span_storage == "tracking_store":
@@ -172,8 +174,8 @@ def _write_trace(client: Any, run_id: str, experiment_id: str, timeline: Timelin
     info = TraceInfo(
         trace_id=trace_id,
         trace_location=TraceLocation.from_experiment_id(experiment_id),
-        request_time=(root["start_ns"] + shift) // 1_000_000,
-        execution_duration=(root["end_ns"] - root["start_ns"]) // 1_000_000,
+        request_time=start // 1_000_000,
+        execution_duration=(end - start) // 1_000_000,
         state=TraceState.OK,
         trace_metadata={"mlflow.sourceRun": run_id, "mlflow.trace_schema.version": "3"},
         tags=tags,
@@ -199,14 +201,14 @@ def _complete_or_cleared(client: Any, experiment_id: str, key: str, trace_id: st
     return keep
 
 
-def _trace_tags(timeline: Timeline | TraceDraft, key: str, run_id: str, device: str | None, run_name: str | None,
+def _trace_tags(timeline: Cycle, key: str, run_id: str, device: str | None, run_name: str | None,
                 tags: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
     return {
         "mlflow.traceName": timeline.name,
         CYCLE_KEY_TAG: key,
         "mlflow_neuron.run_id": run_id,
         "mlflow_neuron.step": str(timeline.cycle_step),
-        "mlflow_neuron.spans": str(len(timeline.spans)),
+        "mlflow_neuron.spans": str(span_count(timeline)),
         "mlflow_neuron.spans_dropped": str(timeline.dropped),
         **({"mlflow_neuron.device": device} if device else {}),
         **({"mlflow_neuron.run_name": run_name} if run_name else {}),
@@ -214,150 +216,15 @@ def _trace_tags(timeline: Timeline | TraceDraft, key: str, run_id: str, device: 
     }
 
 
-@dataclass(frozen=True)
-class TraceDraft:
-    """What a cycle's trace is written from: a `Timeline`'s header, and its spans as the plain
-    dicts of `Timeline.to_json`. The outbox's `timeline.json` is read into one without building
-    2,000 span objects only to turn them into text again."""
-
-    name: str
-    cycle_step: int
-    origin_ns: int
-    dropped: int
-    spans: list[dict]
-
-    @classmethod
-    def of(cls, timeline: Timeline | TraceDraft) -> TraceDraft:
-        if isinstance(timeline, TraceDraft):
-            return timeline
-        spans = [{"name": s.name, "kind": s.kind, "start_ns": s.start_ns, "end_ns": s.end_ns, "parent": s.parent,
-                  "attributes": s.attributes} for s in timeline.spans]  # fmt: skip
-        return cls(timeline.name, timeline.cycle_step, timeline.origin_ns, timeline.dropped, spans)
-
-    @classmethod
-    def from_json(cls, text: bytes | str) -> TraceDraft:
-        """ValueError (or KeyError, TypeError) for text that is not a `Timeline.to_json`."""
-        data = parse(text)
-        spans = data["spans"]
-        if not spans or any(type(span) is not dict or span.keys() != _SPAN_KEYS for span in spans):
-            raise ValueError("not a timeline: a span lacks a field, or has one of its own")
-        return cls(str(data["name"]), int(data["cycle_step"]), int(data["origin_ns"]), int(data["dropped"]), spans)
-
-
-_SPAN_KEYS = {"name", "kind", "start_ns", "end_ns", "parent", "attributes"}
-
-
-def mlflow_spans(timeline: Timeline | TraceDraft, trace_id: str, shift_ns: int = 0) -> list[Span]:
+def mlflow_spans(timeline: Cycle, trace_id: str, shift_ns: int = 0) -> list[Span]:
     """The timeline's spans as MLflow `Span`s of `trace_id` (span ids: position + 1)."""
     return [Span.from_dict(d) for d in span_dicts(timeline, trace_id, shift_ns)]
 
 
-def span_dicts(timeline: Timeline | TraceDraft, trace_id: str, shift_ns: int = 0) -> list[dict]:
+def span_dicts(timeline: Cycle, trace_id: str, shift_ns: int = 0) -> list[dict]:
     """The timeline's spans in the dict form `Span.from_dict` reads (attribute values JSON-encoded,
     as MLflow stores them; ids as hex)."""
     return parse(trace_data_text(TraceDraft.of(timeline), trace_id, shift_ns))["spans"]
-
-
-_SPAN_TEXT = ('{"trace_id":%s,"span_id":"%016x","parent_span_id":%s,"name":%s,"start_time_unix_nano":%d,'
-              '"end_time_unix_nano":%d,"status":{"code":"STATUS_CODE_OK","message":""},"attributes":{%s},"events":[]}')
-
-
-def trace_data_text(draft: TraceDraft, trace_id: str, shift_ns: int = 0) -> str:
-    """What MLflow's exporter uploads as a trace's data (`TraceData.to_dict()` as JSON), written
-    straight from the spans: each attribute value JSON-encoded inside the JSON, as MLflow stores
-    it. Text, not dicts for a JSON writer: ~16,000 values a cycle, most of them op names that
-    repeat (encoded once each) and numbers.
-
-    Column by column: the spans that share a kind and attribute names (the ops of a cycle, its
-    kernels, ...) are one `%` template, filled for all of them in one pass of C; each column is
-    encoded once per distinct value. A span the template cannot say exactly (the root, a column
-    of mixed or odd types) is written one value at a time (`_span_text`), as it always was."""
-    quoted_id = _json_string(trace_id)
-    fixed = '"mlflow.traceRequestId":' + _json_string(quoted_id) + ',"mlflow.spanType":"\\"UNKNOWN\\"","kind":'
-    texts: dict[str, str] = {}  # a str value -> its JSON inside JSON
-    spans = draft.spans
-    out: list[str | None] = [None] * len(spans)
-    groups: dict[tuple, list[int]] = {}
-    for i, shape in enumerate(zip(map(_KIND, spans), map(tuple, map(_ATTRIBUTES, spans)))):
-        groups.setdefault(shape, []).append(i)
-    head = '{"trace_id":' + quoted_id.replace("%", "%%") + ',"span_id":"%016x","parent_span_id":"%016x","name":%s,'
-    for (kind, keys), rows in groups.items():
-        members = [spans[i] for i in rows]
-        columns = _template_columns(members, keys, texts, shift_ns)
-        if columns is None:
-            for i, span in zip(rows, members):
-                out[i] = _span_text(span, i, quoted_id, fixed, texts, shift_ns)
-            continue
-        codes, values = columns
-        kind_text = texts.get(kind) or texts.setdefault(kind, _json_string(_json_string(kind)))
-        attributes = ",".join([(fixed + kind_text).replace("%", "%%")]
-                              + [(_json_string(k) + ":").replace("%", "%%") + code for k, code in zip(keys, codes)])
-        template = (head + '"start_time_unix_nano":%d,"end_time_unix_nano":%d,"status":{"code":"STATUS_CODE_OK",'
-                    '"message":""},"attributes":{' + attributes + '},"events":[]}')  # fmt: skip
-        ids = [i + 1 for i in rows]
-        for i, text in zip(rows, map(template.__mod__, zip(ids, *values))):
-            out[i] = text
-    return '{"spans":[' + ",".join(out) + "]}"
-
-
-_KIND, _ATTRIBUTES = itemgetter("kind"), itemgetter("attributes")
-_PLACE = {int: '"%d"', float: '"%r"', str: "%s"}  # a column of one type: its value's place in the template
-
-
-def _template_columns(members: list[dict], keys: tuple, texts: dict[str, str], shift_ns: int):
-    """(a `%` code per attribute, the columns in template order) for spans of one shape; None when
-    a template could not write them exactly as `_span_text` does."""
-    parents = list(map(itemgetter("parent"), members))
-    starts, ends = list(map(itemgetter("start_ns"), members)), list(map(itemgetter("end_ns"), members))
-    names = list(map(itemgetter("name"), members))
-    if min(parents) < 0 or {*map(type, parents), *map(type, starts), *map(type, ends)} != {int}:
-        return None  # the root ("" for a parent); times that are not ints
-    if set(map(type, names)) != {str}:
-        return None
-    codes, columns = [], []
-    attributes = list(map(itemgetter("attributes"), members))
-    for key in keys:
-        column = list(map(itemgetter(key), attributes))
-        kinds = set(map(type, column))
-        if len(kinds) != 1 or (kind := kinds.pop()) not in _PLACE:
-            return None
-        if kind is float and not all(map(math.isfinite, column)):
-            return None
-        if kind is str:
-            for value in set(column).difference(texts):
-                texts[value] = _json_string(_json_string(value))
-            column = list(map(texts.__getitem__, column))
-        codes.append(_PLACE[kind])
-        columns.append(column)
-    named = {name: _json_string(name) for name in set(names)}
-    if shift_ns:
-        starts, ends = list(map(shift_ns.__add__, starts)), list(map(shift_ns.__add__, ends))
-    return codes, [list(map((1).__add__, parents)), list(map(named.__getitem__, names)), starts, ends, *columns]
-
-
-def _span_text(s: dict, i: int, quoted_id: str, fixed: str, texts: dict[str, str], shift_ns: int) -> str:
-    """One span's text, one value at a time: any JSON value an attribute may hold."""
-    kind = s["kind"]
-    parts = [fixed + (texts.get(kind) or texts.setdefault(kind, _json_string(_json_string(kind))))]
-    for k, v in s["attributes"].items():
-        of = type(v)
-        if of is str:
-            text = texts.get(v)
-            if text is None:
-                text = texts[v] = _json_string(_json_string(v))
-        elif of is int:
-            text = '"' + int.__repr__(v) + '"'
-        elif of is float and math.isfinite(v):
-            text = '"' + float.__repr__(v) + '"'
-        else:
-            text = _json_string(json.dumps(v))
-        parts.append(_json_string(k) + ":" + text)
-    parent = s["parent"]
-    return _SPAN_TEXT % (quoted_id, i + 1, f'"{parent + 1:016x}"' if parent >= 0 else '""', _json_string(s["name"]),
-                         s["start_ns"] + shift_ns, s["end_ns"] + shift_ns, ",".join(parts))  # fmt: skip
-
-
-_json_string = json.encoder.encode_basestring_ascii  # what json.dumps uses for a str (C when available)
 
 
 def _quoted(value: str) -> str:
