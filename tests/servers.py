@@ -585,11 +585,23 @@ def scratch_postgres_database(base_uri: str, name: str) -> str:
     return _with_database(base_uri, name)
 
 
-def drop_postgres_database(base_uri: str, name: str) -> None:
+def drop_postgres_database(base_uri: str, name: str, patience_s: float = 15.0) -> None:
+    """WITH (FORCE) ends the test role's own connections; an autovacuum worker on the fresh
+    database belongs to the superuser and cannot be ended by this role, so a drop that meets one
+    (InsufficientPrivilege) is tried again once the worker is done."""
+    import psycopg
     from psycopg import sql
 
+    deadline = time.monotonic() + patience_s
     with _admin_connect(base_uri) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        while True:
+            try:
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+                return
+            except psycopg.errors.InsufficientPrivilege:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
 
 def _with_database(uri: str, name: str) -> str:
