@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
+from mlflow_neuron._delivery import entries
 from mlflow_neuron._delivery.outbox import damaged, fallback_folder, pending
 from mlflow_neuron.cli import main as cli_main
 
@@ -169,6 +171,25 @@ def test_two_processes_preparing_cycles_of_one_run_at_once_lose_neither_ones_ste
     state.take(path, steps.absorb)
     steps.add(9, cycle(9))
     assert steps.metrics()[summary_key("self_cpu_time_us", "n_steps")] == 3
+
+
+def test_a_dead_server_holds_neither_close_nor_the_exit_for_the_whole_budget(dead_server, tmp_path):
+    """Against a server that refuses connections, close() stops once a pass has found it so: the
+    run's end entry that close() itself holds is not another process at work (waiting on it
+    waited out the whole budget), and the close at exit, after close(), does not wait again."""
+    outbox = tmp_path / "outbox"
+    with pytest.warns(MLflowNeuronWarning, match="not sent"):
+        callback = MLflowProfilerCallback(tracking_uri=dead_server, experiment_id="0", outbox=outbox,
+                                          flush_timeout_s=300, retry_wait_s=0.01)  # fmt: skip
+        profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2)
+        started = time.monotonic()
+        callback.close()
+        first = time.monotonic() - started
+    started = time.monotonic()
+    callback.close()  # what the exit handler calls
+    second = time.monotonic() - started
+    assert first < 150 and second < 150, (first, second)  # half the budget: only a wait for it takes that long
+    assert len(pending(outbox)) == 2 and len(entries.listed(outbox)) == 3  # both cycles and the run's end, for sync
 
 
 def test_the_console_script_is_installed():

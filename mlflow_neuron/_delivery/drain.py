@@ -37,10 +37,8 @@ from .report import report_delivery
 from .seal import DamagedRecord
 
 BATCH = 16  # prepared entries of one run sent together at most (one log_batch, one artifact pass)
-# A batch goes once its first entry has been held this long: a drain starved of CPU (the helper at
-# nice 10 beside busy cores) must not hold a queue's worth of entries that the training process,
-# draining at close, could send itself. Long enough that a drain with a core fills its batches
-# (16 cycles of 3,000 ops take about 1.5 s to prepare): a batch of 5 cost 20% more CPU a cycle.
+# A batch goes once its first entry was held this long: a starved helper must not hold entries the
+# training process could send at close; a drain with a core fills its batches (a batch of 5 cost 20% more).
 BATCH_HOLD_S = 2.0
 DELIVERED, REJECTED, DAMAGED, KEPT, ENDED = "delivered", "rejected", "damaged", "kept", "ended"
 BUSY = "busy"  # another process holds it (the training thread writing it, or another drain)
@@ -120,6 +118,10 @@ class Drain:
                     if ready and time.monotonic() - since > BATCH_HOLD_S:
                         self._send(ready, done, on_outcome, stop, deadline)
                         ready = []
+                    send = self.sending is None or self.sending.is_set()
+                    if not send and entries.state(entry) != entries.QUEUED:  # unclaimed: for the drain that sends
+                        done.busy += 1
+                        continue
                     claimed = time.monotonic()
                     held = entries.try_claim(entry)
                     if held is None:
@@ -130,7 +132,7 @@ class Drain:
                     if ready and entries.state(entry) == entries.ENDING:  # the cycles before it go first
                         self._send(ready, done, on_outcome, stop, deadline)
                         ready = []
-                    item = self._take(held, done, on_outcome, self.sending is None or self.sending.is_set())
+                    item = self._take(held, done, on_outcome, send)
                     if item is None:
                         held.release()
                         continue
@@ -175,8 +177,7 @@ class Drain:
     # -- one entry -------------------------------------------------------------------------------------
 
     def _take(self, held: Held, done: Pass, on_outcome, send: bool = True) -> _Ready | None:
-        """The held entry ready to send, prepared first if it is queued; None when it was settled
-        or set aside here, or must wait (`send` False: anything past preparing waits)."""
+        """The held entry ready to send, prepared first if queued; None: settled, set aside, or waits."""
         state = entries.state(held.path)
         if state == entries.WRITING:  # nobody holds it, and it has none of the three files
             if (held.path / FILES / MANIFEST).exists():  # prepared, then its record lost: its files may be whole
@@ -394,7 +395,6 @@ def _over(stop, deadline, wait: float = 0.0) -> bool:
 
 
 def _mtime(folder: Path) -> int | None:
-    try:
+    with contextlib.suppress(OSError):
         return os.stat(folder).st_mtime_ns
-    except OSError:
-        return None
+    return None

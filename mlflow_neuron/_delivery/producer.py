@@ -28,7 +28,7 @@ from pathlib import Path
 
 from . import closing, entries
 from . import outbox as _outbox
-from .drain import DELIVERED, SETTLED, Drain, Pass
+from .drain import BUSY, DELIVERED, SETTLED, Drain, Pass
 from .entries import END, FILES, JOB, Held
 from .helper_process import STOP_WAIT_S, HelperLauncher
 from .job import CycleJob
@@ -205,7 +205,7 @@ class Producer:
         deadline = None if timeout is None else started + timeout
         said = not progress
         self._last = None
-        while self._unsettled():
+        while self._unsettled() and not self._stop.is_set():  # once closed, nothing here drains: no wait
             if self._unreachable():
                 break
             left = None if deadline is None else deadline - time.monotonic()
@@ -292,9 +292,12 @@ class Producer:
         return done
 
     def _unreachable(self) -> bool:
-        """The latest pass found this run's server not answering, and no other process is working."""
-        done = self._last
-        return done is not None and bool(done.unreachable) and not done.busy
+        """The latest pass found this run's server not answering, and no other process is working
+        (the run's end entry that close() holds here is not another's: waiting on it waited out the
+        whole budget against a dead server)."""
+        done, ending = self._last, self._ending
+        return done is not None and bool(done.unreachable) and not any(
+            o.state == BUSY and (ending is None or o.entry != ending.path) for o in done.outcomes)
 
     # -- the end ------------------------------------------------------------------------------------------
 
