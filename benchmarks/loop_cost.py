@@ -12,7 +12,8 @@ counted in "kept", and the figure is not a time to data. Medians of `--repeats` 
 their ratio; with `--hogs 2`, two busy Python processes run beside it all.
 
 Last, the consumer's CPU per cycle: the outbox's drain (the helper's code) run in this process over
-`--cpu-cycles` queued 3,000-op cycles, after one cycle that opens the store; and the same after
+`--cpu-cycles` queued 3,000-op cycles, after one cycle that opens the store, split as the helper
+splits it (preparing every cycle first, as while it imports MLflow, then sending); and the same after
 `--earlier` cycles of the run (each a step with 10 `record_function` regions, put into the run's
 state in the outbox): a run's summary covers every cycle before it, so a long run's cycles cost more.
 """
@@ -26,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -70,9 +72,9 @@ def with_callback(work: Path, ops: int, steps: int, period: int) -> tuple[float,
     return took, cycles - logged
 
 
-def consumer_cpu_per_cycle(work: Path, cycles: int, earlier: int = 0) -> float:
+def consumer_cpu_per_cycle(work: Path, cycles: int, earlier: int = 0) -> tuple[float, float]:
     """CPU seconds per 3,000-op cycle of the drain, over `cycles` queued cycles (the store opened
-    first), after `earlier` cycles of the run."""
+    first), after `earlier` cycles of the run: (preparing them, then sending them)."""
     from mlflow_neuron._delivery.drain import Drain
     from mlflow_neuron._delivery.report import Reporter
 
@@ -99,9 +101,16 @@ def consumer_cpu_per_cycle(work: Path, cycles: int, earlier: int = 0) -> float:
                 "total": [0.0, 20000.0 + cycle % 7], "regions": {f"layer_{k}": [0.0, 1000.0 + k] for k in range(10)}}
         state.write_text(json.dumps(known))
     gc.freeze()  # as the helper does once its imports are done: they are out of the cycle collector's sight
+    drain.sending = threading.Event()  # first prepared only, as the helper does while it imports MLflow
     started = time.process_time()
+    held_back = drain.once().busy
+    prepared = time.process_time()
+    drain.sending.set()
     done = drain.once()
-    return (time.process_time() - started) / max(done.count("delivered"), 1)
+    sent = time.process_time()
+    count = max(done.count("delivered"), 1)
+    assert held_back == count == cycles, (held_back, done.count("delivered"), cycles)
+    return (prepared - started) / count, (sent - prepared) / count
 
 
 def _counts(text: str) -> list[int]:
@@ -153,8 +162,11 @@ def main() -> int:
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(row) + " |")
-    def ms(found: list[float]) -> str:
-        return f"{statistics.median(found) * 1000:.0f} ms (median of {len(found)}: {min(found) * 1000:.0f}-{max(found) * 1000:.0f})"
+    def ms(found: list[tuple[float, float]]) -> str:
+        total = [a + b for a, b in found]
+        return (f"{statistics.median(total) * 1000:.0f} ms (median of {len(found)}: {min(total) * 1000:.0f}-"
+                f"{max(total) * 1000:.0f}; preparing {statistics.median(a for a, _ in found) * 1000:.0f} ms, "
+                f"sending {statistics.median(b for _, b in found) * 1000:.0f} ms)")
 
     print(f"\nthe consumer's CPU per 3,000-op cycle, over {args.cpu_cycles} cycles: {ms(cpu)}")
     for earlier, found in later.items():
