@@ -190,7 +190,7 @@ class Drain:
             self.reporter.problem("cut", f"outbox entry {held.name} was {why}")
             self._outcome(done, on_outcome, Outcome(held.path, CUT, why))
             return None
-        if state == entries.ENDING and send:
+        if state == entries.ENDING:  # not while `send` is off: `once` leaves it unclaimed then
             self._end(held.path, done, on_outcome)
             return None
         if state == entries.QUEUED:

@@ -42,8 +42,8 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 from pathlib import Path
+from typing import TypeVar
 
 from .._trace.json_text import cycle_collector_paused, dumps, parse
 from . import outbox as _outbox

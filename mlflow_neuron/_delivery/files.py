@@ -31,8 +31,9 @@ def sent_files(delivery: Delivery, vanished: list[str] = ()) -> dict[str, int]:
     """{path: bytes} of every file a delivery uploads: the generated ones and the profile's own."""
     files = {}
     if delivery.files_dir and os.path.isdir(delivery.files_dir):
+        trace_spans = Path(delivery.files_dir, delivery.trace_spans) if delivery.trace_spans else None  # not an artifact
         for path in Path(delivery.files_dir).rglob("*"):
-            if path.is_file() and path.name != delivery.trace_spans:
+            if path.is_file() and path != trace_spans:
                 files[str(path)] = path.stat().st_size
     for source, _ in delivery.uploads:
         if source not in vanished and os.path.isfile(source):

@@ -216,12 +216,12 @@ def _trace_tags(timeline: Cycle, key: str, run_id: str, device: str | None, run_
     }
 
 
-def mlflow_spans(timeline: Cycle, trace_id: str, shift_ns: int = 0) -> list[Span]:
+def mlflow_spans(timeline: Timeline | TraceDraft, trace_id: str, shift_ns: int = 0) -> list[Span]:
     """The timeline's spans as MLflow `Span`s of `trace_id` (span ids: position + 1)."""
     return [Span.from_dict(d) for d in span_dicts(timeline, trace_id, shift_ns)]
 
 
-def span_dicts(timeline: Cycle, trace_id: str, shift_ns: int = 0) -> list[dict]:
+def span_dicts(timeline: Timeline | TraceDraft, trace_id: str, shift_ns: int = 0) -> list[dict]:
     """The timeline's spans in the dict form `Span.from_dict` reads (attribute values JSON-encoded,
     as MLflow stores them; ids as hex)."""
     return parse(trace_data_text(TraceDraft.of(timeline), trace_id, shift_ns))["spans"]
