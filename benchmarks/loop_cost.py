@@ -11,6 +11,10 @@ readable in the store; a cycle still in the outbox then (not delivered within th
 counted in "kept", and the figure is not a time to data. Medians of `--repeats` in one run, and
 their ratio; with `--hogs 2`, two busy Python processes run beside it all.
 
+Then, with the helper warm and training idle between cycles, how long a cycle takes from its
+queueing until it is readable, and `close()` after the last one: as the training process tells the
+helper (a nudge per cycle, "settled" back), and on polls alone (50 ms each side), side by side.
+
 Last, the consumer's CPU per cycle: the outbox's drain (the helper's code) run in this process over
 `--cpu-cycles` queued 3,000-op cycles, after one cycle that opens the store, split as the helper
 splits it (preparing every cycle first, as while it imports MLflow, then sending); and the same after
@@ -39,6 +43,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler  # noqa: E402
 
 from mlflow_neuron import MLflowProfilerCallback  # noqa: E402
+from mlflow_neuron._delivery import entries  # noqa: E402
 
 
 def loop(ops: int, steps: int, period: int, handler) -> None:
@@ -113,6 +118,35 @@ def consumer_cpu_per_cycle(work: Path, cycles: int, earlier: int = 0) -> tuple[f
     return (prepared - started) / count, (sent - prepared) / count
 
 
+def warm_helper(work: Path, cycles: int, told: bool) -> tuple[float, float]:
+    """With the helper warm (MLflow imported, the store open) and the training process idle between
+    cycles: (median seconds from a cycle's queueing until it is out of the outbox, i.e. readable;
+    seconds `close()` takes just after the last cycle is queued). `told`: the training process
+    nudges the helper for each cycle, and hears when it settled some; else both wait on polls."""
+    uri = f"sqlite:///{work / 'warm.db'}"
+    run_id = mlflow.MlflowClient(uri).create_run("0").info.run_id
+    callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=work / "outbox")
+    if not told:
+        callback._producer.helper.nudge = lambda: None
+        callback._producer.helper.on_settled = None
+    x, y, taken = torch.zeros(64), torch.ones(64), []
+    with profile(activities=[ProfilerActivity.CPU], on_trace_ready=callback,
+                 schedule=schedule(wait=0, warmup=1, active=1)) as prof:  # fmt: skip
+        for cycle in range(cycles + 3):  # the first two wait for the helper's imports
+            for _ in range(2):
+                for _ in range(3000):
+                    x.add_(y)
+                prof.step()
+            queued = time.perf_counter()
+            if cycle == cycles + 2:
+                break  # the last: close() waits for it
+            while entries.listed(work / "outbox") and time.perf_counter() - queued < 60:
+                time.sleep(0.001)
+            taken.append(time.perf_counter() - queued)
+    callback.close()
+    return statistics.median(taken[2:]), time.perf_counter() - queued
+
+
 def _counts(text: str) -> list[int]:
     try:
         counts = [int(n) for n in text.split(",") if n.strip()]
@@ -129,6 +163,7 @@ def main() -> int:
     options.add_argument("--hogs", type=int, default=0, help="busy Python processes beside the benchmark")
     options.add_argument("--schedules", default="3000:350:7,30000:70:7,3000:500:50")
     options.add_argument("--cpu-cycles", type=int, default=20)
+    options.add_argument("--warm-cycles", type=int, default=15, help="cycles timed one by one with the helper warm")
     options.add_argument("--earlier", default="1000", type=_counts, help="also the consumer's CPU after these many "
                          "cycles of the run (comma-separated; empty: none)")
     args = options.parse_args()
@@ -148,6 +183,11 @@ def main() -> int:
             ratio = statistics.median(ours) / statistics.median(tb)
             rows.append((f"{ops:,} ops x {steps} steps, a cycle every {period}", f"{statistics.median(tb):.2f}",
                          f"{statistics.median(ours):.2f}", f"{ratio:.2f}x", f"{max(kept)}"))  # fmt: skip
+        warm = {True: [], False: []}
+        for _ in range(args.repeats):
+            for told in warm:  # side by side, alternating
+                with tempfile.TemporaryDirectory() as scratch:
+                    warm[told].append(warm_helper(Path(scratch), args.warm_cycles, told))
         cpu, later = [], {n: [] for n in args.earlier}
         for _ in range(args.repeats):  # one figure swings by a third on this shared machine: the median
             for earlier, found in [(0, cpu), *later.items()]:
@@ -168,6 +208,13 @@ def main() -> int:
                 f"{max(total) * 1000:.0f}; preparing {statistics.median(a for a, _ in found) * 1000:.0f} ms, "
                 f"sending {statistics.median(b for _, b in found) * 1000:.0f} ms)")
 
+    def warm_ms(told: bool, k: int) -> float:
+        return statistics.median(r[k] for r in warm[told]) * 1000
+
+    print(f"\na warm helper, training idle between {args.warm_cycles} cycles of 3,000 ops (median of {args.repeats}):")
+    for k, what in enumerate(("a cycle, from queued until readable", "close(), from the last cycle queued")):
+        print(f"  {what}: {warm_ms(True, k):.0f} ms told (a nudge per cycle, and 'settled' back) vs "
+              f"{warm_ms(False, k):.0f} ms on polls alone: {warm_ms(True, k) / warm_ms(False, k):.2f}x")
     print(f"\nthe consumer's CPU per 3,000-op cycle, over {args.cpu_cycles} cycles: {ms(cpu)}")
     for earlier, found in later.items():
         print(f"  after {earlier:,} cycles of the run (10 regions a step): {ms(found)}")

@@ -477,3 +477,66 @@ def test_a_drain_not_yet_sending_prepares_each_cycle_and_leaves_it_whole_for_who
     assert helper.once().outcomes == []  # nothing left
     assert count_cycles(MlflowClient(uri), run_id, [4, 8, 12]) == (3, 0)
     assert entries.listed(outbox) == []
+
+
+def test_a_nudge_wakes_a_following_drain_at_once_and_each_pass_is_heard(tmp_path):
+    """The training process writes a byte to the helper's input for each cycle it queues: the
+    helper's drain looks at once instead of at its next poll (here an hour away), and each pass
+    is handed to `on_pass` (the helper tells a waiting close() what it settled)."""
+    from mlflow_neuron._delivery.drain import Drain
+    from mlflow_neuron._delivery.report import Reporter
+
+    uri, outbox, run_id = _queued_cycles(tmp_path, 2)
+    queued = entries.listed(outbox)
+    for entry in queued:  # out of sight while the drain makes its first pass
+        entry.rename(entry.with_name("." + entry.name))
+    stop, wake, passes, first = threading.Event(), threading.Event(), [], threading.Event()
+    drain = Drain(outbox, Reporter(), credentials={uri: uri})
+    thread = threading.Thread(target=drain.follow, args=(stop, wake, 3600.0),
+                              kwargs={"on_pass": lambda done: (passes.append(done), first.set())})  # fmt: skip
+    thread.start()
+    try:
+        assert first.wait(120) and passes[0].outcomes == []
+        for entry in queued:
+            entry.with_name("." + entry.name).rename(entry)
+        time.sleep(0.5)
+        assert len(passes) == 1 and [entries.state(e) for e in queued] == [entries.QUEUED] * 2  # not looked at
+        wake.set()
+        deadline = time.monotonic() + 300
+        while sum(p.count("delivered") for p in passes) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        wake.set()
+        thread.join(300)
+    assert not thread.is_alive()
+    assert sum(p.count("delivered") for p in passes) == 2
+    assert count_cycles(MlflowClient(uri), run_id, [4, 8]) == (2, 0)
+
+
+def test_the_helper_says_when_it_settled_cycles_and_a_nudge_never_blocks_the_training_thread(tmp_path):
+    """Through the real pipes: the helper tells the training process after a pass that settled
+    cycles (its waiting close() looks at once). A nudge to a helper that reads nothing (stopped,
+    or hung) returns at once, past the pipe's 64 KiB, instead of blocking the training thread."""
+    from mlflow_neuron._delivery.helper_process import HelperLauncher
+    from mlflow_neuron._delivery.report import Reporter
+
+    uri, outbox, run_id = _queued_cycles(tmp_path, 2)
+    settled = threading.Event()
+    launcher = HelperLauncher(outbox, {"credentials": {uri: uri}}, Reporter())
+    launcher.on_settled = settled.set
+    launcher.ensure()
+    try:
+        assert settled.wait(300), "the helper never said it settled a cycle"
+    finally:
+        launcher.stop(30)
+    assert count_cycles(MlflowClient(uri), run_id, [4, 8])[0] >= 1
+
+    deaf = HelperLauncher(tmp_path / "other", {}, Reporter(), command=(sys.executable, "-c", "import time; time.sleep(600)"))
+    deaf.ensure()
+    try:
+        for _ in range(100_000):  # a blocking write would hang here for good
+            deaf.nudge()
+    finally:
+        deaf.stop(0.1)
+    assert deaf.proc.poll() is not None

@@ -6,11 +6,10 @@
     writing, left by a process that died before it was queued (a kill, a container's end) --> cut short (removed)
     end.json: once no earlier entry of its run is left, the run is ended (FINISHED): here only.
 
-The helper process runs it (`follow`); the training process runs it while it waits at a flush or
-close, and `mlflow-neuron sync` runs it once: the same code, and the only two routes to MLflow (the
-helper, or the process that waits). Each entry is claimed with a lock the kernel releases
-(`entries`), so two drains never work on one entry, and a drain that dies leaves it whole for the
-next. Sending an entry twice leaves its data once (`mlflow_io`).
+The helper process runs it (`follow`), the training process while it waits at a flush or close,
+`mlflow-neuron sync` once: the same code, the only two routes to MLflow (the helper, or the process
+that waits). Each entry is claimed with a lock the kernel releases (`entries`): two drains never
+work on one entry, one that dies leaves it whole. Sending an entry twice leaves its data once.
 """
 
 from __future__ import annotations
@@ -150,19 +149,22 @@ class Drain:
                     item.held.release()
         return done
 
-    def follow(self, stop: threading.Event, poll_s: float = 0.05) -> None:
-        """Drains until `stop`: new entries as they come, and kept ones again with a growing wait
-        (up to 30 s) while their server does not take them."""
+    def follow(self, stop: threading.Event, wake: threading.Event, poll_s: float = 0.05,
+               on_pass: Callable[[Pass], object] = lambda done: None) -> None:  # fmt: skip
+        """Drains until `stop` (which sets `wake` too): new entries at once when `wake` is set, else at the
+        folder's next change (every `poll_s`); kept ones with a growing wait (to 30 s) while unsent."""
         backoff = 0.0
         while not stop.is_set():
             mtime = _mtime(self.folder)
+            wake.clear()  # a nudge from now on: another pass
             done = self.once(stop=stop)
+            on_pass(done)
             if done.count(KEPT) or done.unreachable:
                 backoff = min(max(backoff * 2, self.retry_wait_s), 30.0)
                 stop.wait(max(backoff, self.courier.quiet_s()))
                 continue
             backoff = 0.0
-            while not stop.wait(poll_s) and not done.busy and _mtime(self.folder) == mtime:
+            while not wake.wait(poll_s) and not done.busy and _mtime(self.folder) == mtime:
                 pass
 
     def end_held(self, held: Held, *, stop: threading.Event | None = None, deadline: float | None = None) -> Pass:
@@ -283,7 +285,7 @@ class Drain:
         entries.remove(entry)
         self._outcome(done, on_outcome, Outcome(entry, ENDED, run=logger.run if logger is not None else run))
 
-    # -- delivery ----------------------------------------------------------------------------------------
+    # -- delivery and settling ------------------------------------------------------------------------
 
     def _deliver(self, ready: list[_Ready], stop, deadline) -> list[tuple[dict, list[str]]]:
         return self.courier.deliver([i.held.path for i in ready], [i.delivery for i in ready], ready[0].run, stop,
@@ -332,8 +334,6 @@ class Drain:
             return
         self._kept(item.held.path, error, done, on_outcome, item)
 
-    # -- settling ------------------------------------------------------------------------------------------
-
     def _delivered(self, item: _Ready, result: tuple[dict, list[str]], done: Pass, on_outcome) -> None:
         clashes, vanished = result
         files = sent_files(item.delivery, vanished)
@@ -347,8 +347,7 @@ class Drain:
         try:
             moved = _outbox.reject(item.held.path, why)
         except OSError as unmoved:
-            self._kept(item.held.path, unmoved, done, on_outcome, item)
-            return
+            return self._kept(item.held.path, unmoved, done, on_outcome, item)
         # Said by whoever waits for it, from its reason file (`Producer`, `sync`): on that thread, once.
         self._outcome(done, on_outcome, Outcome(item.held.path, REJECTED, why, item.delivery, item.run, moved=moved))
 

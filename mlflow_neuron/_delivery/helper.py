@@ -8,8 +8,10 @@ and a second helper started beside the first exits at once. Then it imports MLfl
 outbox (`Drain.follow`) until its input ends: the training process closed it, or died.
 
 Nothing but this crosses its pipes. In: one JSON line, the settings (the tracking URIs with their
-credentials, which are never written to disk), then EOF to stop. Out: JSON lines for the training
-process ("ready", "busy", "problem", "progress"), whose reporter says them; every message redacted.
+credentials, which are never written to disk), then a newline for each cycle queued ("there is
+work": it looks now), then EOF to stop. Out: JSON lines for the training process ("ready", "busy",
+"problem", "progress", and "settled" after a pass that settled entries, so that a close() waiting
+on them looks now), whose reporter says them; every message redacted.
 Its stderr is not the caller's (the training process starts it with stderr to /dev/null): a
 script piped into `tee` sees the pipe end with the script.
 """
@@ -23,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from . import entries
@@ -31,7 +34,7 @@ from .report import redact
 
 NICE = 10  # training wins a shared core; the training process drains too while it waits at close
 STOP_GRACE_S = 1.0  # after its input ends, the entry in hand gets this long; then the process exits
-POLL_S = 0.05  # how often it looks for new entries (a stat of the outbox folder)
+POLL_S = 0.05  # how often it looks for new entries of other processes (a stat of the outbox folder)
 
 
 class Channel:
@@ -64,20 +67,23 @@ class ChannelReporter:
         self.channel.send(type="problem", kind=kind, message=redact(message), error=detail)
 
 
-def _watch_input(stop: threading.Event) -> None:
-    """Stops at EOF on stdin (training closed it or died) or when the parent is gone (a forked
-    child of training may still hold the pipe); then the process exits after a short grace."""
+def _watch_input(stop: threading.Event, wake: threading.Event) -> None:
+    """Wakes the drain at each byte on stdin (the training process queued a cycle); stops at EOF
+    (training closed it or died) or when the parent is gone (a forked child of training may still
+    hold the pipe); then the process exits after a short grace."""
     parent = os.getppid()
 
     def read() -> None:
         while os.read(0, 4096):
-            pass
+            wake.set()
         stop.set()
+        wake.set()
 
     def orphan() -> None:
         while os.getppid() == parent and not stop.wait(0.5):
             pass
         stop.set()
+        wake.set()
 
     def grace() -> None:
         stop.wait()
@@ -108,6 +114,12 @@ def _open_stores(credentials: dict[str, str], sending: threading.Event) -> None:
         sending.set()
 
 
+def _say_settled(channel: Channel, settled: tuple[str, ...], done) -> None:
+    """A pass that settled entries says so: a close() waiting on them looks now, not at its next poll."""
+    if any(o.state in settled for o in done.outcomes):
+        channel.send(type="settled")
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for training; its close() stops us
     argv = sys.argv if argv is None else argv
@@ -126,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     entries.mark_holder(held)
     settings = json.loads(sys.stdin.buffer.readline() or b"{}")
-    stop = threading.Event()
-    _watch_input(stop)
+    stop, wake = threading.Event(), threading.Event()
+    _watch_input(stop, wake)
     try:
         os.nice(NICE)
     except (AttributeError, OSError):
@@ -136,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     from .http_budget import bound_this_process
 
     bound_this_process()  # MLflow's own retries must not spend a budget inside one call: the drain retries
-    from .drain import Drain
+    from .drain import SETTLED, Drain
 
     gc.freeze()  # what the imports made lives as long as we do: out of the cycle collector's sight
     sending = threading.Event()
@@ -146,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                   retries=settings.get("retries", 2), retry_wait_s=settings.get("retry_wait_s", 0.5), sending=sending,
                   progress=lambda line: channel.send(type="progress", line=redact(line)))  # fmt: skip
     channel.send(type="ready", pid=os.getpid(), parser=PARSER)
-    drain.follow(stop, POLL_S)
+    drain.follow(stop, wake, POLL_S, partial(_say_settled, channel, SETTLED))
     # Nothing in hand and nothing to tidy (every write was synchronous, every lock goes with the
     # process): the interpreter's teardown of MLflow and pandas (about half a second) is time the
     # training process's close() would wait for.

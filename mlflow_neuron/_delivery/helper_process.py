@@ -11,12 +11,14 @@ no process of ours outlives the script.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import entries
@@ -48,6 +50,7 @@ class HelperLauncher:
         self._stopping = False
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
+        self.on_settled: Callable[[], None] | None = None  # the helper settled entries: a waiting close() looks now
 
     @property
     def usable(self) -> bool:
@@ -84,6 +87,14 @@ class HelperLauncher:
             proc.kill()
             proc.wait(5)
 
+    def nudge(self) -> None:
+        """Says "there is work" (a byte on its input): it looks at the outbox now, not at its next poll.
+        Never blocks: a helper that reads nothing has a full pipe, and the poll finds the work anyway."""
+        proc = self.proc
+        if proc is not None and not self._stopping:
+            with contextlib.suppress(OSError, ValueError):  # BlockingIOError, BrokenPipeError; a closed pipe
+                os.write(proc.stdin.fileno(), b"\n")
+
     def release(self) -> None:
         """Closes its input without waiting: it stops after the entry in hand (its callback is gone)."""
         with self._lock:
@@ -115,6 +126,7 @@ class HelperLauncher:
         try:
             proc.stdin.write((json.dumps(self.settings) + "\n").encode())
             proc.stdin.flush()
+            os.set_blocking(proc.stdin.fileno(), False)  # `nudge` never waits on it
         except OSError:
             pass  # it exited already (another consumer holds the outbox): the reader sees it
         threading.Thread(target=self._read, args=(proc, time.monotonic()), name="mlflow-neuron-helper-reader",
@@ -134,6 +146,9 @@ class HelperLauncher:
                 self.ready.set()
             elif kind == "busy":
                 busy = True
+            elif kind == "settled":
+                if self.on_settled is not None:
+                    self.on_settled()
             elif kind == "progress":
                 _log.info("%s", message.get("line", ""))
             elif kind == "problem":

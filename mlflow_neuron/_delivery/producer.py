@@ -64,6 +64,7 @@ class Producer:
         self._ending: Held | None = None  # the run's end entry, held by close() while it waits
         self._last: Pass | None = None  # the latest pass this process made
         if self.helper is not None:
+            self.helper.on_settled = self._notify
             self.helper.ensure()  # now: its imports take a second or two, before the first cycle
 
     # -- the training thread ------------------------------------------------------------------------
@@ -147,6 +148,7 @@ class Producer:
             self._drain_here(None)
         elif self.helper is not None and self.helper.usable:
             self.helper.ensure()
+            self.helper.nudge()
         else:
             self._kick()
 
@@ -290,6 +292,10 @@ class Producer:
             self._last = done
             self._cond.notify_all()
         return done
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def _unreachable(self) -> bool:
         """The latest pass found this run's server not answering, and no other process is working

@@ -62,6 +62,8 @@ def cycle_metrics(profile: CycleProfile, keys: OpKeys, top_k: int, rank_prefix: 
     }
     metrics.update({total_key(kind, rank_prefix): _us(v) for kind, v in totals.items()})
     # The top_k costliest regions, as for ops: a range per layer (or per op name) must not flood the run.
+    if not profile.regions:
+        return metrics
     regions = region_sums(profile)
     rank_by = "device_time_us" if profile.device_time == PRESENT else "cpu_time_us"
     regions = regions.sort_values([rank_by, "cpu_time_us"], ascending=False, kind="stable").head(max(top_k, 0))
