@@ -19,7 +19,7 @@ medians over --reps fresh cycles, seconds:
   stage             `Timeline.to_json` + `from_json`: the outbox round trip between a cycle and its
                     delivery
   log               `log_timeline` into a local sqlite store (a fresh run per cycle), spans as
-                    the trace's artifact (`--span-storage tracking_store`: in the span table)
+                    the trace's artifact
 
 The trace's cost is streams + build + stage + log, given against aggregate alone, against read +
 aggregate, and (chrome) against parse + read + aggregate. Issue 12's target is 20% of the cycle's
@@ -96,7 +96,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--max-spans", type=int, default=2000)
-    parser.add_argument("--span-storage", choices=["artifact", "tracking_store"], default="artifact")
     parser.add_argument("--callback-reps", type=int, default=2, help="cycles per setting of the callback section")
     args = parser.parse_args()
 
@@ -117,7 +116,7 @@ def main() -> None:
     atexit.register(shutil.rmtree, store, ignore_errors=True)
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     experiment = client.create_experiment("timeline-cost", artifact_location=str(store / "artifacts"))
-    log_into = (client, experiment, device, args.span_storage)
+    log_into = (client, experiment, device)
 
     header = ("path", "ops/cycle", "events", *(f"{s} s" for s in STAGES), "spans", "dropped", "trace / aggregate",
               "trace / (read + aggregate)", "trace / (parse + read + aggregate)")  # fmt: skip
@@ -201,7 +200,7 @@ def trace_cost(raw, tree, inputs, step: int, args, log_into) -> dict[str, float]
     from mlflow_neuron._trace.timeline import Timeline
     from mlflow_neuron._trace.span_tree import build_timeline
 
-    client, experiment, device, span_storage = log_into
+    client, experiment, device = log_into
     clock = Clock()
     timeline = build_timeline(raw, cycle_step=step, max_spans=args.max_spans, inputs=inputs, tree=tree)
     clock.lap("build")
@@ -209,7 +208,7 @@ def trace_cost(raw, tree, inputs, step: int, args, log_into) -> dict[str, float]
     clock.lap("stage")
     run_id = client.create_run(experiment).info.run_id
     clock.start()
-    log_timeline(client, run_id, experiment, staged, device=device, span_storage=span_storage)
+    log_timeline(client, run_id, experiment, staged, device=device)
     clock.lap("log")
     return {**clock.times, "spans": len(timeline.spans), "dropped": timeline.dropped}
 

@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._delivery.files import human_size, link_or_copy, sent_files
+from .._delivery.outbox import human_size, link_or_copy, sent_files
 from .._delivery.job import CycleJob
-from .._delivery.manifest import manifest
+from .._neuron.manifest import manifest
 from .._delivery.mlflow_io import RunLogger
 from .._delivery.model import SOURCE_TAG, RunRef
 from .._delivery.prepare import Preparer

@@ -11,7 +11,7 @@ import sys
 
 from . import outbox as _outbox
 from .drain import KEPT
-from .files import human_size
+from .outbox import human_size
 from .report import logger as _log
 from .report import one_line, redact, rejected_message
 

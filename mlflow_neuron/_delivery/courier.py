@@ -137,7 +137,7 @@ class Courier:
         """One RunLogger per run and server; the server probed once; a run the callback creates is
         created once across processes (under the store lock, its id kept in the outbox)."""
         from .mlflow_io import RunLogger
-        from .probe import check_reachable
+        from .failures import check_reachable
 
         if self.run_id:
             run = RunRef(run.tracking_uri, self.run_id)

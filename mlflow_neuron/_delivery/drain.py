@@ -28,7 +28,7 @@ from . import outbox as _outbox
 from .courier import Courier
 from .entries import END, FILES, JOB, TRIED, Held
 from .failures import is_permanent, is_unreachable, reason
-from .files import sent_files
+from .outbox import sent_files
 from .http_budget import remember_retry_after
 from .job import CycleJob
 from .model import MANIFEST, Delivery, RunRef

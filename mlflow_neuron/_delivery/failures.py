@@ -1,10 +1,15 @@
 """What a failed delivery means: the server did not answer, it refused for good, or it may take
-the same data later. Reads the error only; imports nothing heavy (requests, at most, on use).
+the same data later; and whether an HTTP tracking server is there at all (`check_reachable`, one
+short probe, which the CLI asks before it imports torch or MLflow: a dead server is reported in a
+second). Imports nothing heavy (requests, at most, on use).
 """
 
 from __future__ import annotations
 
 import re
+import urllib.error
+import urllib.parse
+import urllib.request
 
 # Answers that sending the same data again can never change: the run or experiment is missing or
 # deleted, access is denied, or a value is refused. Anything else (no answer, timeouts, 5xx,
@@ -61,3 +66,28 @@ def is_unreachable(error: BaseException) -> bool:
             return True
         error = error.__cause__ or error.__context__
     return False
+
+
+PROBE_TIMEOUT_S = 3.0
+
+
+def check_reachable(tracking_uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Raises ConnectionError fast when an HTTP tracking server does not answer at all.
+
+    MLflow's client retries a dead server for minutes (MLFLOW_HTTP_REQUEST_MAX_RETRIES and
+    backoff, process-wide settings this library leaves alone); one short probe first lets the
+    sender go on to retry or the outbox instead. Any HTTP answer, even an error, counts as alive.
+    """
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    # /health needs no login; urllib would take a URI's user:password@ for part of the host name.
+    parts = urllib.parse.urlsplit(tracking_uri)
+    probe = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]))
+    try:
+        urllib.request.urlopen(f"{probe.rstrip('/')}/health", timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return
+    except (OSError, ValueError) as error:
+        cause = getattr(error, "reason", error)  # URLError wraps the socket error
+        why = f"no answer within {timeout:g} s" if isinstance(cause, TimeoutError) else str(cause)
+        raise ConnectionError(f"tracking server {probe} is not reachable ({why})") from error

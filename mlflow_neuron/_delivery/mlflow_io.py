@@ -25,7 +25,7 @@ from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from . import uploads
 from .model import DEVICE_TAG, MANIFEST, RUN_KEY_TAG, Delivery, RunRef
-from .probe import check_reachable
+from .failures import check_reachable
 
 
 def check_tracking_uri(tracking_uri: str) -> None:

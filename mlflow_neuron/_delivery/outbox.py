@@ -6,6 +6,7 @@ half record that sync would trust. Files are hard-linked where possible (no copy
 files above the copy cap are kept as paths to where the profiler left them. Each record is sealed
 (`seal`: the size and SHA-256 of its files); one that fails its seal is set aside in `damaged/`
 with a reason, never sent. `put` writes a whole record elsewhere in one go (tests, benchmarks).
+A cycle's files are placed without holding them in memory (`link_or_copy`, `gzip_file`).
 
 The outbox is private: on a shared Trainium host other users must neither read records nor plant
 them. The folder is created 0700 and its files 0600; an existing folder that is a symlink or
@@ -17,6 +18,7 @@ supplies credentials again at sync.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import itertools
 import json
 import os
@@ -28,7 +30,6 @@ import urllib.parse
 from dataclasses import asdict
 from pathlib import Path
 
-from .files import link_or_copy
 from .model import Delivery, RunRef
 from .seal import CHECKS, DamagedRecord, check_files, check_shape, seal
 
@@ -295,3 +296,45 @@ def _make_private(record_dir: Path) -> None:
             path = os.path.join(root, name)
             if generated or os.lstat(path).st_nlink == 1:
                 os.chmod(path, 0o600)
+
+
+# -- a cycle's files, without holding them in memory: links, copies, gzip --------------------------------
+
+
+def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """A hard link where the filesystem allows (no copy, no extra disk), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def gzip_file(source: Path, target: Path) -> None:
+    """Streams `source` into gzip `target` (constant memory); copies a file already gzipped."""
+    if source.suffix == ".gz":
+        shutil.copyfile(source, target)
+        return
+    with open(source, "rb") as fin, gzip.open(target, "wb", compresslevel=1) as fout:
+        shutil.copyfileobj(fin, fout, 1024 * 1024)
+
+
+def sent_files(delivery: Delivery, vanished: list[str] = ()) -> dict[str, int]:
+    """{path: bytes} of every file a delivery uploads: the generated ones and the profile's own."""
+    files = {}
+    if delivery.files_dir and os.path.isdir(delivery.files_dir):
+        trace_spans = Path(delivery.files_dir, delivery.trace_spans) if delivery.trace_spans else None  # not an artifact
+        for path in Path(delivery.files_dir).rglob("*"):
+            if path.is_file() and path != trace_spans:
+                files[str(path)] = path.stat().st_size
+    for source, _ in delivery.uploads:
+        if source not in vanished and os.path.isfile(source):
+            files[source] = os.path.getsize(source)
+    return files
+
+
+def human_size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count} B"

@@ -22,7 +22,7 @@ from .._neuron import summary as neuron_summary
 from .._trace.device_names import MISSING_DEVICE_TIME_HINT
 from .._trace.profile import MISSING, PRESENT, CycleProfile
 from .._trace.summarize import CycleSettings, CycleSummary, empty_summary
-from .files import gzip_file
+from .outbox import gzip_file
 from .job import CycleJob
 from .keys import OpKeys
 from .model import DEVICE_TAG, DEVICE_TIME_TAG, KEY_AVERAGES, MANIFEST, OPS_TABLE, TIMELINE, TRACE, TRACE_SPANS, Delivery

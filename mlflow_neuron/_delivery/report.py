@@ -81,34 +81,6 @@ def one_line(error: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def closing_summary(reporter: Reporter, stored: list, rejected: list, steps: list[int], lost: list) -> None:
-    """At a sender's close, one line for everything the outbox got and everything lost, where the
-    first warning named only one; with one `sync` command for every folder that holds records.
-
-    `stored` and `rejected` are record paths, `steps` every step stored, `lost` (step, why) pairs."""
-    if len(lost) > 1:
-        reasons = sorted({why for _, why in lost})
-        reporter.problem(
-            "lost_summary",
-            f"{len(lost)} profiler cycle(s) lost (steps {', '.join(str(step) for step, _ in lost)}): neither "
-            f"sent nor stored; {'; '.join(reasons)}",
-        )
-    if len(steps) > 1 and stored:
-        folders = sorted({str(p.parent) for p in stored})
-        commands = " and ".join(f"`mlflow-neuron sync --outbox {folder}`" for folder in folders)
-        reporter.problem(
-            "outbox_summary",
-            f"{len(steps)} profiler cycle(s) (steps {', '.join(map(str, steps))}) went to the outbox; "
-            f"{len(stored)} of them are still in {', '.join(folders)}: run {commands} when the server answers",
-        )
-    if len(rejected) > 1:
-        reporter.problem(
-            "rejected_summary",
-            f"{len(rejected)} profiler cycle(s) were refused by the server and are kept in "
-            f"{', '.join(sorted({str(p.parent) for p in rejected}))} (see the reason file in each)",
-        )
-
-
 def report_delivery(reporter: Reporter, run_id: str | None, step: int, problems: list[tuple[str, str]],
                     clashes: dict, vanished: list[str]) -> None:  # fmt: skip
     """What a delivered cycle brought along: its reader's problems, params the run already had

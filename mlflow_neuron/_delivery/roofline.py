@@ -16,7 +16,7 @@ Columns (record_shapes=True; empty where the op's formula is unknown, `_trace.tr
 - `pct_device_time_without_bytes`: the share of the cycle's op device time (each kernel on the
   innermost op that launched it) spent in this op's calls that have no bytes; 0 for an op whose
   calls all have them (or a message size), empty without device time. Sorted, it names the largest ops the formulas
-  miss; 100 minus its sum is the share that has bytes (`bytes_coverage_pct`).
+  miss; 100 minus its sum is the share that has bytes.
 """
 
 from __future__ import annotations
@@ -59,12 +59,6 @@ def with_roofline(frame: pd.DataFrame, profile: CycleProfile, peak: dict | None,
                             for name, kind in zip(frame["name"], frame["kind"])]  # fmt: skip
     columns[UNCOVERED_COLUMN] = _uncovered(frame, profile)
     return pd.concat([frame.reset_index(drop=True), columns], axis=1)
-
-
-def bytes_coverage_pct(profile: CycleProfile) -> float:
-    """The share of the ops' device time that has bytes; NaN without shapes or device time."""
-    coverage = profile.traffic_coverage
-    return _round(coverage.percent) if coverage is not None else math.nan
 
 
 def _uncovered(frame: pd.DataFrame, profile: CycleProfile) -> list[float]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from . import entries, outbox
 from .drain import BUSY, CUT, DAMAGED, DELIVERED, ENDED, KEPT, REJECTED, Drain, Outcome
-from .files import human_size
+from .outbox import human_size
 from .report import RedactingStream
 
 BUSY_WAIT_S = 3.0  # a helper whose training process just ended lets go within about a second

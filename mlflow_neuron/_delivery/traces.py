@@ -22,17 +22,15 @@ those spans go through the process-wide tracer, which exports to `mlflow.get_tra
 to the client's store; it exports asynchronously (a search right after `end_trace` misses the
 trace); and on a sqlite store it writes every span in a transaction of its own (2,000 spans: ~10 s).
 Here the finished spans are written the way MLflow's own exporter writes them:
-`TracingClient(uri).start_trace(TraceInfo)`, then the spans as the trace's data artifact (as
-for stores without span logging), or with `span_storage="tracking_store"` as `Span`s through
-`log_spans` in one batch first. That is synchronous and goes only to `client`'s store. Checked
-with MLflow 3.17.
+`TracingClient(uri).start_trace(TraceInfo)`, then the spans as the trace's data artifact (one
+file, as for stores without span logging; a sqlite store's span table took about 0.7 ms a span).
+That is synchronous and goes only to `client`'s store. Checked with MLflow 3.17.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Mapping
 from typing import Any
 
 from mlflow.entities import Metric, Span, TraceInfo, TraceLocation, TraceState
@@ -50,8 +48,6 @@ CYCLE_KEY_TAG = "mlflow_neuron.cycle_key"
 MARK_METRIC = "profiler/timeline/spans"  # a point at a cycle's step: its trace is complete (value: its spans)
 COMPLETE_TAG = "mlflow_neuron.timeline"  # the mark of earlier versions, on the trace: still read
 COMPLETE = "complete"
-_SPANS_IN_STORE = ("mlflow.trace.spansLocation", "TRACKING_STORE")
-SPAN_STORAGE = ("artifact", "tracking_store")
 
 
 def cycle_key(run_id: str, step: int) -> str:
@@ -77,36 +73,16 @@ def find_cycle_traces(client: Any, experiment_id: str, key: str) -> list:
             return found
 
 
-def log_timeline(
-    client: Any,
-    run_id: str,
-    experiment_id: str,
-    timeline: Cycle,
-    *,
-    device: str | None = None,
-    run_name: str | None = None,
-    tags: Mapping[str, str] | None = None,
-    span_storage: str = "artifact",
-    fresh: bool = False,
-) -> str:
+def log_timeline(client: Any, run_id: str, experiment_id: str, timeline: Cycle, *, device: str | None = None,
+                 run_name: str | None = None, fresh: bool = False) -> str:  # fmt: skip
     """Logs `timeline` as a trace of `experiment_id` linked to `run_id`, once; returns its id.
 
     Tags: `mlflow_neuron.run_id`, `.step`, `.device`, `.run_name`, `.cycle_key`, `.spans`,
-    `.spans_dropped`, plus `tags`; the run's metric `profiler/timeline/spans` marks it complete at
-    its step once everything is written. A timeline without an epoch origin (`origin_ns == 0`) is
-    shifted to end now.
-
-    `span_storage`: "artifact" (default) writes the spans as the trace's data artifact, one file;
-    "tracking_store" writes them into the store's span table (searchable by span content, but a
-    sqlite store takes ~0.7 ms a span: ~1.5 s for 2,000). The Traces tab draws either. `fresh`:
-    no earlier attempt can have written this cycle, so no search for its earlier traces.
+    `.spans_dropped`; the run's metric `profiler/timeline/spans` marks it complete at its step once
+    everything is written. A timeline without an epoch origin (`origin_ns == 0`) is shifted to end
+    now. `fresh`: no earlier attempt can have written this cycle, so no search for its earlier traces.
     """
-    if span_storage not in SPAN_STORAGE:
-        raise ValueError(f"span_storage must be one of {', '.join(SPAN_STORAGE)}, got {span_storage!r}")
-    trace_id, written = _written_unless_complete(client, run_id, experiment_id, timeline, fresh, span_storage,
-                                                 device=device, run_name=run_name, tags=tags)  # fmt: skip
-    mark_complete(client, run_id, [timeline] if written else [])
-    return trace_id
+    return log_timelines(client, run_id, experiment_id, [timeline], device=device, run_name=run_name, fresh=fresh)[0]
 
 
 def log_timelines(client: Any, run_id: str, experiment_id: str, timelines: list[Cycle], *, device: str | None = None,
@@ -114,14 +90,14 @@ def log_timelines(client: Any, run_id: str, experiment_id: str, timelines: list[
     """`log_timeline` for several cycles of one run: their links to the run and their marks in one
     request each."""
     marked = set() if fresh else marked_steps(client, run_id)
-    done = [_written_unless_complete(client, run_id, experiment_id, timeline, fresh, "artifact", marked=marked,
-                                     device=device, run_name=run_name) for timeline in timelines]  # fmt: skip
+    done = [_written_unless_complete(client, run_id, experiment_id, timeline, fresh, marked, device=device,
+                                     run_name=run_name) for timeline in timelines]  # fmt: skip
     mark_complete(client, run_id, [timeline for timeline, (_, written) in zip(timelines, done) if written])
     return [trace_id for trace_id, _ in done]
 
 
 def _written_unless_complete(client: Any, run_id: str, experiment_id: str, timeline: Cycle, fresh: bool,
-                             span_storage: str, marked: set[int] | None = None, **tags: Any) -> tuple[str, bool]:  # fmt: skip
+                             marked: set[int] | None = None, **tags: Any) -> tuple[str, bool]:  # fmt: skip
     """(the cycle's trace id, whether it was written now): a complete trace of the cycle is kept.
     `marked`: the run's marked steps, when the caller read them already."""
     key = cycle_key(run_id, timeline.cycle_step)
@@ -131,8 +107,7 @@ def _written_unless_complete(client: Any, run_id: str, experiment_id: str, timel
             return trace_id, False
         if (done := _complete_or_cleared(client, experiment_id, key, trace_id)) is not None:
             return done, False
-    _write_trace(client, run_id, experiment_id, timeline, trace_id, _trace_tags(timeline, key, run_id, **tags),
-                 span_storage)  # fmt: skip
+    _write_trace(client, run_id, experiment_id, timeline, trace_id, _trace_tags(timeline, key, run_id, **tags))
     return trace_id, True
 
 
@@ -154,7 +129,7 @@ def marked_steps(client: Any, run_id: str) -> set[int]:
 
 
 def _write_trace(client: Any, run_id: str, experiment_id: str, timeline: Cycle, trace_id: str,
-                 tags: dict[str, str], span_storage: str) -> None:  # fmt: skip
+                 tags: dict[str, str]) -> None:  # fmt: skip
     """The trace's info and spans, not linked nor complete yet."""
     if isinstance(timeline, TraceText):  # written when the cycle was prepared
         start, end, text = timeline.start_ns, timeline.end_ns, timeline.for_trace(trace_id)
@@ -164,13 +139,6 @@ def _write_trace(client: Any, run_id: str, experiment_id: str, timeline: Cycle, 
         shift = 0 if draft.origin_ns else time.time_ns() - end
         start, end, text = start + shift, end + shift, trace_data_text(draft, trace_id, shift)
     tracing = TracingClient(client.tracking_uri)
-    in_store = False
-    if span_storage == "tracking_store":
-        try:
-            tracing.log_spans(experiment_id, [Span.from_dict(d) for d in parse(text)["spans"]])
-            in_store = True
-        except NotImplementedError:
-            pass  # stores without span logging keep the spans in an artifact (below)
     info = TraceInfo(
         trace_id=trace_id,
         trace_location=TraceLocation.from_experiment_id(experiment_id),
@@ -181,11 +149,10 @@ def _write_trace(client: Any, run_id: str, experiment_id: str, timeline: Cycle, 
         tags=tags,
     )
     stored = tracing.start_trace(info)
-    if not in_store or stored.tags.get(_SPANS_IN_STORE[0]) != _SPANS_IN_STORE[1]:
-        # The client's URI, not the process-wide one: an `mlflow-artifacts:` location resolves
-        # against it (MLflow's own `_upload_trace_data` takes the process-wide one).
-        repo = get_artifact_repository(get_artifact_uri_for_trace(stored), tracking_uri=client.tracking_uri)
-        repo.upload_trace_data(text)
+    # The client's URI, not the process-wide one: an `mlflow-artifacts:` location resolves
+    # against it (MLflow's own `_upload_trace_data` takes the process-wide one).
+    repo = get_artifact_repository(get_artifact_uri_for_trace(stored), tracking_uri=client.tracking_uri)
+    repo.upload_trace_data(text)
 
 
 def _complete_or_cleared(client: Any, experiment_id: str, key: str, trace_id: str) -> str | None:
@@ -201,8 +168,7 @@ def _complete_or_cleared(client: Any, experiment_id: str, key: str, trace_id: st
     return keep
 
 
-def _trace_tags(timeline: Cycle, key: str, run_id: str, device: str | None, run_name: str | None,
-                tags: Mapping[str, str] | None = None) -> dict[str, str]:  # fmt: skip
+def _trace_tags(timeline: Cycle, key: str, run_id: str, device: str | None, run_name: str | None) -> dict[str, str]:
     return {
         "mlflow.traceName": timeline.name,
         CYCLE_KEY_TAG: key,
@@ -212,7 +178,6 @@ def _trace_tags(timeline: Cycle, key: str, run_id: str, device: str | None, run_
         "mlflow_neuron.spans_dropped": str(timeline.dropped),
         **({"mlflow_neuron.device": device} if device else {}),
         **({"mlflow_neuron.run_name": run_name} if run_name else {}),
-        **dict(tags or {}),
     }
 
 

@@ -89,7 +89,7 @@ def _check_server(args: argparse.Namespace) -> None:
 
     A command without --tracking-uri uses MLFLOW_TRACKING_URI (sync: each record's own server,
     probed as it goes)."""
-    from .._delivery.probe import check_reachable
+    from .._delivery.failures import check_reachable
 
     uri = getattr(args, "tracking_uri", None)
     if uri is None and args.command != "sync":

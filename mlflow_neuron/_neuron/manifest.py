@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shlex
 
-from .._neuron import layout
-from .._neuron.output_files import UPLOAD, FoundFile
+from . import layout
+from .output_files import UPLOAD, FoundFile
 
 
 def manifest(
