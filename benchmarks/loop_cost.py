@@ -147,6 +147,12 @@ def warm_helper(work: Path, cycles: int, told: bool) -> tuple[float, float]:
     return statistics.median(taken[2:]), time.perf_counter() - queued
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0; got {text!r}")
+    return int(text)
+
+
 def _counts(text: str) -> list[int]:
     try:
         counts = [int(n) for n in text.split(",") if n.strip()]
@@ -163,7 +169,8 @@ def main() -> int:
     options.add_argument("--hogs", type=int, default=0, help="busy Python processes beside the benchmark")
     options.add_argument("--schedules", default="3000:350:7,30000:70:7,3000:500:50")
     options.add_argument("--cpu-cycles", type=int, default=20)
-    options.add_argument("--warm-cycles", type=int, default=15, help="cycles timed one by one with the helper warm")
+    options.add_argument("--warm-cycles", type=_count, default=15, help="cycles timed one by one with the helper warm "
+                         "(0: none)")
     options.add_argument("--earlier", default="1000", type=_counts, help="also the consumer's CPU after these many "
                          "cycles of the run (comma-separated; empty: none)")
     args = options.parse_args()
@@ -184,7 +191,7 @@ def main() -> int:
             rows.append((f"{ops:,} ops x {steps} steps, a cycle every {period}", f"{statistics.median(tb):.2f}",
                          f"{statistics.median(ours):.2f}", f"{ratio:.2f}x", f"{max(kept)}"))  # fmt: skip
         warm = {True: [], False: []}
-        for _ in range(args.repeats):
+        for _ in range(args.repeats if args.warm_cycles else 0):
             for told in warm:  # side by side, alternating
                 with tempfile.TemporaryDirectory() as scratch:
                     warm[told].append(warm_helper(Path(scratch), args.warm_cycles, told))
@@ -202,6 +209,7 @@ def main() -> int:
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(row) + " |")
+
     def ms(found: list[tuple[float, float]]) -> str:
         total = [a + b for a, b in found]
         return (f"{statistics.median(total) * 1000:.0f} ms (median of {len(found)}: {min(total) * 1000:.0f}-"
@@ -211,10 +219,11 @@ def main() -> int:
     def warm_ms(told: bool, k: int) -> float:
         return statistics.median(r[k] for r in warm[told]) * 1000
 
-    print(f"\na warm helper, training idle between {args.warm_cycles} cycles of 3,000 ops (median of {args.repeats}):")
-    for k, what in enumerate(("a cycle, from queued until readable", "close(), from the last cycle queued")):
-        print(f"  {what}: {warm_ms(True, k):.0f} ms told (a nudge per cycle, and 'settled' back) vs "
-              f"{warm_ms(False, k):.0f} ms on polls alone: {warm_ms(True, k) / warm_ms(False, k):.2f}x")
+    if args.warm_cycles:
+        print(f"\na warm helper, training idle between {args.warm_cycles} cycles of 3,000 ops (median of {args.repeats}):")
+        for k, what in enumerate(("a cycle, from queued until readable", "close(), from the last cycle queued")):
+            print(f"  {what}: {warm_ms(True, k):.0f} ms told (a nudge per cycle, and 'settled' back) vs "
+                  f"{warm_ms(False, k):.0f} ms on polls alone: {warm_ms(True, k) / warm_ms(False, k):.2f}x")
     print(f"\nthe consumer's CPU per 3,000-op cycle, over {args.cpu_cycles} cycles: {ms(cpu)}")
     for earlier, found in later.items():
         print(f"  after {earlier:,} cycles of the run (10 regions a step): {ms(found)}")
