@@ -540,3 +540,39 @@ def test_the_helper_says_when_it_settled_cycles_and_a_nudge_never_blocks_the_tra
     finally:
         deaf.stop(0.1)
     assert deaf.proc.poll() is not None
+
+
+STARVED_HELPER = """
+import os, subprocess, sys
+os.sched_setaffinity(0, {0})
+hog = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {0})\\nwhile True: pass"])
+try:
+    import time
+    time.sleep(0.5)  # the hog is running
+    os.nice(10)
+    from mlflow_neuron._delivery.helper import Pace
+    pace = Pace()
+    sum(range(3 * 10**6))  # a pass's CPU, beside a nice-0 process on the same core
+    pace.after_pass()
+    print(pace.heed)
+finally:
+    hog.kill()
+"""
+
+
+def test_a_helper_starved_of_cpu_does_not_jump_on_the_cycle_just_queued():
+    """Beside busy cores the helper (nice 10) would hold the cycle it was nudged about at a tenth
+    of a core, and close() waited for it: after a pass in which it waited for a CPU, it heeds no
+    nudge (the training process takes the cycle). Where the kernel does not say, it always does."""
+    from mlflow_neuron._delivery import helper
+
+    if helper.run_delay_ns() is None or not hasattr(os, "sched_setaffinity"):
+        pytest.skip("this kernel does not say how long a thread waited for a CPU (/proc/thread-self/schedstat)")
+    out = subprocess.run([sys.executable, "-c", STARVED_HELPER], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True).stdout.split()  # fmt: skip
+    assert out[0] == "False"  # starved: nudges are not heeded
+    with pytest.MonkeyPatch.context() as patch:  # a kernel that does not say: nudges are always heeded
+        patch.setattr(helper, "run_delay_ns", lambda: None)
+        pace = helper.Pace()
+        pace.after_pass()
+        assert pace.heed

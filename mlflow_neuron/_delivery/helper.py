@@ -35,6 +35,7 @@ from .report import redact
 NICE = 10  # training wins a shared core; the training process drains too while it waits at close
 STOP_GRACE_S = 1.0  # after its input ends, the entry in hand gets this long; then the process exits
 POLL_S = 0.05  # how often it looks for new entries of other processes (a stat of the outbox folder)
+STARVED_S = 0.02  # a pass that waited this long for a CPU (busy cores, at nice 10): nudges are not heeded
 
 
 class Channel:
@@ -67,15 +68,44 @@ class ChannelReporter:
         self.channel.send(type="problem", kind=kind, message=redact(message), error=detail)
 
 
-def _watch_input(stop: threading.Event, wake: threading.Event) -> None:
-    """Wakes the drain at each byte on stdin (the training process queued a cycle); stops at EOF
-    (training closed it or died) or when the parent is gone (a forked child of training may still
-    hold the pipe); then the process exits after a short grace."""
+class Pace:
+    """Whether the helper heeds a nudge: not after a pass in which its drain waited more than
+    `STARVED_S` for a CPU (the kernel's run delay: busy cores, and the helper at nice 10). A starved
+    helper that took the cycle just queued would hold it at a tenth of a core while the training
+    process, about to wait at its stop with a core's priority, waits for it (close() took 1 s
+    instead of 0.5 s beside two hogs); it looks at its next poll instead, and the training process
+    takes the cycle. Where the kernel does not say (no `/proc/thread-self/schedstat`), always."""
+
+    def __init__(self) -> None:
+        self.heed = True
+        self._delay_ns = run_delay_ns()
+
+    def after_pass(self) -> None:
+        """Called on the drain's thread after each pass."""
+        now = run_delay_ns()
+        self.heed = now is None or self._delay_ns is None or now - self._delay_ns < STARVED_S * 1e9
+        self._delay_ns = now
+
+
+def run_delay_ns() -> int | None:
+    """How long the calling thread has waited on a run queue for a CPU, in all; None if unknown."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as stats:
+            return int(stats.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _watch_input(stop: threading.Event, wake: threading.Event, pace: Pace) -> None:
+    """Wakes the drain at each byte on stdin (the training process queued a cycle) unless it is
+    starved (`Pace`); stops at EOF (training closed it or died) or when the parent is gone (a forked
+    child of training may still hold the pipe); then the process exits after a short grace."""
     parent = os.getppid()
 
     def read() -> None:
         while os.read(0, 4096):
-            wake.set()
+            if pace.heed:
+                wake.set()
         stop.set()
         wake.set()
 
@@ -114,8 +144,9 @@ def _open_stores(credentials: dict[str, str], sending: threading.Event) -> None:
         sending.set()
 
 
-def _say_settled(channel: Channel, settled: tuple[str, ...], done) -> None:
+def _after_pass(channel: Channel, pace: Pace, settled: tuple[str, ...], done) -> None:
     """A pass that settled entries says so: a close() waiting on them looks now, not at its next poll."""
+    pace.after_pass()
     if any(o.state in settled for o in done.outcomes):
         channel.send(type="settled")
 
@@ -138,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     entries.mark_holder(held)
     settings = json.loads(sys.stdin.buffer.readline() or b"{}")
-    stop, wake = threading.Event(), threading.Event()
-    _watch_input(stop, wake)
+    stop, wake, pace = threading.Event(), threading.Event(), Pace()
+    _watch_input(stop, wake, pace)
     try:
         os.nice(NICE)
     except (AttributeError, OSError):
@@ -158,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                   retries=settings.get("retries", 2), retry_wait_s=settings.get("retry_wait_s", 0.5), sending=sending,
                   progress=lambda line: channel.send(type="progress", line=redact(line)))  # fmt: skip
     channel.send(type="ready", pid=os.getpid(), parser=PARSER)
-    drain.follow(stop, wake, POLL_S, partial(_say_settled, channel, SETTLED))
+    drain.follow(stop, wake, POLL_S, partial(_after_pass, channel, pace, SETTLED))
     # Nothing in hand and nothing to tidy (every write was synchronous, every lock goes with the
     # process): the interpreter's teardown of MLflow and pandas (about half a second) is time the
     # training process's close() would wait for.
