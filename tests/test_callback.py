@@ -198,6 +198,10 @@ def test_a_second_profiler_with_other_settings_keeps_the_first_params(tracking_u
         ({"top_k": "50"}, "top_k must be an int >= 0"),
         ({"max_file_bytes": -5}, "max_file_bytes must be an int >= 0"),
         ({"profile_output_dir": 3}, "profile_output_dir must be a path"),
+        ({"flush_timeout_s": -1}, "flush_timeout_s must be a number of seconds >= 0"),
+        ({"flush_timeout_s": "10"}, "flush_timeout_s must be a number of seconds >= 0"),
+        ({"flush_timeout_s": float("nan")}, "flush_timeout_s must be a number of seconds >= 0"),
+        ({"retry_wait_s": -0.5}, "retry_wait_s must be a number of seconds >= 0"),
     ],
 )
 def test_bad_settings_are_rejected_when_constructed(kwargs, message, tracking_uri):

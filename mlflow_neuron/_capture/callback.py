@@ -133,7 +133,8 @@ class MLflowProfilerCallback:
         peaks: str | os.PathLike | dict | None = None,
         deliver_after_exit: bool | None = None,
     ) -> None:
-        _validate(handlers, process, profile_output_dir, timeline_max_spans, deliver_after_exit, top_k=top_k,
+        _validate(handlers, process, profile_output_dir, timeline_max_spans, deliver_after_exit,
+                  {"flush_timeout_s": flush_timeout_s, "retry_wait_s": retry_wait_s}, top_k=top_k,
                   max_file_bytes=max_file_bytes, max_pending=max_pending, retries=retries)  # fmt: skip
         self.handlers = handlers
         self.flush_timeout_s = flush_timeout_s
@@ -291,8 +292,8 @@ def _close_at_exit(ref: weakref.ref) -> None:
 
 
 def _validate(handlers: tuple, process: str, profile_output_dir: Any, timeline_max_spans: Any, after_exit: Any,
-              **counts: Any) -> None:  # fmt: skip
-    """Bad settings are refused at construction, with what is allowed."""
+              seconds: dict[str, Any], **counts: Any) -> None:  # fmt: skip
+    """Bad settings are refused at construction, with what is allowed: not at the loop's end."""
     if after_exit is not None and not isinstance(after_exit, bool):
         raise TypeError(f"deliver_after_exit must be True, False or None; got {after_exit!r}")
     for handler in handlers:
@@ -310,6 +311,9 @@ def _validate(handlers: tuple, process: str, profile_output_dir: Any, timeline_m
         raise TypeError(f"profile_output_dir must be a path or None; got {profile_output_dir!r}")
     if os.environ.get(PEAKS_ENV, "").strip():
         load_peak(os.environ[PEAKS_ENV].strip())  # a ValueError that says what the file lacks
+    for name, value in seconds.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:  # NaN is not >= 0
+            raise ValueError(f"{name} must be a number of seconds >= 0; got {value!r}")
     for name, value in counts.items():
         if name == "max_file_bytes" and value is None:
             continue
