@@ -576,3 +576,27 @@ def test_a_helper_starved_of_cpu_does_not_jump_on_the_cycle_just_queued():
         pace = helper.Pace()
         pace.after_pass()
         assert pace.heed
+
+
+DEAD_HELPER_NUDGED = """
+import signal, sys, time
+from pathlib import Path
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as scripts piped into `head` do
+from mlflow_neuron._delivery.helper_process import HelperLauncher
+from mlflow_neuron._delivery.report import Reporter
+launcher = HelperLauncher(Path(sys.argv[1]), {}, Reporter(), command=(sys.executable, "-c", "pass"))
+launcher.ensure()
+launcher.proc.wait()
+time.sleep(0.2)  # its pipe's read end is closed now
+for _ in range(3):
+    launcher.nudge()
+print("alive")
+"""
+
+
+def test_a_nudge_to_a_helper_that_has_exited_never_ends_training_even_with_sigpipe_restored(tmp_path):
+    """A write into the pipe of a helper that has exited raises SIGPIPE; a script that restored its
+    default action (it ends the process) was killed by the first nudge after its helper died."""
+    done = subprocess.run([sys.executable, "-c", DEAD_HELPER_NUDGED, str(tmp_path / "outbox")], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert (done.returncode, done.stdout.strip()) == (0, "alive"), done.stderr[-2000:]

@@ -14,6 +14,7 @@ import builtins
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -93,7 +94,7 @@ class HelperLauncher:
         proc = self.proc
         if proc is not None and not self._stopping:
             with contextlib.suppress(OSError, ValueError):  # BlockingIOError, BrokenPipeError; a closed pipe
-                os.write(proc.stdin.fileno(), b"\n")
+                write_input(proc.stdin.fileno(), b"\n")
 
     def release(self) -> None:
         """Closes its input without waiting: it stops after the entry in hand (its callback is gone)."""
@@ -124,8 +125,7 @@ class HelperLauncher:
                                 stderr=subprocess.DEVNULL, env=env, close_fds=True)  # fmt: skip
         self.proc, self.ready = proc, threading.Event()
         try:
-            proc.stdin.write((json.dumps(self.settings) + "\n").encode())
-            proc.stdin.flush()
+            write_input(proc.stdin.fileno(), (json.dumps(self.settings) + "\n").encode())
             os.set_blocking(proc.stdin.fileno(), False)  # `nudge` never waits on it
         except OSError:
             pass  # it exited already (another consumer holds the outbox): the reader sees it
@@ -166,6 +166,23 @@ class HelperLauncher:
             self.reporter.problem(message.get("kind", "helper"), message.get("message", ""), error)
         except BaseException as raised:  # noqa: BLE001 - strict mode: raised on the training thread
             self._errors.append(raised)
+
+
+def write_input(fd: int, data: bytes) -> None:
+    """Writes to the helper's input; OSError (BrokenPipeError) for a helper that has exited, never
+    the end of training. Such a write also raises SIGPIPE, whose default action ends the process,
+    and a script may have restored it (`signal.signal(SIGPIPE, SIG_DFL)`, as tools piped into
+    `head` do): the signal is held for this thread while it writes, and one it raised is taken."""
+    held = hasattr(signal, "pthread_sigmask") and hasattr(signal, "sigtimedwait")
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE}) if held else None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        if held:
+            signal.sigtimedwait({signal.SIGPIPE}, 0)  # the one this write raised, if any
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def remote_error(type_name: str, text: str) -> BaseException:
