@@ -71,7 +71,7 @@ class ChannelReporter:
 class Pace:
     """Whether the helper heeds a nudge: not after a pass in which its drain waited more than
     `STARVED_S` for a CPU (the kernel's run delay: busy cores, and the helper at nice 10). A starved
-    helper that took the cycle just queued would hold it at a tenth of a core while the training
+    helper that took the cycle just queued would hold it, starved, while the training
     process, about to wait at its stop with a core's priority, waits for it (close() took 1 s
     instead of 0.5 s beside two hogs); it looks at its next poll instead, and the training process
     takes the cycle. Where the kernel does not say (no `/proc/thread-self/schedstat`), always."""
