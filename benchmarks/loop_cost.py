@@ -5,11 +5,16 @@
 
 Each schedule is OPS:STEPS:PERIOD: a step is `x.add_(y)` OPS times, profiled with one cycle every
 PERIOD steps (schedule(wait=PERIOD-2, warmup=1, active=1)). The callback is used with a user's
-defaults (the helper process, `flush_timeout_s=10`), created just before the loop, into a run the
-user started, on a local sqlite store. Its time ends when `close()` has returned and every cycle is
+defaults (the helper process, `flush_timeout_s=10`), created just before the loop (`--lead S`: S
+seconds before it, the time counted from the profile's start), into a run the user started, on a
+local sqlite store. Its time ends when `close()` has returned and every cycle is
 readable in the store; a cycle still in the outbox then (not delivered within the budget) is
 counted in "kept", and the figure is not a time to data. Medians of `--repeats` in one run, and
-their ratio; with `--hogs 2`, two busy Python processes run beside it all.
+their ratio; with `--hogs 2`, two busy Python processes run beside it all. Beside each, how many
+cycles were not yet delivered when the loop's last step was done (the profile's stop then waits
+for them), and the helper's start-up: a fresh interpreter doing what the helper does before it can
+send (its imports, MLflow's, the store opened); a loop shorter than that leaves every cycle to the
+stop.
 
 Then, with the helper warm and training idle between cycles, how long a cycle takes from its
 queueing until it is readable, and `close()` after the last one: as the training process tells the
@@ -19,7 +24,8 @@ Last, the consumer's CPU per cycle: the outbox's drain (the helper's code) run i
 `--cpu-cycles` queued 3,000-op cycles, after one cycle that opens the store, split as the helper
 splits it (preparing every cycle first, as while it imports MLflow, then sending); and the same after
 `--earlier` cycles of the run (each a step with 10 `record_function` regions, put into the run's
-state in the outbox): a run's summary covers every cycle before it, so a long run's cycles cost more.
+state in the outbox): a run's summary covers every cycle before it, so a long run's cycles cost more;
+and, side by side, with `log_timeline=False`, what the cycle's MLflow trace costs.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from mlflow_neuron import MLflowProfilerCallback  # noqa: E402
 from mlflow_neuron._delivery import entries  # noqa: E402
 
 
-def loop(ops: int, steps: int, period: int, handler) -> None:
+def loop(ops: int, steps: int, period: int, handler, at_end=lambda: None) -> None:
     x, y = torch.zeros(64), torch.ones(64)
     with profile(activities=[ProfilerActivity.CPU], on_trace_ready=handler,
                  schedule=schedule(wait=period - 2, warmup=1, active=1, repeat=0)) as prof:  # fmt: skip
@@ -54,6 +60,7 @@ def loop(ops: int, steps: int, period: int, handler) -> None:
             for _ in range(ops):
                 x.add_(y)
             prof.step()
+        at_end()  # the last step is done; the profile's stop (and the callback's flush) is next
 
 
 def with_tensorboard(work: Path, ops: int, steps: int, period: int) -> float:
@@ -62,31 +69,58 @@ def with_tensorboard(work: Path, ops: int, steps: int, period: int) -> float:
     return time.perf_counter() - start
 
 
-def with_callback(work: Path, ops: int, steps: int, period: int) -> tuple[float, int]:
-    """(seconds until every cycle was readable, cycles kept in the outbox)."""
+def with_callback(work: Path, ops: int, steps: int, period: int, lead_s: float = 0.0) -> tuple[float, int, int]:
+    """(seconds until every cycle was readable, cycles kept in the outbox, cycles not yet delivered
+    when the loop's last step was done). `lead_s`: the callback is made this long before the
+    profile starts (a script that loads its model meanwhile), and the time counts from the start."""
     uri = f"sqlite:///{work / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
     run_id = client.create_run("0").info.run_id  # the user's run, made before the profile
     start = time.perf_counter()
     callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=work / "outbox")
-    loop(ops, steps, period, callback)
+    if lead_s:
+        time.sleep(lead_s)
+        start = time.perf_counter()
+    left = []
+    loop(ops, steps, period, callback, lambda: left.append(len(entries.listed(work / "outbox"))))
     callback.close()
     took = time.perf_counter() - start
     cycles = steps // period
     logged = len(client.get_metric_history(run_id, "profiler/total/self_cpu_time_us"))
-    return took, cycles - logged
+    return took, cycles - logged, left[0]
 
 
-def consumer_cpu_per_cycle(work: Path, cycles: int, earlier: int = 0) -> tuple[float, float]:
+STARTUP = """
+import os, sys, threading
+os.nice(10)
+from mlflow_neuron._delivery import helper
+from mlflow_neuron._delivery.drain import Drain
+helper._open_stores({sys.argv[1]: sys.argv[1]}, threading.Event())
+os._exit(0)
+"""
+
+
+def helper_startup(work: Path) -> float:
+    """Seconds a fresh interpreter takes to do what the helper does before it can send a cycle: its
+    imports at nice 10, then MLflow's, and the store opened (a store the user's run already made)."""
+    uri = f"sqlite:///{work / 'startup.db'}"
+    mlflow.MlflowClient(uri).create_run("0")
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", STARTUP, uri], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def consumer_cpu_per_cycle(work: Path, cycles: int, earlier: int = 0, **options) -> tuple[float, float]:
     """CPU seconds per 3,000-op cycle of the drain, over `cycles` queued cycles (the store opened
-    first), after `earlier` cycles of the run: (preparing them, then sending them)."""
+    first), after `earlier` cycles of the run: (preparing them, then sending them). `options`: the
+    callback's."""
     from mlflow_neuron._delivery.drain import Drain
     from mlflow_neuron._delivery.report import Reporter
 
     uri = f"sqlite:///{work / 'cpu.db'}"
     run_id = mlflow.MlflowClient(uri).create_run("0").info.run_id
     callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=work / "cpu-outbox", process="inline",
-                                      flush_timeout_s=0.0)  # fmt: skip
+                                      flush_timeout_s=0.0, **options)  # fmt: skip
     callback._producer._kick = lambda *args: None  # queue only: nothing is drained here
     loop(3000, 7 * (cycles + 1), 7, callback)
     callback._producer._stop.set()
@@ -169,6 +203,8 @@ def main() -> int:
     options.add_argument("--hogs", type=int, default=0, help="busy Python processes beside the benchmark")
     options.add_argument("--schedules", default="3000:350:7,30000:70:7,3000:500:50")
     options.add_argument("--cpu-cycles", type=int, default=20)
+    options.add_argument("--lead", type=float, default=0.0, help="seconds between making the callback and the "
+                         "profile's start (default 0: just before it; the time counts from the start either way)")
     options.add_argument("--warm-cycles", type=_count, default=15, help="cycles timed one by one with the helper warm "
                          "(0: none)")
     options.add_argument("--earlier", default="1000", type=_counts, help="also the consumer's CPU after these many "
@@ -179,36 +215,50 @@ def main() -> int:
     try:
         for spec in [s for s in args.schedules.split(",") if s.strip()]:
             ops, steps, period = map(int, spec.split(":"))
-            tb, ours, kept = [], [], []
+            tb, ours, kept, unsent = [], [], [], []
             for _ in range(args.repeats):
                 with tempfile.TemporaryDirectory() as scratch:
                     tb.append(with_tensorboard(Path(scratch), ops, steps, period))
                 with tempfile.TemporaryDirectory() as scratch:
-                    took, left = with_callback(Path(scratch), ops, steps, period)
+                    took, left, at_end = with_callback(Path(scratch), ops, steps, period, args.lead)
                     ours.append(took)
                     kept.append(left)
+                    unsent.append(at_end)
             ratio = statistics.median(ours) / statistics.median(tb)
             rows.append((f"{ops:,} ops x {steps} steps, a cycle every {period}", f"{statistics.median(tb):.2f}",
-                         f"{statistics.median(ours):.2f}", f"{ratio:.2f}x", f"{max(kept)}"))  # fmt: skip
+                         f"{statistics.median(ours):.2f}", f"{ratio:.2f}x",
+                         f"{statistics.median(unsent):.0f} of {steps // period}", f"{max(kept)}"))  # fmt: skip
+        startup = []
+        for _ in range(args.repeats):
+            with tempfile.TemporaryDirectory() as scratch:
+                startup.append(helper_startup(Path(scratch)))
         warm = {True: [], False: []}
         for _ in range(args.repeats if args.warm_cycles else 0):
             for told in warm:  # side by side, alternating
                 with tempfile.TemporaryDirectory() as scratch:
                     warm[told].append(warm_helper(Path(scratch), args.warm_cycles, told))
-        cpu, later = [], {n: [] for n in args.earlier}
+        cpu, untraced, later = [], [], {n: [] for n in args.earlier}
         for _ in range(args.repeats):  # one figure swings by a third on this shared machine: the median
-            for earlier, found in [(0, cpu), *later.items()]:
+            for earlier, found, options in [(0, cpu, {}), (0, untraced, {"log_timeline": False}),
+                                            *((n, f, {}) for n, f in later.items())]:  # fmt: skip
                 with tempfile.TemporaryDirectory() as scratch:
-                    found.append(consumer_cpu_per_cycle(Path(scratch), args.cpu_cycles, earlier))
+                    found.append(consumer_cpu_per_cycle(Path(scratch), args.cpu_cycles, earlier, **options))
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
-    print(f"torch {torch.__version__}, mlflow {mlflow.__version__}, {args.hogs} CPU hog(s), median of {args.repeats}")
-    header = ("schedule", "tensorboard (s)", "mlflow-neuron, data readable (s)", "ratio", "kept (worst repeat)")
+    lead = f", the callback made {args.lead:g} s before the profile" if args.lead else ""
+    print(f"torch {torch.__version__}, mlflow {mlflow.__version__}, {args.hogs} CPU hog(s), "
+          f"median of {args.repeats}{lead}")
+    header = ("schedule", "tensorboard (s)", "mlflow-neuron, data readable (s)", "ratio",
+              "not yet delivered at the last step", "kept (worst repeat)")
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     for row in rows:
         print("| " + " | ".join(row) + " |")
+
+    print(f"\nthe helper's start-up, a fresh interpreter until it can send (its imports at nice 10, MLflow's, the "
+          f"store opened): {statistics.median(startup):.2f} s (median of {len(startup)}: {min(startup):.2f}-"
+          f"{max(startup):.2f}); until then the cycles are prepared, not sent")
 
     def ms(found: list[tuple[float, float]]) -> str:
         total = [a + b for a, b in found]
@@ -225,6 +275,7 @@ def main() -> int:
             print(f"  {what}: {warm_ms(True, k):.0f} ms told (a nudge per cycle, and 'settled' back) vs "
                   f"{warm_ms(False, k):.0f} ms on polls alone: {warm_ms(True, k) / warm_ms(False, k):.2f}x")
     print(f"\nthe consumer's CPU per 3,000-op cycle, over {args.cpu_cycles} cycles: {ms(cpu)}")
+    print(f"  with log_timeline=False (no MLflow trace a cycle): {ms(untraced)}")
     for earlier, found in later.items():
         print(f"  after {earlier:,} cycles of the run (10 regions a step): {ms(found)}")
     return 0
