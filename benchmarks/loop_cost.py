@@ -50,6 +50,7 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 
 from mlflow_neuron import MLflowProfilerCallback  # noqa: E402
 from mlflow_neuron._delivery import entries  # noqa: E402
+from mlflow_neuron.cli.arguments import non_negative_float  # noqa: E402
 
 
 def loop(ops: int, steps: int, period: int, handler, at_end=lambda: None) -> None:
@@ -187,16 +188,6 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def _seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 <= seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0; got {text!r}")
-    return seconds
-
-
 def _counts(text: str) -> list[int]:
     try:
         counts = [int(n) for n in text.split(",") if n.strip()]
@@ -213,7 +204,7 @@ def main() -> int:
     options.add_argument("--hogs", type=int, default=0, help="busy Python processes beside the benchmark")
     options.add_argument("--schedules", default="3000:350:7,30000:70:7,3000:500:50")
     options.add_argument("--cpu-cycles", type=int, default=20)
-    options.add_argument("--lead", type=_seconds, default=0.0, help="seconds between making the callback and the "
+    options.add_argument("--lead", type=non_negative_float, default=0.0, help="seconds between making the callback and the "
                          "profile's start (default 0: just before it; the time counts from the start either way)")
     options.add_argument("--warm-cycles", type=_count, default=15, help="cycles timed one by one with the helper warm "
                          "(0: none)")
