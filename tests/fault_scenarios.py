@@ -8,6 +8,7 @@ present when its step has exactly one point in the metric history and its files 
 from __future__ import annotations
 
 import io
+import json
 import os
 import threading
 import time
@@ -20,7 +21,7 @@ from servers import DelayProxy, MlflowServer
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowProfilerCallback
-from mlflow_neuron._delivery.outbox import fallback_folder
+from mlflow_neuron._delivery.outbox import JOB, RECORD, fallback_folder, pending
 from mlflow_neuron.cli import sync
 
 # A sending attempt must fail in seconds, not in MLflow's default minutes of retries.
@@ -54,15 +55,45 @@ def client_env():
 
 def count_cycles(client: MlflowClient, run_id: str, expected_steps: list[int]) -> tuple[int, int]:
     """(cycles present exactly once with their files, metric points logged more than once)."""
+    present, duplicated = present_steps(client, run_id, expected_steps)
+    return len(present), duplicated
+
+
+def present_steps(client: MlflowClient, run_id: str, expected_steps: list[int]) -> tuple[set[int], int]:
+    """The steps of `expected_steps` whose cycle is in the run once with its files, and the
+    metric points logged more than once."""
     history = [m.step for m in client.get_metric_history(run_id, "profiler/total/active_steps")]
     artifacts = {a.path for a in client.list_artifacts(run_id, "profiler")}
-    present = 0
+    present = set()
     for step in expected_steps:
         files = {a.path for a in client.list_artifacts(run_id, f"profiler/step_{step}")}
         if history.count(step) == 1 and f"profiler/step_{step}" in artifacts and \
                 {f"profiler/step_{step}/ops.json", f"profiler/step_{step}/manifest.json"} <= files:
-            present += 1
+            present.add(step)
     return present, len(history) - len(set(history))
+
+
+def kept_steps(outbox: str | os.PathLike) -> set[int]:
+    """The steps of the cycles queued in an outbox now, read from disk (each entry's record.json,
+    else its job.json), apart from anything a callback counted."""
+    steps = set()
+    for entry in pending(outbox):
+        for name in (RECORD, JOB):
+            if (entry / name).is_file():
+                data = json.loads((entry / name).read_text(encoding="utf-8"))
+                step = data.get("step", data.get("job", {}).get("step") if isinstance(data.get("job"), dict) else None)
+                if step is not None:
+                    steps.add(int(step))
+                break
+    return steps
+
+
+def lost_steps(client: MlflowClient, run_id: str, outbox: str | os.PathLike, produced: list[int]) -> list[int]:
+    """The produced cycles that neither MLflow holds (once, with their files) nor the outbox keeps:
+    counted from both places on their own, never as `produced - present`."""
+    present, _ = present_steps(client, run_id, produced)
+    kept = kept_steps(outbox)
+    return [step for step in produced if step not in present and step not in kept]
 
 
 def _finish(name, server, run_id, callback, steps, expected_steps, outboxes) -> Outcome:

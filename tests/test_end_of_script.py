@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, TESTS
-from fault_scenarios import count_cycles
+from fault_scenarios import count_cycles, kept_steps, lost_steps
 from mlflow.entities import RunStatus
 from mlflow.tracking import MlflowClient
 from servers import HungServer
@@ -100,8 +100,9 @@ def test_a_container_that_ends_with_the_script_has_every_cycle_in_mlflow(tmp_pat
     client = MlflowClient(uri)
     run = script_run(client, "user" if user_run else "script")
     present, duplicated = count_cycles(client, run.info.run_id, expected(cycles))
-    matrix_row(cycles, present, 0, cycles - present, duplicated)
-    assert present == cycles
+    lost = lost_steps(client, run.info.run_id, tmp_path / "outbox", expected(cycles))
+    matrix_row(cycles, present, len(kept_steps(tmp_path / "outbox")), len(lost), duplicated)
+    assert lost == [] and present == cycles
     assert run.info.status == RunStatus.to_string(RunStatus.FINISHED)
     assert _outbox.pending(tmp_path / "outbox") == []
     assert "mlflow-neuron" not in result.stderr.replace("mlflow-neuron: delivering", ""), result.stderr[-2000:]
@@ -115,9 +116,12 @@ def test_a_piped_script_leaves_no_process_of_ours_behind(tmp_path, matrix_row):
     assert helpers, "the helper was not running during the loop"
     for pid in helpers:
         assert not Path(f"/proc/{pid}").exists() or _zombie(pid), f"helper {pid} outlived the script"
-    run = script_run(MlflowClient(uri), "script")
-    present, duplicated = count_cycles(MlflowClient(uri), run.info.run_id, expected(2))
-    matrix_row(2, present, 0, 2 - present, duplicated)
+    client = MlflowClient(uri)
+    run = script_run(client, "script")
+    present, duplicated = count_cycles(client, run.info.run_id, expected(2))
+    lost = lost_steps(client, run.info.run_id, tmp_path / "outbox", expected(2))
+    matrix_row(2, present, len(kept_steps(tmp_path / "outbox")), len(lost), duplicated)
+    assert lost == [], lost  # each cycle in MLflow or kept in the outbox (and named)
 
 
 def _zombie(pid: int) -> bool:
@@ -138,7 +142,7 @@ def test_a_container_behind_a_pipe_on_a_hung_server_names_what_it_kept_and_sync_
     kept = [line for line in result.stderr.splitlines() if "were not sent to" in line]
     assert len(kept) == 1, result.stderr[-3000:]
     assert "3 profiler cycle(s) (steps 4, 8, 12)" in kept[0] and f"mlflow-neuron sync --outbox {outbox}" in kept[0]
-    assert len(_outbox.pending(outbox)) == 3
+    assert len(_outbox.pending(outbox)) == 3 and kept_steps(outbox) == set(expected(3))
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     os.chdir(tmp_path)
     # From this (another) PID namespace: the container's locks went with its processes.
@@ -147,7 +151,9 @@ def test_a_container_behind_a_pipe_on_a_hung_server_names_what_it_kept_and_sync_
     client = MlflowClient(store)
     [run] = client.search_runs(["0"])
     present, duplicated = count_cycles(client, run.info.run_id, expected(3))
-    matrix_row(3, present, 3, 3 - present, duplicated)
+    lost = lost_steps(client, run.info.run_id, outbox, expected(3))
+    matrix_row(3, present, 3, len(lost), duplicated)
+    assert lost == [] and present == 3
     assert run.info.status == RunStatus.to_string(RunStatus.FINISHED)  # its end was queued after its cycles
 
 
@@ -173,13 +179,16 @@ def test_a_script_killed_after_its_loop_leaves_every_cycle_to_sync(tmp_path, dea
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=600)  # fmt: skip
     assert result.returncode == -signal.SIGKILL and "READ 3" in result.stdout, result.stderr[-3000:]
+    assert kept_steps(outbox) == set(expected(3))  # each cycle queued on disk before the kill
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     os.chdir(tmp_path)
     assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", store]) == EXIT_OK
     client = MlflowClient(store)
     [run] = client.search_runs(["0"])
     present, duplicated = count_cycles(client, run.info.run_id, expected(3))
-    matrix_row(3, present, 3, 3 - present, duplicated)
+    lost = lost_steps(client, run.info.run_id, outbox, expected(3))
+    matrix_row(3, present, 3, len(lost), duplicated)
+    assert lost == [] and present == 3
 
 
 RANK = """
@@ -224,8 +233,11 @@ def test_the_ranks_of_a_node_share_one_outbox_and_one_helper_on_a_fresh_store(tm
     assert len({r["holder"] for r in reports}) == 1, reports  # the same consumer process for every rank
     assert [r["delivered"] for r in reports] == [2] * ranks
     client = MlflowClient(uri)
-    counts = [count_cycles(client, script_run(client, f"rank{rank}").info.run_id, expected(2)) for rank in range(ranks)]
-    matrix_row(2 * ranks, sum(p for p, _ in counts), 0, 2 * ranks - sum(p for p, _ in counts), sum(d for _, d in counts))
+    runs = [script_run(client, f"rank{rank}").info.run_id for rank in range(ranks)]
+    counts = [count_cycles(client, run_id, expected(2)) for run_id in runs]
+    lost = [step for run_id in runs for step in lost_steps(client, run_id, outbox, expected(2))]
+    matrix_row(2 * ranks, sum(p for p, _ in counts), len(kept_steps(outbox)), len(lost), sum(d for _, d in counts))
+    assert lost == [] and [p for p, _ in counts] == [2] * ranks  # read from MLflow, not the callbacks' counters
 
 
 HOLD = """
