@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from . import outbox as _outbox
-from .drain import KEPT
+from .drain import KEPT, WAIT_IN_OUTBOX
 from .outbox import human_size
 from .report import logger as _log
 from .report import one_line, redact, rejected_message
@@ -71,6 +71,8 @@ def left(producer) -> None:
     done = producer._last
     why = next(iter(done.unreachable.values()), None) if done is not None else None
     why = why or next((o.why for o in (done.outcomes if done else []) if o.state == KEPT and o.why), None)
+    held = producer.unreachable.held  # the server found dead by the helper, or by an earlier pass
+    why = why or (held[1].split(WAIT_IN_OUTBOX, 1)[0] if held is not None else None)
     why = why or "not delivered before the callback closed"
     ending = ""
     if any(step is None for _, step in unsettled):  # the run's end waits behind them

@@ -368,8 +368,7 @@ class Drain:
             isinstance(error, BaseException) and is_unreachable(error)))  # fmt: skip
         if unreachable:
             why = done.unreachable.setdefault(self.courier.server(run), _unreachable_why(error, self.courier.server(run)))
-            self.reporter.problem("unreachable", f"{why}; the cycles wait in the outbox {self.outbox} and are sent "
-                                  "when it answers")  # fmt: skip
+            self.reporter.problem("unreachable", f"{why}{WAIT_IN_OUTBOX} {self.outbox} and are sent when it answers")
         self._outcome(done, on_outcome, Outcome(entry, KEPT, why, item.delivery if item else None, run,
                                                 unreachable=unreachable))  # fmt: skip
 
@@ -378,6 +377,9 @@ class Drain:
         done.outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)
+
+
+WAIT_IN_OUTBOX = "; the cycles wait in the outbox"  # after the reason, in the "not reachable" warning
 
 
 def _key(run: RunRef) -> str:

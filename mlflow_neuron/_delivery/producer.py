@@ -36,6 +36,41 @@ from .model import RunRef
 from .report import one_line
 
 PROGRESS_AFTER_S = 2.0  # a wait longer than this prints one progress line on stderr
+# A server found dead is said at the end, in the one warning that names what is kept and the
+# `sync` command; a job that goes on profiling this long after is told at its next cycle.
+UNREACHABLE_HOLD_S = 10.0
+
+
+class HeldUnreachable:
+    """The reporter the drains and the helper report through: everything passes, except the first
+    "not reachable", which waits (`release`) so that a script that ends soon after says one warning."""
+
+    KIND = "unreachable"
+
+    def __init__(self, reporter) -> None:
+        self.reporter = reporter
+        self.held: tuple[float, str, BaseException | None] | None = None
+        self._done = False
+
+    def problem(self, kind: str, message: str, error: BaseException | None = None) -> None:
+        if kind == self.KIND and not self._done:
+            if self.held is None:
+                self.held = (time.monotonic(), message, error)
+            return
+        self.reporter.problem(kind, message, error)
+
+    def release(self, *, say: bool) -> None:
+        """Says the held warning (`say`), or drops it (at the end: the closing warning says why, or
+        everything arrived after all); from then on every "not reachable" passes."""
+        held, self.held, self._done = self.held, None, True
+        if say and held is not None:
+            self.reporter.problem(self.KIND, held[1], held[2])
+
+    def due(self) -> bool:
+        return self.held is not None and time.monotonic() - self.held[0] >= UNREACHABLE_HOLD_S
+
+    def __getattr__(self, name: str):  # strict, counts: the reporter's own
+        return getattr(self.reporter, name)
 
 
 class Producer:
@@ -44,6 +79,7 @@ class Producer:
                  command: tuple[str, ...] | None = None) -> None:  # fmt: skip
         self.run = run  # with its credentials: in memory only
         self.reporter = reporter
+        self.unreachable = HeldUnreachable(reporter)  # what the drains and the helper report through
         self.preparer = preparer  # the Preparer's settings, written into each job
         self.background = background
         self.outbox = self._writable(Path(outbox).absolute())
@@ -52,7 +88,7 @@ class Producer:
         self.drains: dict[Path, Drain] = {}  # one per outbox folder this process wrote to
         self.drain = self._drain_for(self.outbox)
         self.helper = HelperLauncher(self.outbox, {"credentials": credentials, "retries": retries,
-                                                   "retry_wait_s": retry_wait_s}, reporter, command) if helper and background else None  # fmt: skip
+                                                   "retry_wait_s": retry_wait_s}, self.unreachable, command) if helper and background else None  # fmt: skip
         self.mine: list[tuple[Path, int | None]] = []  # (entry, step) of this process; step None: the run's end
         self._refusals_said: set[Path] = set()
         self._final: dict[Path, str] = {}  # settled entries: delivered, rejected or damaged
@@ -89,6 +125,8 @@ class Producer:
             self.lose(job.step, "could not be written to the outbox", error)
             return
         self.mine.append((entry, job.step))
+        if self.unreachable.due():  # the job went on profiling: it is told now, not only at its end
+            self.unreachable.release(say=True)
         if memory_source is not None:
             self._drain_for(entry.parent).memory[entry] = memory_source
         with contextlib.suppress(OSError):
@@ -140,7 +178,7 @@ class Producer:
 
     def _drain_for(self, folder: Path) -> Drain:
         if folder not in self.drains:
-            self.drains[folder] = Drain(folder, self.reporter, **self._drain_settings)
+            self.drains[folder] = Drain(folder, self.unreachable, **self._drain_settings)
         return self.drains[folder]
 
     def _after_submit(self) -> None:
@@ -239,7 +277,8 @@ class Producer:
         if self.helper is not None:  # within the budget: one killed mid-delivery leaves its entry whole
             left = STOP_WAIT_S if timeout is None else timeout - (time.monotonic() - started)
             self.helper.stop(min(max(left, 0.1), STOP_WAIT_S))
-        self._say_left()
+        self._say_left()  # names the server found dead, where it was, as the reason: one warning
+        self.unreachable.release(say=False)
         self.say_refused()
         self._learn_run_id()  # before the run's id file goes with the outbox
         if not self._unsettled():
