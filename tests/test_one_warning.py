@@ -11,7 +11,7 @@ from conftest import ROOT, TESTS
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._delivery import producer
+from mlflow_neuron._delivery import closing
 
 SCRIPT = """
 import sys
@@ -40,7 +40,7 @@ def test_a_six_step_script_against_a_dead_server_prints_one_warning_with_the_syn
 
 
 def test_a_job_that_profiles_on_after_the_server_died_is_told_at_its_next_cycle(tmp_path, dead_server, monkeypatch):
-    monkeypatch.setattr(producer, "UNREACHABLE_HOLD_S", 0.0)  # the job has gone on long enough
+    monkeypatch.setattr(closing, "UNREACHABLE_HOLD_S", 0.0)  # the job has gone on long enough
     callback = MLflowProfilerCallback(tracking_uri=dead_server, run_name="long", outbox=tmp_path / "outbox",
                                       retry_wait_s=0.01, background=False)  # fmt: skip
     with warnings.catch_warnings(record=True) as caught:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from mlflow_neuron._delivery.roofline import with_roofline
+from mlflow_neuron._trace.roofline import with_roofline
 from mlflow_neuron._trace import peaks as _peaks
 from mlflow_neuron._trace.chrome import read_chrome_cycle
 from mlflow_neuron._trace.kineto import read_kineto_cycle

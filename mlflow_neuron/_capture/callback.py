@@ -24,7 +24,7 @@ from .._delivery.mlflow_io import RunLogger, current_run_ref
 from .._delivery.outbox import DEFAULT_OUTBOX
 from .._delivery.producer import Producer
 from .._delivery.report import Reporter
-from .._delivery.system_metrics import start_if_enabled
+from .system_metrics import start_if_enabled
 from .._trace.peaks import PEAKS_ENV, load_peak
 from .._trace.profile import CycleProfile
 from .._trace.timeline import DEFAULT_MAX_SPANS

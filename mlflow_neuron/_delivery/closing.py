@@ -1,5 +1,6 @@
 """What the end of a profile says: a progress line while it waits, each refusal once, and one
-warning for what is left, where it is, and the `sync` command that sends it.
+warning for what is left, where it is, and the `sync` command that sends it; a server found dead
+is held for that warning (`HeldUnreachable`).
 
 The functions read a `Producer` (its entries, their states on disk, its run and reporter); they
 are apart from it because they are wording, not delivery.
@@ -8,12 +9,49 @@ are apart from it because they are wording, not delivery.
 from __future__ import annotations
 
 import sys
+import time
 
 from . import outbox as _outbox
-from .drain import KEPT, WAIT_IN_OUTBOX
+from .drain import KEPT
 from .outbox import human_size
+from .report import WAIT_IN_OUTBOX, one_line, redact, rejected_message
 from .report import logger as _log
-from .report import one_line, redact, rejected_message
+
+# A server found dead is said at the end, in the one warning that names what is kept and the
+# `sync` command; a job that goes on profiling this long after is told at its next cycle.
+UNREACHABLE_HOLD_S = 10.0
+
+
+class HeldUnreachable:
+    """The reporter the drains and the helper report through: everything passes, except the first
+    "not reachable", which waits (`release`) so that a script that ends soon after says one warning."""
+
+    KIND = "unreachable"
+
+    def __init__(self, reporter) -> None:
+        self.reporter = reporter
+        self.held: tuple[float, str, BaseException | None] | None = None
+        self._done = False
+
+    def problem(self, kind: str, message: str, error: BaseException | None = None) -> None:
+        if kind == self.KIND and not self._done:
+            if self.held is None:
+                self.held = (time.monotonic(), message, error)
+            return
+        self.reporter.problem(kind, message, error)
+
+    def release(self, *, say: bool) -> None:
+        """Says the held warning (`say`), or drops it (at the end: the closing warning says why, or
+        everything arrived after all); from then on every "not reachable" passes."""
+        held, self.held, self._done = self.held, None, True
+        if say and held is not None:
+            self.reporter.problem(self.KIND, held[1], held[2])
+
+    def due(self) -> bool:
+        return self.held is not None and time.monotonic() - self.held[0] >= UNREACHABLE_HOLD_S
+
+    def __getattr__(self, name: str):  # strict, counts: the reporter's own
+        return getattr(self.reporter, name)
 
 
 def progress(producer, left: float | None) -> bool:

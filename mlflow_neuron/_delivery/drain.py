@@ -32,7 +32,7 @@ from .outbox import sent_files
 from .http_budget import remember_retry_after
 from .job import CycleJob
 from .model import MANIFEST, Delivery, RunRef
-from .report import report_delivery
+from .report import WAIT_IN_OUTBOX, report_delivery
 from .seal import DamagedRecord
 
 BATCH = 16  # prepared entries of one run sent together at most (one log_batch, one artifact pass)
@@ -377,9 +377,6 @@ class Drain:
         done.outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)
-
-
-WAIT_IN_OUTBOX = "; the cycles wait in the outbox"  # after the reason, in the "not reachable" warning
 
 
 def _key(run: RunRef) -> str:

@@ -27,6 +27,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from . import closing, entries
+from .closing import HeldUnreachable
 from . import outbox as _outbox
 from .drain import BUSY, DELIVERED, SETTLED, Drain, Pass
 from .entries import END, FILES, JOB, Held
@@ -36,43 +37,6 @@ from .model import RunRef
 from .report import one_line
 
 PROGRESS_AFTER_S = 2.0  # a wait longer than this prints one progress line on stderr
-# A server found dead is said at the end, in the one warning that names what is kept and the
-# `sync` command; a job that goes on profiling this long after is told at its next cycle.
-UNREACHABLE_HOLD_S = 10.0
-
-
-class HeldUnreachable:
-    """The reporter the drains and the helper report through: everything passes, except the first
-    "not reachable", which waits (`release`) so that a script that ends soon after says one warning."""
-
-    KIND = "unreachable"
-
-    def __init__(self, reporter) -> None:
-        self.reporter = reporter
-        self.held: tuple[float, str, BaseException | None] | None = None
-        self._done = False
-
-    def problem(self, kind: str, message: str, error: BaseException | None = None) -> None:
-        if kind == self.KIND and not self._done:
-            if self.held is None:
-                self.held = (time.monotonic(), message, error)
-            return
-        self.reporter.problem(kind, message, error)
-
-    def release(self, *, say: bool) -> None:
-        """Says the held warning (`say`), or drops it (at the end: the closing warning says why, or
-        everything arrived after all); from then on every "not reachable" passes."""
-        held, self.held, self._done = self.held, None, True
-        if say and held is not None:
-            self.reporter.problem(self.KIND, held[1], held[2])
-
-    def due(self) -> bool:
-        return self.held is not None and time.monotonic() - self.held[0] >= UNREACHABLE_HOLD_S
-
-    def __getattr__(self, name: str):  # strict, counts: the reporter's own
-        return getattr(self.reporter, name)
-
-
 class Producer:
     def __init__(self, run: RunRef, reporter, *, preparer: dict, outbox: str | os.PathLike, helper: bool,
                  background: bool = True, retries: int = 2, retry_wait_s: float = 0.5,

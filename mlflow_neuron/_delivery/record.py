@@ -29,7 +29,7 @@ from .model import (
     STEP_TOTALS_TABLE,
     STEPS_TABLE,
 )
-from .roofline import with_roofline
+from .._trace.roofline import with_roofline
 
 TIME_DECIMALS = 3  # microseconds to the nanosecond
 

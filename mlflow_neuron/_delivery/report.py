@@ -8,6 +8,7 @@ import re
 import warnings
 
 STRICT_ENV = "MLFLOW_NEURON_STRICT"
+WAIT_IN_OUTBOX = "; the cycles wait in the outbox"  # after the reason, in the "not reachable" warning
 
 logger = logging.getLogger("mlflow_neuron")
 

@@ -25,8 +25,8 @@ import math
 
 import pandas as pd
 
-from .._trace.peaks import precision_of
-from .._trace.profile import PRESENT, CycleProfile
+from .peaks import precision_of
+from .profile import PRESENT, CycleProfile
 
 ROOFLINE_COLUMNS = ("bytes", "flops", "achieved_gbps", "achieved_gflops", "bound", "pct_of_peak_bandwidth",
                     "pct_of_peak_flops")  # fmt: skip

@@ -9,7 +9,10 @@ It follows MLflow's conventions: on with `MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING` 
 averaged over `MLFLOW_SYSTEM_METRICS_SAMPLES_BEFORE_LOGGING` samples (1), steps counting from 0,
 `MLFLOW_SYSTEM_METRICS_NODE_ID` as `system/<node>/neuron/...`. Only rank 0 runs it.
 
-It never blocks training: the tool is read by one thread and logged by another. It stops at
+It writes to MLflow directly (`MlflowClient.log_batch` on its own thread), past the outbox, as
+MLflow's own system metrics do: samples are a live view, not a cycle, and one lost while the
+server is down is not kept. It never blocks training: the tool is read by one thread and logged
+by another. It stops at
 `stop()`, when the run ends, or at exit; a tool that fails or is missing costs one warning at most.
 """
 
