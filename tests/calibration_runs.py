@@ -9,7 +9,9 @@ example: per step 3 x aten::mul, aten::mean, aten::add, aten::rsqrt, each given 
 by the fake PrivateUse1 profiler (tests/fake_device), with seeded noise.
 
 Kind `cpu-aa-load` (benchmarks only: it loads the machine) profiles the candidate of a CPU A/A
-pair while `HOGS` processes spin on the CPU beside it.
+pair while `HOGS` processes spin on the CPU beside it. Kind `cpu-rot` profiles a CPU A/A pair in
+rotation (`interleaved`: base, same, base, ...) with `ROTATION_CYCLES` cycles a run, as many as
+the gate needs to act on host time (an interval over cycles, runs that shared their weather).
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ NOISE = {"FAKE_NEURON_JITTER": "0.3", "FAKE_NEURON_STALL_RATE": "0.02", "FAKE_NE
 SCHEDULE = dict(wait=1, warmup=1, active=5, repeat=4)
 STEPS = (SCHEDULE["wait"] + SCHEDULE["warmup"] + SCHEDULE["active"]) * SCHEDULE["repeat"]
 HOGS = 2
+ROTATION_CYCLES = 6  # the gate's family-wise interval over cycles needs 5 a run
 
 
 def kernels(scale: float) -> str:
     return ",".join(f"{op}={round(us * scale)}" for op, us in KERNELS.items())
 
 
-def make_runs(uri: str, pairs: int, cpu_pairs: int, so: str | None, load_pairs: int = 0) -> None:
+def make_runs(uri: str, pairs: int, cpu_pairs: int, so: str | None, load_pairs: int = 0, rotation_pairs: int = 0) -> None:
     """Worker: logs the runs of every pair (one process, so the fake device is activated once)."""
     import mlflow
     import torch
@@ -54,6 +57,8 @@ def make_runs(uri: str, pairs: int, cpu_pairs: int, so: str | None, load_pairs: 
         fake_device.activate(pathlib.Path(so))
         plan += [("aa", i, ("base", 1.0), ("same", 1.0)) for i in range(pairs)]
         plan += [("ab", i, ("base", 1.0), ("slower", 1.3)) for i in range(pairs)]
+    for index in range(rotation_pairs):
+        rotation_pair(f"cpu-rot-{index}")
     for kind, index, *runs in plan:
         mlflow.set_experiment(f"{kind}-{index}")
         for name, scale in runs:
@@ -66,6 +71,22 @@ def make_runs(uri: str, pairs: int, cpu_pairs: int, so: str | None, load_pairs: 
                 with MLflowProfilerCallback(run_id=run.info.run_id, strict=True, background=False) as callback:
                     with garbage_collector_paused():
                         profile_rmsnorm(callback, steps=STEPS, activities=activities, **SCHEDULE)
+
+
+def rotation_pair(experiment: str) -> None:
+    """A CPU A/A pair in rotation: naive RMSNorm twice, as the two variants of one `interleaved()`
+    call, each a child run of the pair's parent."""
+    import mlflow
+    from workloads import inputs, rms_norm_naive
+
+    from mlflow_neuron import interleaved
+
+    x, weight = inputs()
+    mlflow.set_experiment(experiment)
+    with mlflow.start_run(run_name="pair"):
+        interleaved({"base": lambda: rms_norm_naive(x, weight), "same": lambda: rms_norm_naive(x, weight)},
+                    cycles=ROTATION_CYCLES, wait=SCHEDULE["wait"], warmup=SCHEDULE["warmup"], active=SCHEDULE["active"],
+                    device="cpu", strict=True, background=False)  # fmt: skip
 
 
 @contextmanager
@@ -105,12 +126,12 @@ def total_verdict(report: str) -> str:
 
 
 def log_pairs(work: pathlib.Path, so: str | None, pairs: int, cpu_pairs: int, seed: int = 2026,
-              load_pairs: int = 0) -> str:  # fmt: skip
+              load_pairs: int = 0, rotation_pairs: int = 0) -> str:  # fmt: skip
     """Logs every pair's runs into a sqlite store under `work` (in one subprocess, where the fake
     device is activated once); returns the store's URI."""
     uri = f"sqlite:///{work / 'mlflow.db'}"
     code = (f"import calibration_runs; calibration_runs.make_runs({uri!r}, {pairs}, {cpu_pairs}, "
-            f"{so if so is None else repr(so)}, {load_pairs})")  # fmt: skip
+            f"{so if so is None else repr(so)}, {load_pairs}, {rotation_pairs})")  # fmt: skip
     run_worker(work, code, seed)
     return uri
 
