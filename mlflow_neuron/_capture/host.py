@@ -164,13 +164,15 @@ class HostSampler:
 
     def _reach_back(self, start: _Sample, since: float) -> _Sample:
         """The latest kept sample at or before `since` that no earlier window's end follows (a
-        compile in the window before must not be this window's weather), else the earliest such."""
+        compile in the window before must not be this window's weather), else the earliest such;
+        one that lacks the child processes' reading the window has is passed over."""
         found = start
         for sample in _HISTORY.newest_first():
             if sample.wall_s > start.wall_s:
                 continue
-            found = sample
-            if sample.wall_s <= since or sample.ends_window:
+            usable = sample.children is not None or start.children is None
+            found = sample if usable else found
+            if sample.ends_window or (usable and sample.wall_s <= since):
                 break
         return found
 
