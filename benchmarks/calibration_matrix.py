@@ -26,9 +26,10 @@ jitter and stalls). `--rotation` adds A/A pairs profiled in rotation: naive RMSN
 two variants of one `interleaved()` call (base, same, base, ...), under every load but `one`.
 Prints one table: per cell, how often the gate fired on A/A (should be 0 of
 N) and how often it found the +30% (should be N of N), with the A/A pairs' total verdicts.
-`--busy-shares` then judges the same A/A pairs again with each `--host-busy-share` (the share of
-the host's CPUs busy elsewhere beyond which host time is not judged): per share, the alarms and
-how many pairs got a verdict on their host time at all, the price of a lower share. `--store`
+`--busy-shares` then judges the same A/A pairs (with `--rotation`, those in rotation too) again
+with each `--host-busy-share` (the share of the host's CPUs busy elsewhere beyond which host time
+is not judged): per share, the alarms and how many pairs got a verdict on their host time at
+all, the price of a lower share. `--store`
 judges the runs a former matrix logged (its printed store) instead of logging new ones.
 Asserts nothing: its CPU figures follow the machine's load. The hogs make it unfit for a shared
 machine where others are timing things; `--loads quiet --pairs 1` is a smoke run.
@@ -51,7 +52,7 @@ LOADS = ("quiet", "one", "both", "periodic", "workers")
 HOGS_BESIDE = {"quiet": (0, 0), "one": (0, 2), "both": (2, 2), "periodic": (0, 0), "workers": (0, 0)}  # (base, cand)
 LOADER_WORKERS = {"workers": 2}  # busy DataLoader workers of the job, beside each run
 KINDS = {"aa": ("base", 1.0, "same", 1.0), "ab": ("base", 1.0, "slower", 1.3)}  # and "rot": A/A in rotation
-ROTATION_HOGS = {"quiet": 0, "both": 2, "periodic": 0}  # in rotation both runs share the load: no `one`
+ROTATION_HOGS = {"quiet": 0, "both": 2, "periodic": 0, "workers": 0}  # in rotation both runs share the load: no `one`
 
 
 def make_cells(uri: str, so: str | None, plan: list[tuple[str, str, int, int]], gap_s: float = 0.0) -> None:
@@ -103,7 +104,7 @@ def rotation_pair(cycles: int, load: str) -> None:
 
     x, weight = inputs()
     load_beside = PeriodicHogs(2, 3.0) if load == "periodic" else cpu_hogs(ROTATION_HOGS[load])
-    with load_beside, mlflow.start_run(run_name="pair"):
+    with load_beside, busy_loader_workers(LOADER_WORKERS.get(load, 0)), mlflow.start_run(run_name="pair"):
         interleaved({"base": lambda: rms_norm_naive(x, weight), "same": lambda: rms_norm_naive(x, weight)},
                     cycles=cycles, wait=1, warmup=1, active=5, device="cpu", strict=True, background=False)  # fmt: skip
 
@@ -214,16 +215,18 @@ def main() -> int:
     if shares:
         print("\nthe A/A pairs on CPU judged again with --host-busy-share S: gate fired / host time judged "
               "(a verdict other than inconclusive)")  # fmt: skip
-        print("| load | cycles a run | " + " | ".join(f"S = {s:g}" for s in shares) + " |")
-        print("|---|---|" + "---|" * len(shares))
-        for load in loads:
-            for n in cycles:
-                cells = []
-                for share in shares:
-                    fired, verdicts = aa_cell(uri, load, n, args.pairs, share)
-                    judged = sum(v != "inconclusive" for v in verdicts)
-                    cells.append(f"{fired} / {judged}")
-                print(f"| {load} | {n} | " + " | ".join(cells) + " |")
+        print("| pairs | load | cycles a run | " + " | ".join(f"S = {s:g}" for s in shares) + " |")
+        print("|---|---|---|" + "---|" * len(shares))
+        for kind in ("aa", "rot") if rotation else ("aa",):
+            for load in [load for load in loads if kind == "aa" or load in ROTATION_HOGS]:
+                for n in cycles:
+                    cells = []
+                    for share in shares:
+                        fired, verdicts = aa_cell(uri, load, n, args.pairs, share, kind)
+                        judged = sum(v != "inconclusive" for v in verdicts)
+                        cells.append(f"{fired} / {judged}")
+                    pairs = "A/A in rotation" if kind == "rot" else "A/A"
+                    print(f"| {pairs} | {load} | {n} | " + " | ".join(cells) + " |")
     return 0
 
 
