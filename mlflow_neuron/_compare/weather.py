@@ -77,7 +77,8 @@ def run_host(per_cycle: pd.DataFrame) -> dict[str, float]:
         host[name] = min(max(cores, 0.0), host.get("cpu_count", cores))
     if REACH_BACK_S in known and known[REACH_BACK_S].notna().any():
         host[REACH_BACK_S] = float(known[REACH_BACK_S].max())
-        host[WINDOW_S] = float(known[WINDOW_S].median()) if WINDOW_S in known else math.nan
+        if WINDOW_S in known and known[WINDOW_S].notna().any():
+            host[WINDOW_S] = float(known[WINDOW_S].median())
     return host
 
 
@@ -139,13 +140,14 @@ def host_note(hosts: dict[str, dict[str, float]]) -> str | None:
 def _reached_back(hosts) -> str:
     """`the host's load read with up to 1.3 s before each window of 8 ms, ...` where a run's
     figures reach back before its windows' starts, else ""."""
-    reached = [host for host in hosts if host.get(REACH_BACK_S, 0.0) > 0]
+    reached = [host for host in hosts if host.get(REACH_BACK_S, 0.0) >= 0.001]  # logged in ms
     if not reached:
         return ""
     furthest = max(host[REACH_BACK_S] for host in reached)
     shortest = min((h[WINDOW_S] for h in reached if math.isfinite(h.get(WINDOW_S, math.nan))), default=math.nan)
     windows = f" of {shortest * 1000:.0f} ms" if math.isfinite(shortest) else ""
-    return f"the host's load read with up to {furthest:.1f} s before each window{windows}: its counters tick every 10 ms"  # fmt: skip
+    back = f"{furthest:.1f} s" if furthest >= 0.95 else f"{furthest * 1000:.0f} ms"
+    return f"the host's load read with up to {back} before each window{windows}: its counters tick every 10 ms"
 
 
 def _cores(value: float) -> str:
