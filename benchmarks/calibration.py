@@ -35,6 +35,8 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import calibration_runs  # noqa: E402
+
 NAMES = {"aa": "A/A fake device, ±30% jitter, 2% stalls", "ab": "A/B fake device, kernels +30%, same noise",
          "cpu-aa": "A/A CPU, naive RMSNorm (host time)",
          "cpu-aa-load": "A/A CPU, two CPU hogs beside the candidate only"}  # fmt: skip
@@ -93,14 +95,15 @@ def example_under_periodic_load(work: pathlib.Path, runs: int, period_s: float =
 
 
 class PeriodicHogs:
-    """`count` CPU hogs, alternately running and stopped (SIGSTOP) every `period_s` seconds."""
+    """`count` CPU hogs outside this process's tree (another user's work, not the job's), alternately
+    running and stopped (SIGSTOP) every `period_s` seconds."""
 
     def __init__(self, count: int, period_s: float) -> None:
         self.count, self.period_s = count, period_s
         self.stop = threading.Event()
 
     def __enter__(self):
-        self.hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.count)]
+        self.hogs = [calibration_runs.unrelated_process(calibration_runs.SPIN) for _ in range(self.count)]
         self.thread = threading.Thread(target=self._toggle, daemon=True)
         self.thread.start()
         return self
@@ -116,8 +119,7 @@ class PeriodicHogs:
         self.stop.set()
         self.thread.join()
         for hog in self.hogs:
-            hog.kill()
-            hog.wait()
+            calibration_runs.end_unrelated(hog)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The gate's calibration matrix (issue 36): A/A pairs on CPU and A/B pairs on the fake device,
 under each load pattern, with 1, 2, 3 and 4 cycles a run.
 
-    python benchmarks/calibration_matrix.py [--pairs 20] [--loads quiet,one,both,periodic] [--cycles 1,2,3,4]
+    python benchmarks/calibration_matrix.py [--pairs 20] [--loads quiet,one,both,periodic,workers] [--cycles 1,2,3,4]
                                             [--gap-s 0] [--rotation] [--busy-shares 0.1,0.25,0.5,1]
                                             [--store sqlite:///...]
 
@@ -15,7 +15,10 @@ experiment, judged as a CI job would: `mlflow-neuron compare --experiment E --ba
 - `quiet`: nothing added;
 - `one`: two CPU hogs beside the candidate run only;
 - `both`: two CPU hogs beside each run;
-- `periodic`: two CPU hogs, 3 s on and 3 s off, for the whole of each pair.
+- `periodic`: two CPU hogs, 3 s on and 3 s off, for the whole of each pair;
+- `workers`: no hogs, but the job's own input pipeline: a DataLoader with 2 worker processes,
+  each kept busy (20 ms of Python a batch, taken as they come by a thread of the job) beside each
+  run. They are the job's child processes, so the host is quiet and host time is judged.
 
 A/A on CPU is naive RMSNorm twice (host time); A/B is the same loop on the fake PrivateUse1
 device whose kernels are 30% longer in the candidate (device time, with the fake device's seeded
@@ -23,9 +26,10 @@ jitter and stalls). `--rotation` adds A/A pairs profiled in rotation: naive RMSN
 two variants of one `interleaved()` call (base, same, base, ...), under every load but `one`.
 Prints one table: per cell, how often the gate fired on A/A (should be 0 of
 N) and how often it found the +30% (should be N of N), with the A/A pairs' total verdicts.
-`--busy-shares` then judges the same A/A pairs again with each `--host-busy-share` (the share of
-the host's CPUs busy elsewhere beyond which host time is not judged): per share, the alarms and
-how many pairs got a verdict on their host time at all, the price of a lower share. `--store`
+`--busy-shares` then judges the same A/A pairs (with `--rotation`, those in rotation too) again
+with each `--host-busy-share` (the share of the host's CPUs busy elsewhere beyond which host time
+is not judged): per share, the alarms and how many pairs got a verdict on their host time at
+all, the price of a lower share. `--store`
 judges the runs a former matrix logged (its printed store) instead of logging new ones.
 Asserts nothing: its CPU figures follow the machine's load. The hogs make it unfit for a shared
 machine where others are timing things; `--loads quiet --pairs 1` is a smoke run.
@@ -39,15 +43,16 @@ import pathlib
 import sys
 import tempfile
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT.parent), str(ROOT.parent / "tests"), str(ROOT)]
 
-LOADS = ("quiet", "one", "both", "periodic")
-HOGS_BESIDE = {"quiet": (0, 0), "one": (0, 2), "both": (2, 2), "periodic": (0, 0)}  # (base, candidate)
+LOADS = ("quiet", "one", "both", "periodic", "workers")
+HOGS_BESIDE = {"quiet": (0, 0), "one": (0, 2), "both": (2, 2), "periodic": (0, 0), "workers": (0, 0)}  # (base, cand)
+LOADER_WORKERS = {"workers": 2}  # busy DataLoader workers of the job, beside each run
 KINDS = {"aa": ("base", 1.0, "same", 1.0), "ab": ("base", 1.0, "slower", 1.3)}  # and "rot": A/A in rotation
-ROTATION_HOGS = {"quiet": 0, "both": 2, "periodic": 0}  # in rotation both runs share the load: no `one`
+ROTATION_HOGS = {"quiet": 0, "both": 2, "periodic": 0, "workers": 0}  # in rotation both runs share the load: no `one`
 
 
 def make_cells(uri: str, so: str | None, plan: list[tuple[str, str, int, int]], gap_s: float = 0.0) -> None:
@@ -79,7 +84,8 @@ def make_cells(uri: str, so: str | None, plan: list[tuple[str, str, int, int]], 
         with PeriodicHogs(2, 3.0) if load == "periodic" else nullcontext():
             for (run_name, run_scale), hogs in zip(((base_name, base_scale), (name, scale)), HOGS_BESIDE[load]):
                 os.environ["FAKE_NEURON_KERNELS"] = kernels(run_scale)
-                with mlflow.start_run(run_name=run_name) as run, cpu_hogs(hogs):
+                with mlflow.start_run(run_name=run_name) as run, cpu_hogs(hogs), \
+                        busy_loader_workers(LOADER_WORKERS.get(load, 0)):
                     with MLflowProfilerCallback(run_id=run.info.run_id, strict=True, background=False) as callback:
                         with garbage_collector_paused():
                             profile_rmsnorm(spaced(callback, gap_s), steps=7 * cycles, activities=activities,
@@ -98,9 +104,51 @@ def rotation_pair(cycles: int, load: str) -> None:
 
     x, weight = inputs()
     load_beside = PeriodicHogs(2, 3.0) if load == "periodic" else cpu_hogs(ROTATION_HOGS[load])
-    with load_beside, mlflow.start_run(run_name="pair"):
+    with load_beside, busy_loader_workers(LOADER_WORKERS.get(load, 0)), mlflow.start_run(run_name="pair"):
         interleaved({"base": lambda: rms_norm_naive(x, weight), "same": lambda: rms_norm_naive(x, weight)},
                     cycles=cycles, wait=1, warmup=1, active=5, device="cpu", strict=True, background=False)  # fmt: skip
+
+
+ITEM_S = 0.02  # a batch's work in a busy DataLoader worker: Python arithmetic, as decoding and augmenting are
+
+
+@contextmanager
+def busy_loader_workers(count: int):
+    """`count` DataLoader worker processes of this job, busy while the block runs: an endless
+    dataset whose every item takes `ITEM_S`, and a thread of the job that takes the batches as
+    they come, as a training loop's input pipeline works beside its steps."""
+    if not count:
+        yield
+        return
+    import threading
+
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class SpinningItems(IterableDataset):  # the workers are forked: nothing of it is pickled
+        def __iter__(self):
+            while True:
+                end = time.perf_counter() + ITEM_S
+                while time.perf_counter() < end:
+                    pass
+                yield torch.zeros(4)
+
+    batches = iter(DataLoader(SpinningItems(), batch_size=None, num_workers=count, prefetch_factor=2))
+    stop = threading.Event()
+
+    def take() -> None:
+        while not stop.is_set():
+            next(batches)
+
+    taker = threading.Thread(target=take, name="loader", daemon=True)
+    taker.start()
+    time.sleep(0.5)  # the workers started and busy before the first profiled step
+    try:
+        yield
+    finally:
+        stop.set()
+        taker.join(10)
+        batches._shutdown_workers()  # ends them now, not when the iterator is collected
 
 
 def spaced(callback, gap_s: float):
@@ -167,16 +215,18 @@ def main() -> int:
     if shares:
         print("\nthe A/A pairs on CPU judged again with --host-busy-share S: gate fired / host time judged "
               "(a verdict other than inconclusive)")  # fmt: skip
-        print("| load | cycles a run | " + " | ".join(f"S = {s:g}" for s in shares) + " |")
-        print("|---|---|" + "---|" * len(shares))
-        for load in loads:
-            for n in cycles:
-                cells = []
-                for share in shares:
-                    fired, verdicts = aa_cell(uri, load, n, args.pairs, share)
-                    judged = sum(v != "inconclusive" for v in verdicts)
-                    cells.append(f"{fired} / {judged}")
-                print(f"| {load} | {n} | " + " | ".join(cells) + " |")
+        print("| pairs | load | cycles a run | " + " | ".join(f"S = {s:g}" for s in shares) + " |")
+        print("|---|---|---|" + "---|" * len(shares))
+        for kind in ("aa", "rot") if rotation else ("aa",):
+            for load in [load for load in loads if kind == "aa" or load in ROTATION_HOGS]:
+                for n in cycles:
+                    cells = []
+                    for share in shares:
+                        fired, verdicts = aa_cell(uri, load, n, args.pairs, share, kind)
+                        judged = sum(v != "inconclusive" for v in verdicts)
+                        cells.append(f"{fired} / {judged}")
+                    pairs = "A/A in rotation" if kind == "rot" else "A/A"
+                    print(f"| {pairs} | {load} | {n} | " + " | ".join(cells) + " |")
     return 0
 
 

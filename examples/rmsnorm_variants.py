@@ -9,10 +9,13 @@ One parent run and one child run per variant (`naive`, `fused`, `compiled`) in e
 `rmsnorm-variants`. The parent is named for the device and the time it started, such as
 `rmsnorm-cpu-20250131-142501`, so that reruns are rows of their own in the MLflow UI. The variants
 are profiled in rotation (`mlflow_neuron.interleaved`: naive, fused, compiled, naive, ...), four
-cycles of 5 active steps each, so a change in the machine's load falls on all of them alike. The
-comparison read back from MLflow has 20 samples in 4 cycles per variant: medians, 95% intervals
-(over cycles where the cycles differ), outliers, the host's load while each ran, and a verdict
-per variant, which also lands in the parent run's description.
+cycles of 5 active steps each, so a change in the machine's load falls on all of them alike. Each
+variant runs a few times before the first profiled window (torch.compile's compiles there), so
+every window measures the step, not a compile. The comparison read back from MLflow has 20
+samples in 4 cycles per variant: medians, 95% intervals (over cycles where the cycles differ),
+outliers, the host's load while each ran (the job's own child processes, such as torch.compile's
+workers, count as the job), and a verdict per variant, which also lands in the parent run's
+description.
 
     python examples/rmsnorm_variants.py                       # Neuron, else CUDA, else CPU
     python examples/rmsnorm_variants.py --device cpu --shape 8,4096 --dtype float32
@@ -36,18 +39,25 @@ from collections.abc import Callable
 
 import mlflow
 import pandas as pd
+import psutil
 import torch
 
-from mlflow_neuron import attach_comparison, compare_runs, compile_backend, interleaved, load_timelines, pick_device, render
+from mlflow_neuron import (attach_comparison, compare_runs, compile_backend, interleaved, load_timelines, pick_device,
+                           render, synchronize)
 
 EXPERIMENT = "rmsnorm-variants"
 REGION = "rmsnorm"
 EPS = 1e-6
 # Four cycles of 5 active steps per variant, in rotation: 20 samples in 4 cycles, enough for the
-# comparison to check the cycles against each other. warmup=2 keeps torch.compile's first calls
-# and cache fills out of the samples.
+# comparison to check the cycles against each other. warmup=2 keeps the profiler's own start-up
+# out of the samples.
 WAIT, WARMUP, ACTIVE, CYCLES = 1, 2, 5, 4
 STEPS = (WAIT + WARMUP + ACTIVE) * CYCLES
+# Calls of each variant before the first profiled window: torch.compile compiles at the first
+# (and its compile workers start), the caches fill at the next. A compile inside a window would
+# be that window's host time, and its workers and compilers would run beside the windows after it.
+WARM_UP_CALLS = 3
+QUIET_CHILDREN_S = 30.0  # at most this long, after the warm-up, for the job's child processes to go idle
 
 
 def rms_norm_naive(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -86,6 +96,7 @@ def profile_variants(args: argparse.Namespace, device: str) -> dict[str, str]:
     weight = torch.ones(shape[-1], dtype=dtype).to(device)
     w_in, w_out = (torch.randn(shape[-1], shape[-1], dtype=dtype).div(shape[-1] ** 0.5).to(device) for _ in range(2))
     steps = {name: functools.partial(model_step, fn, x, w_in, weight, w_out) for name, fn in variants(device).items()}
+    warm_up(steps, device)
     # background=False: each cycle goes to MLflow between the profiled windows, so none of this
     # script's own work runs while a step is recorded (its host time would carry it). A training
     # job keeps the default background sender: device time is not affected by it.
@@ -100,6 +111,37 @@ def profile_variants(args: argparse.Namespace, device: str) -> dict[str, str]:
     for name, why in runs.failed.items():
         print(f"variant {name} failed and is left out: {why}")
     return {name: run_id for name, run_id in runs.run_ids.items() if name not in runs.failed}
+
+
+def warm_up(steps: dict[str, Callable], device: str) -> None:
+    """Runs each variant `WARM_UP_CALLS` times, then waits (up to `QUIET_CHILDREN_S`) until the
+    child processes it started are idle: torch.compile's worker pool goes on starting (each worker
+    imports torch) after its compile has returned. They are the job's own processes, and count as
+    the job, not as the host's load, but they would still share the cores with the first windows."""
+    for step in steps.values():
+        for _ in range(WARM_UP_CALLS):
+            step()
+        synchronize(device)
+    this = psutil.Process()
+    deadline = time.monotonic() + QUIET_CHILDREN_S
+    while time.monotonic() < deadline and children_cpu_s(this, 0.5) > 0.05:  # a tenth of a core
+        pass
+
+
+def children_cpu_s(this: "psutil.Process", over_s: float) -> float:
+    """CPU seconds this process's child processes (and theirs) used over the next `over_s` seconds."""
+
+    def used() -> float:
+        total = 0.0
+        for child in this.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                times = child.cpu_times()
+                total += times.user + times.system
+        return total
+
+    before = used()
+    time.sleep(over_s)
+    return max(used() - before, 0.0)
 
 
 # Kineto, the C++ library behind torch.profiler, writes "USDT:<time> <pid>:<tid>

@@ -89,18 +89,46 @@ def rotation_pair(experiment: str) -> None:
                     device="cpu", strict=True, background=False)  # fmt: skip
 
 
+SPIN = "while True: pass"
+
+
+def unrelated_process(code: str) -> "psutil.Process":
+    """`python -c code`, started outside this process's tree (the process that starts it exits at
+    once): the host sample counts its CPU as the host's load, where a child of the profiled process
+    would be the job's own (`_capture.child_processes`). A hog beside a job is another user's work."""
+    import psutil
+
+    starter = (f"import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', {code!r}], "
+               "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True).pid)")  # fmt: skip
+    started = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True, check=True, timeout=120)
+    return psutil.Process(int(started.stdout))
+
+
+def end_unrelated(process: "psutil.Process", timeout_s: float = 10.0) -> None:
+    """Kills it by pid and waits until it is gone or a zombie (its parent now is init, which reaps it)."""
+    import psutil
+
+    try:
+        process.kill()
+        deadline = time.monotonic() + timeout_s
+        while process.is_running() and process.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+            time.sleep(0.01)
+    except psutil.NoSuchProcess:
+        pass
+
+
 @contextmanager
 def cpu_hogs(count: int):
-    """`count` processes that spin on the CPU while the block runs; ended by pid, whatever happens."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    """`count` processes outside this one's tree that spin on the CPU while the block runs; ended by
+    pid, whatever happens."""
+    hogs = [unrelated_process(SPIN) for _ in range(count)]
     try:
         if hogs:
             time.sleep(0.5)  # let them reach the scheduler before the first profiled step
         yield hogs
     finally:
         for hog in hogs:
-            hog.kill()
-            hog.wait()
+            end_unrelated(hog)
 
 
 def gate(uri: str, experiment: str, *extra: str) -> tuple[int, str]:

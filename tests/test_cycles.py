@@ -167,6 +167,52 @@ def test_a_runs_host_figures_are_window_weighted_means_over_its_cycles():
     assert run_host(seconds)["other_cpu_cores"] == pytest.approx(1.0)
 
 
+def test_the_jobs_own_child_processes_are_summed_apart_and_the_reach_back_is_kept():
+    # two windows of 10 ms, each read over the second up to its end; the job's compile workers
+    # used 0.9 s of the 2 s, the rest of the host 0.2 s
+    per_cycle = pd.DataFrame({"other_cpu_cores": [0.0, 0.2], "other_cpu_s": [0.0, 0.2],
+                              "child_processes_cpu_cores": [1.5, 0.3], "child_processes_cpu_s": [0.6, 0.3],
+                              "span_s": [1.0, 1.0], "reach_back_s": [0.99, 0.8], "window_s": [0.01, 0.03],
+                              "cpu_count": [2.0, 2.0]})  # fmt: skip
+    host = run_host(per_cycle)
+    assert host["other_cpu_cores"] == pytest.approx(0.1) and host["child_processes_cpu_cores"] == pytest.approx(0.45)
+    assert host["reach_back_s"] == 0.99 and host["window_s"] == pytest.approx(0.02)
+
+
+JOB_BUSY = {"other_cpu_cores": 0.1, "child_processes_cpu_cores": 0.7, "load_average_1m": 1.0, "cpu_count": 2.0}
+
+
+def test_the_jobs_own_processes_are_the_job_not_the_weather():
+    """A run whose own child processes kept 0.7 cores busy (torch.compile's workers) beside a quiet
+    host is judged, and the host line names the job's share; a run logged before the split, whose
+    0.8 cores elsewhere held the same workers, is judged as it was: the host was busy."""
+    rng = np.random.default_rng(21)
+    base, cand = run_profile("base", rng, 4, host=JOB_BUSY), run_profile("cand", rng, 4, scale=1.6, host=JOB_BUSY)
+    frame = compare([base, cand], metric=CPU_METRIC)
+    assert frame.loc[TOTAL, ("cand", "verdict")] == SLOWER and not inconclusive_runs(frame)
+    from mlflow_neuron._compare.render import text
+
+    assert ("base 0.1 cores busy elsewhere (load 1.0 on 2 CPUs; the job's own processes used 0.7 cores: its child "
+            "processes, such as compile or DataLoader workers, counted as the job)") in text(frame)  # fmt: skip
+    before = {"other_cpu_cores": 0.8, "load_average_1m": 1.0, "cpu_count": 2.0}
+    old = compare([run_profile("base", rng, 4, host=before), run_profile("cand", rng, 4, scale=1.6, host=before)],
+                  metric=CPU_METRIC)  # fmt: skip
+    assert inconclusive_runs(old)["cand"] == ("the host was busy (base 0.8 of 2 CPUs busy elsewhere, cand 0.8 of 2 "
+                                              "CPUs busy elsewhere, over 25%)")  # fmt: skip
+
+
+def test_figures_read_before_their_windows_say_so_in_the_host_line_and_the_verdict():
+    rng = np.random.default_rng(22)
+    reached = {"other_cpu_cores": 1.2, "cpu_count": 2.0, "reach_back_s": 1.3, "window_s": 0.008}
+    frame = compare([run_profile("base", rng, 4, host=reached), run_profile("cand", rng, 4, host=QUIET)],
+                    metric=CPU_METRIC)  # fmt: skip
+    said = "the host's load read with up to 1.3 s before each window of 8 ms: its counters tick every 10 ms"
+    assert inconclusive_runs(frame)["cand"] == f"the host was busy (base 1.2 of 2 CPUs busy elsewhere, over 25%; {said})"
+    from mlflow_neuron._compare.render import text
+
+    assert f"cand 0.1 cores busy elsewhere (load 0.3 on 2 CPUs); {said}" in text(frame)
+
+
 def test_the_cli_exits_4_on_inconclusive_only_when_asked_and_1_still_wins(tracking_uri, monkeypatch, capsys):
     # tracking_uri: the client the command makes opens a store in tmp_path, not ./mlflow.db
     import mlflow_neuron._compare.comparison as loading

@@ -14,6 +14,7 @@ import pandas as pd
 import psutil
 import pytest
 import torch
+from calibration_runs import end_unrelated, unrelated_process
 from conftest import profile_offline, read_json_artifact
 from mlflow.tracking import MlflowClient
 from test_neuron_monitor import install_monitor, stand_in
@@ -45,10 +46,24 @@ def step_totals(client, run_id, step, tmp_path) -> pd.DataFrame:
     return pd.DataFrame(table["data"], columns=table["columns"])
 
 
+SPIN = "import time\nend = time.time() + 60\nwhile time.time() < end: pass"
+
+
 @pytest.fixture
 def hog():
-    """A process that spins one core for at most 60 s; killed at the end of the test."""
-    process = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 60\nwhile time.time() < end: pass"])
+    """A process outside this one's tree that spins one core for at most 60 s (another user's work:
+    a child of this process would be the job's own); killed at the end of the test."""
+    process = unrelated_process(SPIN)
+    try:
+        yield process
+    finally:
+        end_unrelated(process)
+
+
+@pytest.fixture
+def child_hog():
+    """A child of this process that spins one core for at most 60 s; killed at the end of the test."""
+    process = subprocess.Popen([sys.executable, "-c", SPIN])
     try:
         yield psutil.Process(process.pid)
     finally:
@@ -170,31 +185,78 @@ def test_a_cpu_hog_counts_as_other_cores_and_this_process_does_not(tracking_uri,
                 prof.step()
         callback.close()
     values = host_metrics(MlflowClient(), run.info.run_id)
-    window, other = values["system/profile/window_s"][3], values["system/profile/other_cpu_cores"][3]
+    # A window under MIN_SPAN_S is read over a longer span, which holds the window: the bounds are
+    # over the span's unclamped seconds.
+    span, other = values["system/profile/span_s"][3], values["system/profile/other_cpu_s"][3]
     cores = psutil.cpu_count()
-    print(f"window {window:.3f} s, hog {hogged[3]:.3f} s, own {spun[3]:.3f} s, other {other:.3f} cores")
+    print(f"span {span:.3f} s, hog {hogged[3]:.3f} s, own {spun[3]:.3f} s, other {other:.3f} s")
     assert hogged[3] > 0.1  # the hog ran during the window
-    assert other * window >= hogged[3] - TICKS_S
-    assert other * window <= cores * window - spun[3] + TICKS_S
+    assert other >= hogged[3] - TICKS_S
+    assert other <= cores * span - spun[3] + TICKS_S
 
 
-def test_the_helper_process_cpu_time_is_not_counted_as_other(hog):
-    """Two samplers over the same window, one told that the hog is its helper: the difference of
-    their other-cores figures is the hog's CPU time in the window, per second."""
+def test_the_helper_process_cpu_time_is_neither_other_nor_the_child_processes(child_hog):
+    """Samplers over the same window, one told that the hog (a child of this process, as the helper
+    is) is its helper: its CPU time is in neither its other-CPU figure nor its child processes',
+    where a sampler that reads no children counts it as other and one that reads them as a child's."""
+    hog = child_hog
     as_helper = host.HostSampler(None, torch_threads=torch.get_num_threads, helper_pids=lambda: [hog.pid])
-    plain = host.HostSampler(None, torch_threads=torch.get_num_threads)
+    as_child = host.HostSampler(None, torch_threads=torch.get_num_threads)
+    no_children = host.HostSampler(None, torch_threads=torch.get_num_threads)
+    no_children._children = False
     before = cpu_s(hog)
-    as_helper.begin(), plain.begin()
-    time.sleep(0.5)
+    as_helper.begin(), as_child.begin(), no_children.begin()
+    time.sleep(1.2)  # over MIN_SPAN_S: the window's own figures, no earlier sample in them
     inner = cpu_s(hog) - before
-    with_helper, without = as_helper.end(), plain.end()
+    helper, child, plain = as_helper.end(), as_child.end(), no_children.end()
     outer = cpu_s(hog) - before
-    cores, window = psutil.cpu_count(), with_helper["window_s"]
-    difference = (without["other_cpu_cores"] - with_helper["other_cpu_cores"]) * window
-    if with_helper["other_cpu_cores"] > 0 and without["other_cpu_cores"] < cores:  # neither at a clamp
-        assert inner - 2 * TICKS_S <= difference <= outer + 2 * TICKS_S
-    else:
-        assert difference >= 0
+    assert inner > 0.1
+    assert inner - 3 * TICKS_S <= plain["other_cpu_s"] - helper["other_cpu_s"] <= outer + 3 * TICKS_S
+    moved = child["child_processes_cpu_s"] - helper["child_processes_cpu_s"]
+    assert inner - 3 * TICKS_S <= moved <= outer + 3 * TICKS_S
+    assert abs(child["other_cpu_s"] - helper["other_cpu_s"]) <= 3 * TICKS_S
+
+
+def tree_cpu_s(root: psutil.Process) -> float:
+    return sum(cpu_s(p) for p in [root, *root.children(recursive=True)])
+
+
+def test_a_child_process_cpu_is_the_jobs_own_and_an_unrelated_process_cpu_is_the_weather(hog):
+    """A child of this process that spins, through a child of its own (as a compile worker pool
+    does), and an unrelated process that spins, over one window: the tree's CPU is
+    `child_processes_cpu_s` and not `other_cpu_s`, the unrelated one's the other way round.
+    Bounds that hold on a busy machine: each process's CPU time read with psutil just inside the
+    window and just outside it."""
+    job = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+                            f"{SPIN!r}]); exec({SPIN!r})"])  # fmt: skip
+    job_tree, stranger = psutil.Process(job.pid), hog
+    try:
+        deadline = time.monotonic() + 30
+        while len(job_tree.children()) < 1 and time.monotonic() < deadline:  # its own child started
+            time.sleep(0.05)
+        split = host.HostSampler(None, torch_threads=torch.get_num_threads)
+        as_before = host.HostSampler(None, torch_threads=torch.get_num_threads)  # the job's children not read
+        as_before._children = False
+        outer = tree_cpu_s(job_tree), cpu_s(stranger)
+        split.begin(), as_before.begin()
+        inner = tree_cpu_s(job_tree), cpu_s(stranger)
+        time.sleep(2.0)  # over MIN_SPAN_S: the figures are the window's own (long enough on a busy host)
+        inner = [after - before for after, before in zip((tree_cpu_s(job_tree), cpu_s(stranger)), inner)]
+        window, plain = split.end(), as_before.end()
+        outer = [after - before for after, before in zip((tree_cpu_s(job_tree), cpu_s(stranger)), outer)]
+    finally:
+        for process in [*job_tree.children(recursive=True), job_tree]:
+            process.kill()
+        job.wait(10)
+    print(f"window {window}, job tree {inner[0]:.3f}-{outer[0]:.3f} s, stranger {inner[1]:.3f}-{outer[1]:.3f} s")
+    assert window["reach_back_s"] == 0 and min(inner) > 2 * TICKS_S  # both spun in the window
+    assert inner[0] - 2 * TICKS_S <= window["child_processes_cpu_s"] <= outer[0] + 2 * TICKS_S  # not the stranger's
+    assert window["child_processes_cpu_cores"] == pytest.approx(window["child_processes_cpu_s"] / window["span_s"],
+                                                                abs=2 * MS)  # fmt: skip
+    assert window["other_cpu_s"] >= inner[1] - 2 * TICKS_S  # the stranger is the weather
+    assert "child_processes_cpu_s" not in plain
+    # the same window read as before: the job's children were in other_cpu_s, and now are not
+    assert inner[0] - 3 * TICKS_S <= plain["other_cpu_s"] - window["other_cpu_s"] <= outer[0] + 3 * TICKS_S
 
 
 def test_a_cycle_kept_in_the_outbox_and_synced_carries_the_host(sync_store, dead_server, tmp_path):
@@ -252,21 +314,28 @@ def test_with_neuron_monitor_running_the_window_gets_its_mean_utilization(tracki
     assert totals["host_neuron_utilization_percentage"].tolist() == [pytest.approx(42.015)] * 2
 
 
-def test_a_short_window_reads_other_processes_over_the_second_up_to_its_end():
+def test_a_short_window_reads_other_processes_over_the_second_up_to_its_end_never_into_an_earlier_window():
     """The host's counters tick every 10 ms: a window of a few ms reads them over the last
-    MIN_SPAN_S up to its end (as far back as the kept samples go); a window of a second or more
-    over itself."""
+    MIN_SPAN_S up to its end (as far back as the kept samples go), and says how far before its
+    start (`reach_back_s`); never past an earlier window's end, whatever ran in that one (a
+    compile) is not this window's weather. A window of a second or more reads itself."""
     sampler = host.HostSampler(None, torch_threads=torch.get_num_threads)
     time.sleep(0.3)  # before the window: the sampler has kept its sample at construction
     sampler.begin()
     short = sampler.end()
     assert short["window_s"] < 0.05 and short["span_s"] >= 0.3
-    for _ in range(3):  # short windows 0.4 s apart: each reaches back a second, not to construction
-        time.sleep(0.4)
+    assert short["reach_back_s"] == pytest.approx(short["span_s"] - short["window_s"], abs=2 * MS)
+    time.sleep(0.4)
+    for _ in range(3):  # a window's start 0.4 s after the last, which started 0.4 s after the one before
         sampler.begin()
-        short = sampler.end()
-    assert host.MIN_SPAN_S <= short["span_s"] < host.MIN_SPAN_S + 0.45
+        time.sleep(0.4)
+    short = sampler.end()
+    assert host.MIN_SPAN_S <= short["span_s"] < host.MIN_SPAN_S + 0.45  # back to a begin() before its own
+    time.sleep(0.4)
+    sampler.begin()
+    after_a_window = sampler.end()  # 0.4 s after the last window's end: no further
+    assert 0.4 <= after_a_window["span_s"] < 0.45 and after_a_window["reach_back_s"] < 0.45
     sampler.begin()
     time.sleep(host.MIN_SPAN_S + 0.05)
     long = sampler.end()
-    assert long["span_s"] == long["window_s"] >= host.MIN_SPAN_S
+    assert long["span_s"] == long["window_s"] >= host.MIN_SPAN_S and long["reach_back_s"] == 0

@@ -33,8 +33,8 @@ MANIFEST = "manifest.json"  # every file found, where it went, its checksum; NTF
 # `system/profile/<name>` at the cycle's step and as `host_<name>` columns of step_totals.json.
 HOST_METRIC_PREFIX = "system/profile/"
 HOST_COLUMN_PREFIX = "host_"
-HOST_VALUES = ("other_cpu_cores", "other_cpu_s", "span_s", "load_average_1m", "cpu_count", "cpu_frequency_mhz",
-               "torch_threads", "window_s")  # fmt: skip
+HOST_VALUES = ("other_cpu_cores", "other_cpu_s", "child_processes_cpu_cores", "child_processes_cpu_s", "span_s",
+               "reach_back_s", "load_average_1m", "cpu_count", "cpu_frequency_mhz", "torch_threads", "window_s")  # fmt: skip
 NEURON_UTILIZATION = "neuron_utilization_percentage"  # only where neuron-monitor ran during the window
 
 PER_OP_METRICS = ("self_device_time_us", "self_cpu_time_us", "calls")  # profiler/<metric>/<op>
