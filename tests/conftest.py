@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import mlflow
@@ -114,8 +115,10 @@ def profile_offline(dead_server: str, outbox: Path, cycles: int = 3, **kwargs):
 
 @pytest.fixture
 def neuron_double(monkeypatch):
-    """The test double of `torch_neuronx.profiling`, importable as the real one would be."""
+    """The test double of `torch_neuronx.profiling`, importable as the real one would be. NEFFs are
+    copied into sessions (TORCH_NEURONX_NEFF_CACHE_DIR is set) unless a test unsets it."""
     monkeypatch.syspath_prepend(str(DOUBLES))
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(Path(tempfile.gettempdir()) / "neff-cache-stand-in"))
     for name in [m for m in sys.modules if m.startswith("torch_neuronx")]:
         monkeypatch.delitem(sys.modules, name)
     import torch_neuronx.profiling as profiling
