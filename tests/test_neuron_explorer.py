@@ -150,3 +150,30 @@ def test_a_session_without_neffs_warns_once_naming_the_setting(tracking_uri, neu
     [warning] = neuron_warnings(caught, "NEFF")
     assert "neff_cache_dir" in warning and "TORCH_NEURONX_NEFF_CACHE_DIR" in warning
     assert "profile_nc_0_session_0.ntff" in warning  # the empty NTFF of the idle core is not named
+
+
+def test_compare_shows_mbu_hbm_and_dma_bytes_for_a_2_34_run_and_a_future_run_and_the_versions(
+        tracking_uri, strict, neuron_double, tmp_path, monkeypatch, capsys):
+    from mlflow_neuron.cli import main as cli_main
+
+    run_ids = []
+    for name, shape, explorer in (("current", SHAPE_2_34, "stand-in-explorer-a"),
+                                  ("future", FUTURE, "stand-in-explorer-b")):
+        folder = tmp_path / name
+        folder.mkdir()
+        stand_in.install(folder, monkeypatch, models={"n_1": shape}, metadata={**METADATA, "explorer_version": explorer})
+        config = neuron_double.NeuronConfig(profile_output_dir=str(folder / "out"))
+        with mlflow.start_run(run_name=name) as run:
+            profile_rmsnorm(MLflowProfilerCallback(neuron_double.NeuronProfiler(config).export_trace),
+                            experimental_config=config)  # fmt: skip
+        run_ids.append(run.info.run_id)
+    capsys.readouterr()
+    assert cli_main(["compare", "--runs", *run_ids]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split(":", 1)[0].strip(): line for line in out.splitlines() if "each run's only NEFF" in line}
+    print(out)  # shown with pytest -s
+    hbu = lines["each run's only NEFF HBU (MBU before Neuron 2.34)"]
+    assert "current 18.4, future 18.4 [hbm_mbu_estimated_percent]" in hbu
+    assert "current 4,608, future 4,608 [packet_hbm_read_bytes]" in lines["each run's only NEFF HBM read bytes"]
+    assert "current 1,792, future 1,792" in lines["each run's only NEFF DMA bytes"]
+    assert "explorer_version differs: current stand-in-explorer-a, future stand-in-explorer-b" in out
