@@ -79,3 +79,13 @@ def test_differing_neuron_versions_are_named():
     assert version_changes({"a": a, "c": {}}) == ["profile_schema_version differs: a 12.0.1, c ?",
                                                   "explorer_version differs: a x1, c ?"]
     assert version_changes({"a": a, "a2": dict(a)}) == []
+
+
+def test_docs_list_every_field_the_table_compares():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "neuron.md").read_text()
+    names = {f for row in SUMMARY_ROWS.values() for f in row.fields}
+    # The docs table writes read/write pairs as `packet_hbm_*_bytes`.
+    missing = [f for f in names if f"`{f}`" not in docs and f"`{f.replace('read', '*').replace('write', '*')}`" not in docs]
+    assert missing == []
