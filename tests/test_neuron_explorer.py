@@ -56,7 +56,9 @@ def test_a_2_34_cycle_logs_the_summary_and_the_version_tags(tracking_uri, strict
     assert data.metrics["neuron/summary/mfu_max_achievable_estimated_percent"] == pytest.approx(130.0)
     assert {k.removeprefix(VERSION_TAG_PREFIX): v for k, v in data.tags.items()
             if k.startswith(VERSION_TAG_PREFIX)} == METADATA  # fmt: skip
-    assert f"neuron-explorer is processing {session}" in capfd.readouterr().err  # the user learns it runs
+    # the user learns it runs: said by the training process (the helper process has no terminal)
+    assert "neuron-explorer processes each cycle's Neuron capture sessions off the training thread" in \
+        capfd.readouterr().err
 
 
 def test_a_future_summary_without_the_deprecated_fields_and_a_split_table(tracking_uri, strict, neuron_double,
@@ -91,6 +93,16 @@ def test_a_tool_that_behaves_otherwise_is_caught_with_a_clear_message(tmp_path, 
         run_to_parquet(str(tmp_path / "stand-in-bin" / "neuron-explorer"), session, ours, timeout_s,
                        say=lambda line: None)
     assert len(stand_in.calls_of(calls)) == 1
+
+
+def test_the_run_says_when_explorer_starts_and_finishes(tmp_path, monkeypatch):
+    stand_in.install(tmp_path, monkeypatch)
+    session, ours, said = tmp_path / "session", tmp_path / "ours", []
+    session.mkdir(), ours.mkdir()
+    processed = run_to_parquet(str(tmp_path / "stand-in-bin" / "neuron-explorer"), session, ours, 120.0, said.append)
+    assert processed.metadata == METADATA and len(processed.models) == 1
+    assert said[0].startswith(f"mlflow-neuron: neuron-explorer is processing {session} (stopped after 120 s)")
+    assert said[1].startswith("mlflow-neuron: neuron-explorer finished session in ")
 
 
 def test_a_tool_serving_its_ui_is_stopped_and_summary_json_is_used(tracking_uri, neuron_double, tmp_path,

@@ -52,6 +52,18 @@ def say_on_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def announce(tool: str, say=say_on_stderr) -> bool:
+    """Tells the user, once, that Explorer will process the sessions: the process that runs it may
+    have no terminal (the helper process). Returns True (said)."""
+    try:
+        limit = f"up to {explorer_timeout_s():g} s a session"
+    except SummaryError as error:
+        limit = str(error)
+    say(f"mlflow-neuron: {Path(tool).name} processes each cycle's Neuron capture sessions off the training "
+        f"thread ({limit}; {TIMEOUT_ENV}); its summary lands in the run when done")
+    return True
+
+
 def parquet_command(tool: str, session: Path, out_dir: Path) -> list[str]:
     return [tool, "view", "-d", str(session), "--output-format", "parquet", "--output-file", str(out_dir)]
 
