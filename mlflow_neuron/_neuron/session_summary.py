@@ -40,6 +40,7 @@ class SessionsSummary:
 
 
 def summarize_sessions(sessions: tuple[str, ...], tool: str | None, step: int, say=say_on_stderr) -> SessionsSummary:
+    """Every session of cycle `step` summarized (see the module docstring); `tool`: neuron-explorer, or None."""
     found = SessionsSummary()
     for name in sessions:
         session = Path(name)
