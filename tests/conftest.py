@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import mlflow
@@ -15,6 +16,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import fake_device
+
+# As a Neuron user following the docs would: PyTorch profiling (and its test double) copies the
+# NEFFs into the profile folder only with a NEFF cache folder. Subprocesses inherit it.
+os.environ.setdefault("TORCH_NEURONX_NEFF_CACHE_DIR", str(Path(tempfile.gettempdir()) / "neff-cache-stand-in"))
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -114,7 +119,8 @@ def profile_offline(dead_server: str, outbox: Path, cycles: int = 3, **kwargs):
 
 @pytest.fixture
 def neuron_double(monkeypatch):
-    """The test double of `torch_neuronx.profiling`, importable as the real one would be."""
+    """The test double of `torch_neuronx.profiling`, importable as the real one would be. It copies
+    NEFFs into sessions (TORCH_NEURONX_NEFF_CACHE_DIR is set for the suite) unless a test unsets it."""
     monkeypatch.syspath_prepend(str(DOUBLES))
     for name in [m for m in sys.modules if m.startswith("torch_neuronx")]:
         monkeypatch.delitem(sys.modules, name)

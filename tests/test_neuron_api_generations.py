@@ -90,3 +90,22 @@ def test_the_current_api_logs_config_fields_and_uploads_cpu_and_host_memory_file
     assert params["neuron.capture_enabled_for_nc"] == "0,1"
     assert params["neuron.neff_cache_dir"] == str(tmp_path / "neffs")
     assert params["neuron.precache_node_info"] == "True"
+
+
+def test_profiling_setup_passes_a_neff_cache_folder_so_that_neffs_are_copied(neuron_double, tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCH_NEURONX_NEFF_CACHE_DIR")
+    setup = profiling_setup("neuron", tmp_path / "np")
+    assert setup.experimental_config.neff_cache_dir == str(tmp_path / "np_neff_cache")  # beside, not inside
+    assert profiling_setup("neuron", tmp_path / "np", neff_cache_dir=tmp_path / "mine").experimental_config \
+        .neff_cache_dir == str(tmp_path / "mine")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "from_env"))
+    assert profiling_setup("neuron", tmp_path / "np").experimental_config.neff_cache_dir == str(tmp_path / "from_env")
+
+
+def test_with_profiling_setup_a_session_has_its_neff(tracking_uri, strict, neuron_double, tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCH_NEURONX_NEFF_CACHE_DIR")
+    setup = profiling_setup("neuron", tmp_path / "np")
+    with mlflow.start_run():
+        profile_rmsnorm(MLflowProfilerCallback(*setup.handlers), experimental_config=setup.experimental_config)
+    [session] = setup.handlers[0].__self__.sessions
+    assert [p.name for p in session.glob("*.neff")] == ["neff_5eed1e55_vnc_0.neff"]

@@ -139,50 +139,18 @@ def test_settings_of_the_earlier_custom_profiler_config_form_are_read():
     assert neuron_settings(_ExperimentalConfig()) == {}
 
 
-STAND_IN_EXPLORER = """#!/bin/sh
-echo "$@" >> "{calls}"
-echo "INFO loading profile from $3"
-echo "WARNING some cores have empty traces"
-cat <<'JSON'
-{{"n_5eed1e55": {{"total_time": 0.25, "hbm_read_bytes": 4096, "mfu_estimated_percent": 1.5,
-  "event_count": 42, "profile_name": "not a number"}}}}
-JSON
-"""
-
-
-def install_tool(tmp_path, monkeypatch, script):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    tool = bin_dir / "neuron-explorer"
-    tool.write_text(script)
-    tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-
-
-def test_the_neuron_explorer_summary_becomes_metrics(tracking_uri, strict, neuron_double, tmp_path, monkeypatch):
-    calls = tmp_path / "calls.txt"
-    install_tool(tmp_path, monkeypatch, STAND_IN_EXPLORER.format(calls=calls))
-    config = neuron_double.NeuronConfig(profile_output_dir=str(tmp_path / "out"))
+def test_a_system_only_session_is_uploaded_in_explorers_layout_and_named_as_a_session(tracking_uri, strict,
+                                                                                       neuron_double, tmp_path):
+    out = tmp_path / "out"
+    config = neuron_double.NeuronConfig(modes=[neuron_double.ProfileMode.RUNTIME], profile_output_dir=str(out))
     exporter = neuron_double.NeuronProfiler(config)
     with mlflow.start_run() as run:
         profile_rmsnorm(MLflowProfilerCallback(exporter.export_trace), experimental_config=config)
-    metrics = MlflowClient().get_run(run.info.run_id).data.metrics
-    # One model: its keys, and the flat keys. 1.5 > 1, so this summary already reports percent.
-    fields = {"total_time": 0.25, "hbm_read_bytes": 4096, "mfu_estimated_percent": 1.5, "event_count": 42}
-    assert {k: v for k, v in metrics.items() if k.startswith("neuron/summary/")} == {
-        **{f"neuron/summary/{k}": v for k, v in fields.items()},
-        **{f"neuron/summary/n_5eed1e55/{k}": v for k, v in fields.items()},
-    }
-    assert calls.read_text().split() == ["view", "-d", str(exporter.sessions[0]), "--output-format", "summary-json"]
-
-
-def test_a_failing_neuron_explorer_is_reported_once_and_the_cycle_still_logs(tracking_uri, neuron_double, tmp_path,
-                                                                              monkeypatch):
-    install_tool(tmp_path, monkeypatch, "#!/bin/sh\necho 'cannot read NTFF' >&2\nexit 3\n")
-    config = neuron_double.NeuronConfig(profile_output_dir=str(tmp_path / "out"))
-    with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="cannot read NTFF") as caught:
-        callback = MLflowProfilerCallback(neuron_double.NeuronProfiler(config).export_trace)
-        profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2, experimental_config=config)
-    assert sum(issubclass(w.category, MLflowNeuronWarning) for w in caught) == 1
-    metrics = MlflowClient().get_run(run.info.run_id).data.metrics
-    assert "profiler/total/aten_calls" in metrics and not any(k.startswith("neuron/summary") for k in metrics)
+    client = MlflowClient()
+    session = exporter.sessions[0].relative_to(out).as_posix()
+    assert set(neuron_files(artifact_files(client, run.info.run_id), 4)) == {
+        f"{session}/{name}" for name in ("trace.json", "ntrace.pb", "trace_info.pb")}
+    manifest = read_json_artifact(client, run.info.run_id, "profiler/step_4/manifest.json", tmp_path / "dl")
+    assert manifest["neuron_pairs"] == []
+    assert manifest["neuron_sessions"] == [{"artifact_path": f"profiler/step_4/neuron/{session}",
+                                            "view_command": f"neuron-explorer view -d {session}"}]

@@ -17,6 +17,10 @@ from workloads import profile_rmsnorm
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._delivery.record import summary_metrics
 from mlflow_neuron._neuron import summary as ns
+from mlflow_neuron._neuron.processed import read_processed
+
+from doubles import neuron_explorer as stand_in
+from doubles.neuron_explorer import METADATA, SHAPE_2_34, write_tables
 
 PUBLISHED = {
     "tensor_engine_active_time_percent": 0.110,
@@ -70,9 +74,18 @@ def test_a_summary_without_a_model_level_keeps_the_flat_keys():
     assert metrics == {"p/total_time": 0.25, "p/x_percent": 50.0}
 
 
-def test_percentages_above_one_mean_the_tool_already_reports_percent():
-    fields = {"mfu_estimated_percent": 12.5, "dma_active_time_percent": 0.4, "total_time": 2.0}
-    assert ns.on_percent_scale(fields) == fields  # one value above 1: the whole summary is in percent
+def test_an_active_time_above_one_means_the_tool_already_reports_percent():
+    fields = {"mfu_estimated_percent": 12.5, "dma_active_time_percent": 40.0, "total_time": 2.0}
+    assert ns.on_percent_scale(fields) == fields  # busy time above 1: the whole summary is in percent
+
+
+def test_a_ratio_above_one_does_not_flip_the_scale():
+    # mfu_max_achievable_estimated_percent is a ratio that can pass 1 on a fraction scale
+    fields = {"mfu_max_achievable_estimated_percent": 1.3, "tensor_engine_active_time_percent": 0.1675,
+              "mfu_estimated_percent": 0.11}
+    assert ns.on_percent_scale(fields) == pytest.approx({"mfu_max_achievable_estimated_percent": 130.0,
+                                                         "tensor_engine_active_time_percent": 16.75,
+                                                         "mfu_estimated_percent": 11.0})
 
 
 def test_a_pinned_scale_overrides_the_rule_and_a_bad_one_is_refused(monkeypatch):
@@ -106,22 +119,27 @@ SUMMARY_COLUMNS = {  # documented Summary columns (Profile Parquet Schema Refere
 
 
 def write_summary_parquet(folder, columns=SUMMARY_COLUMNS):
-    pa = pytest.importorskip("pyarrow")
-    import pyarrow.parquet as pq
-
-    folder.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({k: [v] for k, v in columns.items()}), folder / ns.SUMMARY_PARQUET)
-    return folder / ns.SUMMARY_PARQUET
+    pytest.importorskip("pyarrow")
+    write_tables(folder, columns, None)
+    return folder / "Summary.parquet"
 
 
 def test_a_summary_parquet_table_gives_the_same_keys_as_the_json(tmp_path):
     write_summary_parquet(tmp_path / "session" / "graph@latest")
-    from_parquet = summary_metrics(ns.parquet_summaries(tmp_path / "session"), "neuron/summary")
+    from_parquet = summary_metrics(read_processed(tmp_path / "session").models, "neuron/summary")
     from_json = summary_metrics(ns.parse_summary_json(json.dumps({"graph@latest": SUMMARY_COLUMNS})),
                                    "neuron/summary")
     assert from_parquet == pytest.approx(from_json)
     assert from_parquet["neuron/summary/mfu_estimated_percent"] == pytest.approx(11.0)
     assert from_parquet["neuron/summary/graph_latest/hbm_read_bytes"] == 4096
+
+
+def test_a_split_table_and_a_metadata_table_are_read(tmp_path):
+    pytest.importorskip("pyarrow")
+    write_tables(tmp_path / "out", SHAPE_2_34, METADATA, split=True)  # Summary_0.parquet
+    processed = read_processed(tmp_path / "out")
+    assert processed.models == {"": pytest.approx({k: float(v) for k, v in SHAPE_2_34.items()})}
+    assert processed.metadata["profile_schema_version"] == "12.0.1"
 
 
 def test_without_pyarrow_the_error_names_the_extra(tmp_path, monkeypatch):
@@ -136,25 +154,15 @@ def test_without_pyarrow_the_error_names_the_extra(tmp_path, monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_pyarrow)
     with pytest.raises(ns.SummaryError, match=r"mlflow-neuron\[parquet\]"):
-        ns.read_summary_parquet(tmp_path / "Summary.parquet")
+        ns.read_parquet_rows([tmp_path / "Summary.parquet"])
 
 
 # -- through the callback, with stand-in tools and the torch_neuronx test double -----------------
 
-def install_explorer(tmp_path, monkeypatch, document, calls):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    tool = bin_dir / "neuron-explorer"
-    tool.write_text(f"#!/bin/sh\necho \"$@\" >> '{calls}'\nprintf '%s' '{LOG_LINES}'\ncat <<'JSON'\n"
-                    f"{json.dumps(document, indent=2)}\nJSON\n")
-    tool.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-
-
-def test_a_two_model_session_is_logged_per_model(tracking_uri, strict, neuron_double, tmp_path, monkeypatch):
-    calls = tmp_path / "calls.txt"
+def test_several_device_profiles_are_logged_per_profile(tracking_uri, strict, neuron_double, tmp_path,
+                                                        monkeypatch):
     newer = {**QUIET, "future_engine_stall_count": 7}  # a field this package has never seen
-    install_explorer(tmp_path, monkeypatch, {"n_abc": PUBLISHED, "n_def": newer}, calls)
+    calls = stand_in.install(tmp_path, monkeypatch, models={"n_abc": PUBLISHED, "n_def": newer}, layout="per_profile")
     config = neuron_double.NeuronConfig(profile_output_dir=str(tmp_path / "out"))
     exporter = neuron_double.NeuronProfiler(config)
     with mlflow.start_run() as run:
@@ -165,7 +173,8 @@ def test_a_two_model_session_is_logged_per_model(tracking_uri, strict, neuron_do
     assert summary == pytest.approx(
         {f"neuron/summary/n_abc/{k}": v for k, v in published_percent(PUBLISHED).items()}
         | {f"neuron/summary/n_def/{k}": v for k, v in published_percent(newer).items()})
-    assert calls.read_text().split() == ["view", "-d", str(exporter.sessions[0]), "--output-format", "summary-json"]
+    [call] = stand_in.calls_of(calls)
+    assert call[:5] == ["view", "-d", str(exporter.sessions[0]), "--output-format", "parquet"]
 
 
 def test_without_the_tool_a_sessions_summary_parquet_is_read(tracking_uri, strict, neuron_double, tmp_path,
@@ -224,7 +233,7 @@ def test_a_broken_summary_table_is_one_warning_and_the_cycle_still_logs(tracking
     exporter = neuron_double.NeuronProfiler(config)
 
     def broken_table(prof):
-        (exporter.sessions[-1] / ns.SUMMARY_PARQUET).write_bytes(b"not parquet")
+        (exporter.sessions[-1] / "Summary.parquet").write_bytes(b"not parquet")
 
     with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="Summary.parquet") as caught:
         profile_rmsnorm(MLflowProfilerCallback(exporter.export_trace, broken_table), steps=8, wait=1, warmup=1,

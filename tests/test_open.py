@@ -88,3 +88,17 @@ def test_unknown_runs_steps_and_runs_without_neuron_files_are_usage_errors(profi
     with pytest.raises(SystemExit) as usage:
         cli_main(["open", run_id, "--step", "-1"])
     assert usage.value.code == 2
+
+
+def test_a_system_only_session_opens_with_view_d(tracking_uri, strict, neuron_double, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    config = neuron_double.NeuronConfig(modes=[neuron_double.ProfileMode.RUNTIME], profile_output_dir=str(out))
+    exporter = neuron_double.NeuronProfiler(config)
+    with mlflow.start_run() as run:
+        profile_rmsnorm(MLflowProfilerCallback(exporter.export_trace), experimental_config=config)
+    calls = stand_in_explorer(tmp_path, monkeypatch)
+    dest = tmp_path / "opened"
+    assert cli_main(["open", run.info.run_id, "--dest", str(dest)]) == 0
+    local_session = (dest / "neuron" / exporter.sessions[0].relative_to(out)).resolve()
+    assert {p.name for p in local_session.iterdir()} == {"trace.json", "ntrace.pb", "trace_info.pb"}
+    assert json.loads(calls.read_text()) == ["view", "-d", str(local_session)]

@@ -29,6 +29,7 @@ from .._neuron.manifest import manifest
 from .._delivery.model import TRACE
 from .._neuron import layout
 from .._neuron.devices import device_peak, neuron_settings, profiled_device
+from .._neuron.explorer_run import announce as announce_explorer
 from .._neuron.output_files import UPLOAD, FoundFile, OutputFolderWatcher
 from .._trace.device_names import CPU
 from .._trace.function_events import extract_cycle
@@ -57,6 +58,7 @@ class CycleReader:
         self.log_timeline = log_timeline
         self.timeline_max_spans = timeline_max_spans
         self.summary_tool = layout.neuron_summary_tool()
+        self._explorer_announced = False  # the user is told once that Explorer will run
         self.peak = peak  # the user's (the callback's `peaks`), else the device's (`device_peak`)
         self._created_ns = created_ns
         self._watcher: OutputFolderWatcher | None = None
@@ -98,6 +100,8 @@ class CycleReader:
                 trace_source = self._stage_trace(prof, job, found, exported, neuron_dir)
             if found:  # summarized by neuron-explorer, or read from the sessions' Summary.parquet
                 job.summary_tool, job.summary_sessions = self.summary_tool, _sessions(found)
+                if self.summary_tool and job.summary_sessions and not self._explorer_announced:
+                    self._explorer_announced = announce_explorer(self.summary_tool)
                 if not primary:
                     job.summary_prefix = f"{NEURON_SUMMARY_PREFIX}/rank_{self.rank.rank}"
         if logs_metrics:

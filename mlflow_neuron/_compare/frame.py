@@ -38,7 +38,7 @@ import pandas as pd
 from .._compare import cycles as _cycles
 from .._compare import stats as _stats
 from .._compare import weather as _weather
-from .._compare.explorer import summary_deltas
+from .._compare.explorer import neuron_explanations
 from .._compare.model import (
     ABSENT,
     BASELINE,
@@ -142,7 +142,7 @@ def _explanations(whole: list[RunProfile], profiles: list[RunProfile], region: s
         "throughput": throughput(whole, region, order),
         "throughput_missing": throughput_missing(whole, region),
         "bytes_coverage": bytes_coverage(whole),
-        "neuron_summary": summary_deltas({p.label: p.extra.get("neuron_summary") or {} for p in whole}),
+        **neuron_explanations({p.label: p.extra for p in whole}),  # neuron_summary, neuron_versions
     }
 
 

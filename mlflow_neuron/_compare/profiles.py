@@ -52,6 +52,7 @@ from .._delivery.model import (
     STEPS_TABLE,
     TIMELINE,
 )
+from .._trace.neuron_fields import VERSION_TAG_PREFIX
 from .._trace.timeline import Timeline
 
 _STEP_DIR = re.compile(r"^profiler/step_(\d+)$")
@@ -124,7 +125,8 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
         device_time=run.data.tags.get(DEVICE_TIME_TAG, ""),
         extra={"torch_version": run.data.params.get("versions.torch", ""), "cycles": chosen, "names": names,
                "rotation": run.data.tags.get(ROTATION_TAG),
-               "neuron_summary": {k: v for k, v in run.data.metrics.items() if k.startswith(NEURON_SUMMARY_PREFIX)}},
+               "neuron_summary": {k: v for k, v in run.data.metrics.items() if k.startswith(NEURON_SUMMARY_PREFIX)},
+               "neuron_versions": {k: v for k, v in run.data.tags.items() if k.startswith(VERSION_TAG_PREFIX)}},
         samples=pd.concat([c[2] for c in loaded], ignore_index=True),
         step_totals=pd.concat([c[3] for c in loaded], ignore_index=True),
         source=min((c[4] for c in loaded), key=_SOURCES.index),  # the weakest source used

@@ -199,7 +199,10 @@ def explanations(frame: pd.DataFrame) -> list[tuple[str, list[str]]]:
         found.append(("what those figures cover (the last cycle's op device time with bytes, and the largest ops without)",
                       coverage_lines(frame.attrs["bytes_coverage"])))  # fmt: skip
     if frame.attrs.get("neuron_summary"):
-        found.append(("Neuron Explorer's summary, the last cycle (percent)", summary_lines(frame.attrs["neuron_summary"])))
+        found.append(("Neuron Explorer's summary, the last cycle (percent, bytes, seconds; [the field read])",
+                      summary_lines(frame.attrs["neuron_summary"])))  # fmt: skip
+    if frame.attrs.get("neuron_versions"):
+        found.append(("the runs' Neuron tools differ (version tags from Explorer's Metadata)", frame.attrs["neuron_versions"]))
     if frame.attrs.get("regions"):
         found.append(("regions (each record_function range with all it runs; --region NAME lists the ops inside)",
                       [line for lines in frame.attrs["regions"].values() for line in lines.values()]))  # fmt: skip

@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from .._neuron import summary as neuron_summary
+from .._neuron import session_summary
 from .._trace.device_names import MISSING_DEVICE_TIME_HINT
 from .._trace.profile import MISSING, PRESENT, CycleProfile
 from .._trace.summarize import CycleSettings, CycleSummary, empty_summary
@@ -98,9 +98,10 @@ class Preparer:
             metrics = {**metrics, **host_metrics(job.host)}
         self._stage_trace(job)
         (staged / MANIFEST).write_text(json.dumps(job.manifest, indent=2), encoding="utf-8")
+        explorer_metrics, version_tags = self._summary_metrics(job)
         return Delivery(
             step=job.step, timestamp_ms=job.timestamp_ms, artifact_dir=job.artifact_dir,
-            metrics={**metrics, **self._summary_metrics(job)}, tags=tags, params=job.params, files_dir=str(staged),
+            metrics={**metrics, **explorer_metrics}, tags={**tags, **version_tags}, params=job.params, files_dir=str(staged),
             uploads=job.uploads, table=table, series=series, timeline=timeline, trace_spans=trace_spans,
         )  # fmt: skip
 
@@ -179,31 +180,18 @@ class Preparer:
             gzip_file(job.raw_trace, job.staged_dir / TRACE)
             job.raw_trace.unlink()
 
-    def _summary_metrics(self, job: CycleJob) -> dict[str, float]:
-        """Neuron Explorer's summary of each capture session: the tool's JSON where it runs, else the
-        session's `Summary.parquet` tables. The models of all the cycle's sessions are logged
-        together; the flat keys only when there is one model."""
-        everything: dict[str, dict[str, float]] = {}
-        for session in job.summary_sessions:
-            models = {}
-            if job.summary_tool:
-                try:
-                    models = neuron_summary.run_summary_tool(job.summary_tool, session)
-                except neuron_summary.SummaryError as error:
-                    job.problems.append(("neuron_summary", f"Neuron Explorer summary of {session} failed: {error}"))
-            if not models:
-                try:
-                    models = neuron_summary.parquet_summaries(session)
-                except neuron_summary.SummaryError as error:
-                    job.problems.append(("neuron_summary", f"Summary.parquet of {session}: {error}"))
-            repeated = sorted(set(models) & set(everything))
-            if repeated:
-                job.problems.append(("neuron_summary_repeated", f"model(s) {', '.join(repeated)} were summarized "
-                                     f"in several sessions of step {job.step}; the last one's numbers are logged"))
-            everything.update(models)
+    def _summary_metrics(self, job: CycleJob) -> tuple[dict[str, float], dict[str, str]]:
+        """Neuron Explorer's summary of each capture session (`_neuron.session_summary`), and the
+        tools' versions as tags. The models of all the cycle's sessions are logged together; the
+        flat keys only when there is one model."""
+        if not job.summary_sessions:
+            return {}, {}
+        found = session_summary.summarize_sessions(job.summary_sessions, job.summary_tool, job.step)
+        job.problems.extend(found.problems)
+        everything = found.models
         try:
             metrics = summary_metrics(everything, job.summary_prefix)
         except ValueError as error:  # a bad MLFLOW_NEURON_PERCENT_SCALE
             job.problems.append(("neuron_summary", str(error)))
-            return {}
-        return split_non_finite(metrics)[0]
+            return {}, found.tags
+        return split_non_finite(metrics)[0], found.tags

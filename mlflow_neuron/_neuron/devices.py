@@ -24,7 +24,7 @@ from .._trace.device_names import CPU, CUDA, NEURON
 from .._trace.kineto import privateuse1_backend_name
 from .._trace.peaks import LNC_ENV, PEAKS_ENV, find_peak, load_peak
 
-# Documented NeuronConfig fields (Neuron 2.31-2.33); anything else is read only if present.
+# Documented NeuronConfig fields (Neuron 2.31-2.34); anything else is read only if present.
 NEURON_CONFIG_FIELDS = (
     "modes",
     "max_events_per_nc",
@@ -218,13 +218,21 @@ class ProfilingSetup:
         return kwargs
 
 
-def profiling_setup(device: str, output_dir: str | os.PathLike | None = None) -> ProfilingSetup:
+NEFF_CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+
+
+def profiling_setup(device: str, output_dir: str | os.PathLike | None = None,
+                    neff_cache_dir: str | os.PathLike | None = None) -> ProfilingSetup:  # fmt: skip
     """Activities, Neuron config and exporter for `device`.
 
     On Neuron this builds `NeuronConfig(modes=[DEVICE, RUNTIME])` and its `NeuronProfiler`
-    exporter; the undocumented `correlate_device_time=True` is passed only where accepted. An
-    older TorchNeuron without `NeuronConfig`, whose `NeuronProfiler` takes `neuron_output_dir`,
-    gets that profiler as `neuron_context` instead.
+    exporter. PyTorch profiling copies the NEFFs into the profile folder only when a NEFF cache
+    folder is set, and Explorer cannot read an NTFF without its NEFF: `neff_cache_dir` is passed
+    as given, else `TORCH_NEURONX_NEFF_CACHE_DIR`'s, else `<output_dir>_neff_cache` (beside the
+    output folder, so the cache is not uploaded as cycle output). The undocumented
+    `correlate_device_time=True` is passed only where accepted. An older TorchNeuron without
+    `NeuronConfig`, whose `NeuronProfiler` takes `neuron_output_dir`, gets that profiler as
+    `neuron_context` instead.
     """
     activities = profiler_activities(device)
     if device != NEURON:
@@ -236,7 +244,11 @@ def profiling_setup(device: str, output_dir: str | os.PathLike | None = None) ->
         return ProfilingSetup(device, activities, output_dir=out, neuron_context=NeuronProfiler(neuron_output_dir=out))
     NeuronConfig, ProfileMode = profiling.NeuronConfig, profiling.ProfileMode
     kwargs: dict[str, Any] = {"modes": [ProfileMode.DEVICE, ProfileMode.RUNTIME], "profile_output_dir": out}
-    if "correlate_device_time" in _parameters(NeuronConfig):
+    accepted = _parameters(NeuronConfig)
+    if "neff_cache_dir" in accepted:
+        cache = neff_cache_dir or os.environ.get(NEFF_CACHE_ENV, "").strip() or os.path.normpath(out) + "_neff_cache"
+        kwargs["neff_cache_dir"] = os.fspath(cache)
+    if "correlate_device_time" in accepted:
         kwargs["correlate_device_time"] = True
     config = NeuronConfig(**kwargs)
     return ProfilingSetup(device, activities, config, (NeuronProfiler(config).export_trace,), out)

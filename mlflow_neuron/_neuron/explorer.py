@@ -30,8 +30,9 @@ class OpenedProfile:
 def opened_profile(run_id: str, step: int, neuron_dir: Path) -> OpenedProfile:
     """What `view -d` gets for a downloaded `profiler/step_<N>/neuron/` folder: its one capture
     session, or the whole folder when it holds several."""
-    sessions = sorted({p.parent for p in neuron_dir.rglob("*") if p.suffix in (".ntff", ".neff") and p.is_file()})
-    session = sessions[0] if len(sessions) == 1 else neuron_dir
+    files = [p.relative_to(neuron_dir).as_posix() for p in neuron_dir.rglob("*") if p.is_file()]
+    sessions = layout.session_folders(files)  # device profiles, and system-only ones
+    session = neuron_dir / sessions[0] if len(sessions) == 1 else neuron_dir
     tool = layout.neuron_summary_tool() or layout.NEURON_VIEW_TOOL
     return OpenedProfile(run_id, step, neuron_dir, session, layout.view_session_command(str(session), tool))
 

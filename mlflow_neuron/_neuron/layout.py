@@ -5,6 +5,9 @@ Layout (one folder per process, one per capture session)::
 
     <profile_output_dir>/<instance-id>_pid_<pid>/<timestamp>/
         trace.json  ntrace.pb  trace_info.pb  neff_<hash>_vnc_0.neff  profile_nc_<N>_session_<M>.ntff
+
+A session with only `ntrace.pb` and `trace_info.pb` (ProfileMode.RUNTIME alone) is a system
+profile: Explorer opens it with `view -d` like the others.
 """
 
 from __future__ import annotations
@@ -34,13 +37,15 @@ def is_framework_trace(relative_path: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in NEURON_FRAMEWORK_TRACE_PATTERNS)
 
 
-# neuron-explorer replaced neuron-profile (same sub-commands); either may be on PATH.
-NEURON_SUMMARY_TOOLS = ("neuron-explorer", "neuron-profile")
+# Neuron Explorer (aws-neuronx-tools); `neuron-profile` has not shipped since Neuron 2.30.
+NEURON_VIEW_TOOL = "neuron-explorer"
 NEURON_TOOLS_DIR = "/opt/aws/neuron/bin"
+# A system profile (ProfileMode.RUNTIME) is a folder with both of these, with or without NEFF/NTFF.
+SYSTEM_PROFILE_FILES = ("ntrace.pb", "trace_info.pb")
 
 
 def neuron_summary_tool() -> str | None:
-    return find_neuron_tool(*NEURON_SUMMARY_TOOLS)
+    return find_neuron_tool(NEURON_VIEW_TOOL)
 
 
 def find_neuron_tool(*names: str) -> str | None:
@@ -54,8 +59,19 @@ def find_neuron_tool(*names: str) -> str | None:
 
 
 def is_neuron_session(folder_files: list[str]) -> bool:
-    """A capture session folder: it holds a device trace or its executable."""
-    return any(name.endswith((".ntff", ".neff")) for name in folder_files)
+    """A capture session folder: it holds a device trace or its executable (a device profile), or
+    `ntrace.pb` and `trace_info.pb` (a system profile)."""
+    names = set(folder_files)
+    return any(name.endswith((".ntff", ".neff")) for name in names) or names.issuperset(SYSTEM_PROFILE_FILES)
+
+
+def session_folders(relative_paths: list[str]) -> list[str]:
+    """The capture session folders among files given by `/`-separated paths ("" for the top folder)."""
+    by_folder: dict[str, list[str]] = {}
+    for path in relative_paths:
+        folder, _, name = path.replace("\\", "/").rpartition("/")
+        by_folder.setdefault(folder, []).append(name)
+    return sorted(folder for folder, names in by_folder.items() if is_neuron_session(names))
 
 
 # A device trace is readable only with the NEFF it was captured from. Their names share a hash:
@@ -63,7 +79,6 @@ def is_neuron_session(folder_files: list[str]) -> bool:
 # `profile_nc_<N>_session_<M>.ntff` carry no hash: they pair with the session's only NEFF.
 _NEFF_HASH = re.compile(r"^neff_([0-9A-Za-z]+?)(?:_vnc_\d+)?\.neff$")
 _NTFF_HASH = re.compile(r"^([0-9A-Za-z]+)_instid_\d+_vnc_\d+\.ntff$")
-NEURON_VIEW_TOOL = NEURON_SUMMARY_TOOLS[0]
 
 
 def ntff_pairs(relative_paths: list[str]) -> dict[str, str | None]:

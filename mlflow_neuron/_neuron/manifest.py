@@ -53,7 +53,7 @@ def neuron_explorer_views(found: list[FoundFile], neuron_dir: str) -> dict:
     a session once `neuron_dir` is downloaded (`mlflow-neuron open`): paths are relative to it."""
     relative = [f.relative_path for f in found if not f.path.is_symlink()]
     pairs = layout.ntff_pairs(relative)
-    sessions = sorted({p.rpartition("/")[0] for p in relative if p.endswith((".ntff", ".neff"))})
+    sessions = layout.session_folders(relative)
     return {
         "neuron_views_relative_to": neuron_dir if pairs or sessions else None,
         "neuron_pairs": [

@@ -1,17 +1,18 @@
 """Neuron Explorer's summary of a capture session, read into numbers per model (pure, no MLflow).
 
-Two sources, one result: the JSON that `neuron-explorer view --output-format summary-json`
-prints, and the `Summary.parquet` tables of a processed profile (Neuron 2.31+; the Parquet
-output replaces the full JSON output after Neuron 2.33). Both give `{model: {field: number}}`,
-one entry per model (NEFF). See docs/neuron.md for what each fact rests on.
+Two shapes, one result, `{model: {field: number}}`: the JSON that `neuron-explorer view
+--output-format summary-json` prints (keyed by model, NEFF), and the rows of the `Summary` Parquet
+table of a processed profile (`processed`). See docs/neuron.md for what each fact rests on.
 
-Scale of `*_percent` fields: Neuron Explorer names them percent but reports fractions
-(0.96 means 96%). They are logged on a 0-100 scale under their own name. The rule, applied per
-model: when every non-negative `*_percent` value is at most 1, the summary is taken to hold
-fractions and each is multiplied by 100; when any is above 1, the tool already reports
-percentages and they are logged as they are. Negative values (the tool's "not available") are
-left out. `MLFLOW_NEURON_PERCENT_SCALE=fraction|percent` pins the scale for a tool version
-you know, where the rule could guess wrong (a summary whose real percentages all lie below 1).
+Scale of `*_percent` fields: Explorer names them percent and `summary-json` reports fractions
+(0.96 means 96%). They are logged on a 0-100 scale under their own name. The scale is read, per
+model, from the fields that can tell: busy time as a share of the profile
+(`*_active_time_percent`, `_trace.neuron_fields.SCALE_FIELD`), which no summary on a fraction
+scale puts above 1. When one is above 1 the summary is in percent already; otherwise (and when
+there is none) it holds fractions, as documented for `summary-json`. A ratio that may pass 1 as a
+fraction (`mfu_max_achievable_estimated_percent`) never decides. No documented schema version
+changes the scale. Negative values (the tool's "not available") are left out.
+`MLFLOW_NEURON_PERCENT_SCALE=fraction|percent` pins the scale for a tool version you know.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ import os
 import subprocess
 from pathlib import Path
 
+from .._trace.neuron_fields import SCALE_FIELD
+
 PERCENT_SUFFIX = "_percent"
 SCALE_ENV = "MLFLOW_NEURON_PERCENT_SCALE"
 FRACTION, PERCENT, AUTO = "fraction", "percent", "auto"
-SUMMARY_PARQUET = "Summary.parquet"
 FLAT = ""  # the model key of a summary that the tool printed without a model level
-_TIMEOUT_S = 300
 
 
 class SummaryError(RuntimeError):
@@ -60,38 +61,37 @@ def parse_summary_json(text: str) -> dict[str, dict[str, float]]:
     return {str(key): _numbers(fields) for key, fields in models.items()}
 
 
-def read_summary_parquet(path: str | os.PathLike) -> dict[str, float]:
-    """The numeric columns of a `Summary.parquet` table (one row per profile).
+def read_parquet_rows(paths: list[Path]) -> list[dict]:
+    """The rows of one table, in file order (a large table is split as `X_0.parquet`, `X_1.parquet`).
 
-    Needs pyarrow (`pip install "mlflow-neuron[parquet]"`). A table with several rows gives
-    the first row; columns the schema does not know yet are read like the others.
+    Needs pyarrow (`pip install "mlflow-neuron[parquet]"`). Columns the schema does not know yet
+    are read like the others; a file that is not a readable table raises SummaryError.
     """
     try:
         import pyarrow.parquet as pq
     except ImportError as error:
         raise SummaryError(
-            f"{path} needs pyarrow to be read: pip install \"mlflow-neuron[parquet]\""
+            f"{paths[0] if paths else 'a Parquet table'} needs pyarrow to be read: pip install \"mlflow-neuron[parquet]\""
         ) from error
-    try:
-        rows = pq.read_table(path).to_pylist()
-    except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
-        raise SummaryError(f"{path} is not a readable Parquet table: {type(error).__name__}: {error}") from error
-    return _numbers(rows[0]) if rows else {}
+    rows: list[dict] = []
+    for path in paths:
+        try:
+            rows.extend(pq.read_table(path).to_pylist())
+        except Exception as error:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+            raise SummaryError(f"{path} is not a readable Parquet table: {type(error).__name__}: {error}") from error
+    return rows
 
 
-def parquet_summaries(session_dir: str | os.PathLike) -> dict[str, dict[str, float]]:
-    """Every `Summary.parquet` under a session folder, keyed by the profile folder holding it."""
-    root = Path(session_dir)
-    found = sorted(p for p in root.rglob(SUMMARY_PARQUET) if p.is_file() and not p.is_symlink())
-    return {(p.parent.relative_to(root).as_posix() if p.parent != root else FLAT): read_summary_parquet(p)
-            for p in found}  # fmt: skip
+def numbers(fields: dict) -> dict[str, float]:
+    """The numeric fields of a row or JSON object (text, flags and nested values left out)."""
+    return _numbers(fields)
 
 
-def run_summary_tool(tool: str, session_dir: str) -> dict[str, dict[str, float]]:
+def run_summary_tool(tool: str, session_dir: str, timeout_s: float) -> dict[str, dict[str, float]]:
     """`<tool> view -d <session> --output-format summary-json`, parsed."""
     command = [tool, "view", "-d", session_dir, "--output-format", "summary-json"]
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=_TIMEOUT_S)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as error:
         raise SummaryError(f"{' '.join(command)} could not run: {error}") from error
     if result.returncode != 0:
@@ -109,8 +109,8 @@ def percent_scale(fields: dict[str, float], pinned: str | None = None) -> str:
         raise ValueError(f"{SCALE_ENV} must be one of {FRACTION}, {PERCENT}, {AUTO}; got {pinned!r}")
     if pinned != AUTO:
         return pinned
-    values = [v for k, v in fields.items() if k.endswith(PERCENT_SUFFIX) and v >= 0]
-    return PERCENT if any(v > 1.0 for v in values) else FRACTION
+    busy = [v for k, v in fields.items() if SCALE_FIELD.match(k) and v >= 0]
+    return PERCENT if any(v > 1.0 for v in busy) else FRACTION
 
 
 def on_percent_scale(fields: dict[str, float], pinned: str | None = None) -> dict[str, float]:

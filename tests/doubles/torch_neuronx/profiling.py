@@ -1,4 +1,4 @@
-"""Test double of `torch_neuronx.profiling`, written to the documented API (Neuron 2.31-2.33).
+"""Test double of `torch_neuronx.profiling`, written to the documented API (Neuron 2.31-2.34).
 
 `NeuronConfig` is a real `_ExperimentalConfig` (torch accepts nothing else as
 `experimental_config`), and `NeuronProfiler.export_trace` writes the documented session layout:
@@ -6,6 +6,10 @@
     <profile_output_dir>/<instance-id>_pid_<pid>/<timestamp>/
         trace.json  ntrace.pb  trace_info.pb  cpu_util.pb  host_mem.pb
         neff_<hash>_vnc_0.neff  profile_nc_<N>_session_<M>.ntff
+
+As documented, the NEFFs are copied into the session only when `neff_cache_dir` (or
+`TORCH_NEURONX_NEFF_CACHE_DIR`) is set; the NTFFs are written either way. `ProfileMode.RUNTIME`
+alone gives a system-only session (`ntrace.pb` + `trace_info.pb`).
 
 The contents are stand-in bytes, not real NEFF/NTFF data. Knobs for tests are module attributes.
 """
@@ -80,7 +84,8 @@ class NeuronProfiler:
         if ProfileMode.HOST_MEMORY in modes:
             (session / "host_mem.pb").write_bytes(b"\x0a\x03mem")
         if ProfileMode.DEVICE in modes:
-            (session / "neff_5eed1e55_vnc_0.neff").write_bytes(b"N" * NEFF_BYTES)
+            if self.config.neff_cache_dir:  # PyTorch profiling copies NEFFs only with a NEFF cache folder
+                (session / "neff_5eed1e55_vnc_0.neff").write_bytes(b"N" * NEFF_BYTES)
             for core in CORES:
                 # Cores that did not run leave empty NTFFs.
                 size = NTFF_BYTES if core in ACTIVE_CORES else 0
