@@ -1,0 +1,350 @@
+"""Every rank's step side by side, the wait in collectives, and the straggler: from rank summaries.
+
+Example::
+
+    report = analyze([summary_rank0, summary_rank1, summary_rank2, summary_rank3])
+    report.table        # one row per rank: step time (median, 95% interval), collective, wait, ...
+    report.straggler    # {"rank": 2, "arrived_last_pct": 94.0, "others_wait_us": 31020.0, ...} or None
+    report.sentence     # "rank 2 arrived last at 94% of all_reduces; the other 3 ranks waited 31 ms ..."
+    explain_change(report_a, report_b)   # "the wait in all_reduce grew from 2 to 31 ms a step on ..."
+
+A summary is `_trace.collectives`' rank summary (one per rank per cycle; a rank's cycles are read
+together).
+
+**Matching.** A collective instance is the same on every rank when its process group and sequence
+number agree (`Seq`, where the trace has it); else when its group, step and place among that
+group's collectives in the step agree (every rank numbers its `ProfilerStep`s alike, so a window
+that opens a little earlier on one rank shifts nothing); else its group, cycle and place in the
+cycle. An instance that is not on every rank that reported, or whose name differs between ranks,
+is left out and named (`unmatched`).
+
+**The wait.** At each instance, the rank that arrived last waits for nobody; the others sat in the
+collective until it came. TraceLens (`NcclAnalyser`) measures a rank's wait as the latest start
+minus its own start, which needs one clock. Here it is the rank's time in the collective minus
+the shortest time any rank spent in it (the transfer, TraceLens's "latency"): a collective ends on
+every rank when the last rank's data has arrived, so `end − start` is wait + transfer on each rank,
+and durations do not change when a host's clock is off by milliseconds. Where every rank ends at
+once the two definitions are equal. The rank that arrived last is the one with the shortest time
+in it (TraceLens: the smallest wait).
+
+**The straggler** is the rank that arrived last most often where it mattered, named only when it
+stands out. An instance kept ranks waiting when the others' median wait there reached
+`STRAGGLER_MIN_WAIT_US` and `INSTANCE_WAIT_TO_TRANSFER` times its transfer (the jitter of a
+duration grows with the duration; below that, who came last is chance). The candidate is the
+rank the others waited for longest at such instances; it is named when
+- it arrived last at `STRAGGLER_MIN_INSTANCES` or more of them, and the waiting for it was at
+  least `STRAGGLER_WAITED_FOR_SHARE` of all the waiting there (a rank among n causes about 1/n
+  of it by chance), and
+- the other ranks waited measurably: their median wait a step is at least
+  `STRAGGLER_MIN_WAIT_SHARE` of the median step, and at least `STRAGGLER_MIN_WAIT_US`.
+`arrived_last_pct` is the share of those instances at which the rank arrived last.
+Otherwise no rank is named and the sentence says why. `benchmarks/rank_calibration.py` measures
+how often each rule names the right rank, and a rank when none was slowed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .._trace.collectives import FORMAT
+from .._trace.step_summary import summarize
+
+STRAGGLER_WAITED_FOR_SHARE = 0.6
+INSTANCE_WAIT_TO_TRANSFER = 0.5
+STRAGGLER_MIN_INSTANCES = 3
+STRAGGLER_MIN_WAIT_SHARE = 0.02
+STRAGGLER_MIN_WAIT_US = 100.0
+TABLE_COLUMNS = ["rank", "host", "steps", "step_us_median", "step_us_low", "step_us_high", "collective_us", "wait_us",
+                 "exposed_comm_pct", "idle_pct", "compute_us", "arrived_last_pct"]  # fmt: skip
+
+
+@dataclass
+class RankReport:
+    """What `analyze` found: see the module docstring."""
+
+    world_size: int
+    table: pd.DataFrame
+    straggler: dict | None
+    missing: list[int]
+    unmatched: list[dict]
+    matched: int
+    sentence: str
+    notes: list[str] = field(default_factory=list)
+    waits_by_name: dict = field(default_factory=dict)  # rank -> name -> median wait a step (µs)
+
+    def to_json(self) -> dict:
+        ranks = []
+        for row in self.table.to_dict("records"):
+            ranks.append({"rank": int(row["rank"]), "host": row["host"], "steps": int(row["steps"]),
+                          "step_time_us": {"median": row["step_us_median"], "low": row["step_us_low"],
+                                           "high": row["step_us_high"]},
+                          **{k: row[k] for k in ("collective_us", "wait_us", "exposed_comm_pct", "idle_pct",
+                                                 "compute_us", "arrived_last_pct")}})  # fmt: skip
+        return _clean({"world_size": self.world_size, "ranks": ranks, "straggler": self.straggler,
+                       "missing": self.missing, "unmatched": self.unmatched, "matched_collectives": self.matched,
+                       "sentence": self.sentence, "notes": self.notes})  # fmt: skip
+
+
+def analyze(summaries: list[dict], *, expected_world_size: int | None = None) -> RankReport:
+    """The report over rank summaries (any number of cycles per rank). Never raises for a bad or
+    partial set: a summary it cannot read is left out and said in `notes`."""
+    by_rank, notes = _by_rank(summaries)
+    sizes = [s.get("world_size") for group in by_rank.values() for s in group if isinstance(s.get("world_size"), int)]
+    world_size = expected_world_size or max(sizes + [max(by_rank, default=-1) + 1, 0])
+    missing = [r for r in range(world_size) if r not in by_rank]
+    ranks = sorted(by_rank)
+    instances, unmatched = _match({r: _keyed(by_rank[r]) for r in ranks}) if len(ranks) > 1 else ({}, [])
+    waits, waited_for = _waits(instances, ranks)
+    last_counts = Counter(r for r, _, _ in waited_for)
+    rows, waits_by_name = [], {}
+    for r in ranks:
+        rows.append(_row(r, by_rank[r], waits.get(r, {}), last_counts.get(r, 0), len(instances), len(waited_for)))
+        waits_by_name[r] = _median_wait_by_name(waits.get(r, {}))
+    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
+    straggler, why = _straggler(table, waited_for, len(instances))
+    report = RankReport(world_size, table, straggler, missing, unmatched, len(instances), "", notes, waits_by_name)
+    report.sentence = _sentence(report, why)
+    return report
+
+
+def _by_rank(summaries: list[dict]) -> tuple[dict[int, list[dict]], list[str]]:
+    usable, notes = [], []
+    for i, summary in enumerate(summaries):
+        if not isinstance(summary, dict) or summary.get("format") != FORMAT or not isinstance(summary.get("steps"), list):
+            notes.append(f"summary {i} is not a rank summary: left out")
+        else:
+            usable.append(summary)
+    ranked = [s for s in usable if isinstance(s.get("rank"), int)]
+    if not ranked and usable:  # a single process: no distributedInfo, no rank
+        return {0: usable}, notes
+    if len(ranked) < len(usable):
+        notes.append(f"{len(usable) - len(ranked)} summaries without a rank: left out")
+    by_rank: dict[int, list[dict]] = defaultdict(list)
+    for s in ranked:
+        by_rank[s["rank"]].append(s)
+    return dict(by_rank), notes
+
+
+def _keyed(summaries: list[dict]) -> dict[tuple, dict]:
+    """A rank's collectives by their matching key (module docstring)."""
+    keyed, places = {}, Counter()
+    records = [(s.get("cycle_step"), c) for s in summaries for c in s.get("collectives") or [] if _valid(c)]
+    for cycle, c in sorted(records, key=lambda item: item[1]["start_us"]):
+        if c.get("seq") is not None:
+            key = ("seq", c.get("group"), c["seq"])
+        else:
+            scope = ("step", c["step"]) if c.get("step") is not None else ("cycle", cycle)
+            place = places[(c.get("group"), scope)]
+            places[(c.get("group"), scope)] += 1
+            key = (scope[0], c.get("group"), scope[1], place)
+        keyed.setdefault(key, c)
+    return keyed
+
+
+def _valid(c) -> bool:
+    return isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) for k in ("start_us", "end_us")) \
+        and c["end_us"] >= c["start_us"]
+
+
+def _match(keyed: dict[int, dict[tuple, dict]]) -> tuple[dict[tuple, dict[int, dict]], list[dict]]:
+    ranks = sorted(keyed)
+    everywhere = set.intersection(*(set(k) for k in keyed.values()))
+    instances, unmatched = {}, []
+    for key in sorted(everywhere, key=str):
+        records = {r: keyed[r][key] for r in ranks}
+        if len({c["name"] for c in records.values()}) == 1:
+            instances[key] = records
+    for r in ranks:
+        for key, c in keyed[r].items():
+            if key not in instances:
+                on = [q for q in ranks if key in keyed[q]]
+                unmatched.append({"rank": r, "name": c["name"], "group": c.get("group"), "step": c.get("step"),
+                                  "seq": c.get("seq"), "on_ranks": on,
+                                  "why": "names differ across ranks" if len(on) == len(ranks) else "not on every rank"})  # fmt: skip
+    return instances, unmatched
+
+
+def _waits(instances, ranks):
+    """rank -> step -> name -> wait (µs), and the instances that kept ranks waiting: (the rank that
+    arrived last, the collective's name, the others' median wait) where that wait reached
+    `STRAGGLER_MIN_WAIT_US` and `INSTANCE_WAIT_TO_TRANSFER` times the transfer."""
+    waits: dict[int, dict] = {r: defaultdict(lambda: defaultdict(float)) for r in ranks}
+    waited_for: list[tuple[int, str, float]] = []
+    for records in instances.values():
+        spent = {r: c["end_us"] - c["start_us"] for r, c in records.items()}
+        transfer = min(spent.values())
+        for r, c in records.items():
+            waits[r][c.get("step")][c["name"]] += spent[r] - transfer
+        last = [r for r, t in spent.items() if t == transfer]
+        others = float(np.median([t - transfer for r, t in spent.items() if r != last[0]]))
+        if len(last) == 1 and others >= max(STRAGGLER_MIN_WAIT_US, INSTANCE_WAIT_TO_TRANSFER * transfer):
+            waited_for.append((last[0], records[last[0]]["name"], others))
+    return waits, waited_for
+
+
+def _row(rank: int, summaries: list[dict], waits: dict, last: int, matched: int, waited: int) -> dict:
+    steps = {s["step"]: s for summary in summaries for s in summary["steps"] if isinstance(s, dict) and _number(s.get("step_us"))}
+    hosts = [s.get("host") for s in summaries if s.get("host")]
+    step_us = [s["step_us"] for s in steps.values()]
+    stats = summarize(step_us) if step_us else None
+    per_step = lambda key: [s[key] for s in steps.values() if _number(s.get(key))]  # noqa: E731
+    step_waits = [sum(waits.get(n, {}).values()) for n in steps]
+    return {"rank": rank, "host": Counter(hosts).most_common(1)[0][0] if hosts else None, "steps": len(steps),
+            "step_us_median": stats.median if stats else None, "step_us_low": stats.low if stats else None,
+            "step_us_high": stats.high if stats else None, "collective_us": _median(per_step("collective_us")),
+            "wait_us": _median(step_waits) if matched else None,
+            "exposed_comm_pct": _share(steps.values(), "exposed_comm_us"), "idle_pct": _share(steps.values(), "idle_us"),
+            "compute_us": _median(per_step("compute_us")),
+            "arrived_last_pct": 100.0 * last / waited if waited else None}  # fmt: skip
+
+
+def _median_wait_by_name(waits: dict) -> dict[str, float]:
+    names = {name for per_name in waits.values() for name in per_name}
+    return {name: _median([per_name.get(name, 0.0) for per_name in waits.values()]) for name in names}
+
+
+def _straggler(table: pd.DataFrame, waited_for: list, matched: int) -> tuple[dict | None, str]:
+    """The straggler by the rule of the module docstring, or None and why not."""
+    if len(table) < 2:
+        return None, "one rank"
+    if matched == 0:
+        return None, "no collective matched across ranks"
+    if not waited_for:
+        return None, f"at none of {matched} collectives did the others wait {duration(STRAGGLER_MIN_WAIT_US)} or more"
+    caused = Counter()
+    for r, _, wait in waited_for:
+        caused[r] += wait
+    rank = max(caused, key=lambda r: (caused[r], -r))  # the rank the others waited for longest
+    mine = [name for r, name, _ in waited_for if r == rank]
+    waited_share = caused[rank] / sum(caused.values())
+    others = table[table["rank"] != rank]
+    others_wait = _median([w for w in others["wait_us"] if _number(w)]) or 0.0
+    step = _median([s for s in table["step_us_median"] if _number(s)]) or 0.0
+    floor = max(STRAGGLER_MIN_WAIT_US, STRAGGLER_MIN_WAIT_SHARE * step)
+    if len(mine) < STRAGGLER_MIN_INSTANCES or waited_share < STRAGGLER_WAITED_FOR_SHARE:
+        return None, (f"rank {rank}, the rank waited for longest, arrived last at {len(mine)} of the "
+                      f"{len(waited_for)} collectives that kept others waiting ({100 * waited_share:.0f}% of the waiting)")
+    if others_wait < floor:
+        return None, (f"rank {rank} was waited for most ({100 * waited_share:.0f}% of the waiting), but the others "
+                      f"waited {duration(others_wait)} a step, under {duration(floor)}")
+    names = Counter(mine)
+    alike = [r for r, name, _ in waited_for if name in names]  # the instances of the collectives it was last at
+    return {"rank": int(rank), "host": table.loc[table["rank"] == rank, "host"].iloc[0],
+            "arrived_last_pct": 100.0 * len(mine) / len(alike), "waited_for_pct": 100.0 * waited_share, "others_wait_us": others_wait,
+            "others_wait_pct_of_step": 100.0 * others_wait / step if step else None,
+            "collective": names.most_common(1)[0][0] if len(names) == 1 else None,
+            "waited_instances": len(waited_for), "matched_instances": matched}, ""  # fmt: skip
+
+
+def _sentence(report: RankReport, why: str) -> str:
+    n = len(report.table)
+    tail = f"; {_ranks_phrase(report.missing)} sent no summary" if report.missing else ""
+    if n == 0:
+        return "no rank summary to read" + tail
+    if n == 1:
+        return f"one rank (rank {int(report.table['rank'].iloc[0])}): nothing to compare across ranks" + tail
+    if report.straggler:
+        s = report.straggler
+        host = f" ({s['host']})" if s.get("host") else ""
+        what = f"{s['collective']}s" if s.get("collective") else "collectives"
+        share = f" ({s['others_wait_pct_of_step']:.0f}% of it)" if s.get("others_wait_pct_of_step") is not None else ""
+        others = "other rank" if n == 2 else f"other {n - 1} ranks"
+        return (f"rank {s['rank']}{host} arrived last at {s['arrived_last_pct']:.0f}% of the {what} that kept others "
+                f"waiting ({s['waited_for_pct']:.0f}% of the waiting); the {others} waited "
+                f"{duration(s['others_wait_us'])} a step{share} for it" + tail)
+    return f"no rank stands out across {n} ranks: {why}" + tail
+
+
+def explain_change(base: RankReport, run: RankReport) -> str | None:
+    """Where a change between two runs' rank reports came from, in one sentence (A = base, B = run);
+    None when neither the wait nor the straggler changed."""
+    if len(base.table) < 2 or len(run.table) < 2:
+        return None
+    a, b = base.table.set_index("rank"), run.table.set_index("rank")
+    common = [r for r in b.index if r in a.index and _number(a.loc[r, "wait_us"]) and _number(b.loc[r, "wait_us"])]
+    step = _median([s for s in a["step_us_median"] if _number(s)]) or 0.0
+    floor = max(STRAGGLER_MIN_WAIT_US, STRAGGLER_MIN_WAIT_SHARE * step)
+    grew = [r for r in common if b.loc[r, "wait_us"] - a.loc[r, "wait_us"] >= floor]
+    fell = [r for r in common if a.loc[r, "wait_us"] - b.loc[r, "wait_us"] >= floor]
+    parts = []
+    for ranks, verb in ((grew, "grew"), (fell, "fell")):
+        if ranks:
+            name = _dominant_name(run if verb == "grew" else base, ranks)
+            before = _median([a.loc[r, "wait_us"] for r in ranks])
+            after = _median([b.loc[r, "wait_us"] for r in ranks])
+            parts.append(f"the wait{f' in {name}' if name else ''} {verb} from {_pair(before, after)} a step on "
+                         f"{_ranks_phrase(ranks)}")  # fmt: skip
+    who = lambda report: f"rank {report.straggler['rank']}" if report.straggler else "none"  # noqa: E731
+    if (base.straggler or {}).get("rank") != (run.straggler or {}).get("rank"):
+        if run.straggler:
+            parts.append(f"rank {run.straggler['rank']} is the straggler in B, {who(base)} in A")
+        else:
+            parts.append(f"{who(base)} was the straggler in A, none is in B")
+    return "; ".join(parts) or None
+
+
+def _dominant_name(report: RankReport, ranks: list[int]) -> str | None:
+    totals = Counter()
+    for r in ranks:
+        for name, wait in report.waits_by_name.get(r, {}).items():
+            totals[name] += wait or 0.0
+    return totals.most_common(1)[0][0] if totals else None
+
+
+def duration(us: float) -> str:
+    """A wait or a step as people say it: 31 ms, 2.4 ms, 450 µs, 1.2 s."""
+    if us >= 1e6:
+        return f"{us / 1e6:.1f} s"
+    if us >= 1e4:
+        return f"{us / 1e3:.0f} ms"
+    if us >= 1e3:
+        return f"{us / 1e3:.1f} ms"
+    return f"{us:.0f} µs"
+
+
+def _pair(before: float, after: float) -> str:
+    """"2 to 31 ms": one unit for both where both are in milliseconds."""
+    if before >= 1e3 and after >= 1e3 and max(before, after) < 1e6:
+        digits = 0 if min(before, after) >= 1e4 or max(before, after) >= 1e4 else 1
+        return f"{before / 1e3:.{digits}f} to {after / 1e3:.{digits}f} ms"
+    return f"{duration(before)} to {duration(after)}"
+
+
+def _ranks_phrase(ranks: list[int]) -> str:
+    ranks = [int(r) for r in ranks]
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+def _share(steps, key: str) -> float | None:
+    pairs = [(s[key], s["window_us"]) for s in steps if _number(s.get(key)) and _number(s.get("window_us"))]
+    total = sum(w for _, w in pairs)
+    return 100.0 * sum(v for v, _ in pairs) / total if total > 0 else None
+
+
+def _median(values) -> float | None:
+    values = [v for v in values if _number(v)]
+    return float(np.median(values)) if values else None
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _clean(value):
+    """numpy scalars and NaN out, so that the JSON is plain."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return None if not math.isfinite(value) else float(value)
+    return value
