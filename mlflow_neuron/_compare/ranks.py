@@ -59,6 +59,8 @@ INSTANCE_WAIT_TO_TRANSFER = 0.5
 STRAGGLER_MIN_INSTANCES = 3
 STRAGGLER_MIN_WAIT_SHARE = 0.02
 STRAGGLER_MIN_WAIT_US = 100.0
+STEP_COLUMNS = ["rank", "host", "cycle", "step", "step_us", "window_us", "compute_us", "collective_us", "wait_us",
+                "exposed_comm_us", "idle_us", "memcpy_us", "memcpy_bytes", "peak_memory_bytes"]  # fmt: skip
 TABLE_COLUMNS = ["rank", "host", "steps", "step_us_median", "step_us_low", "step_us_high", "collective_us", "wait_us",
                  "exposed_comm_pct", "idle_pct", "compute_us", "arrived_last_pct"]  # fmt: skip
 
@@ -76,6 +78,7 @@ class RankReport:
     sentence: str
     notes: list[str] = field(default_factory=list)
     waits_by_name: dict = field(default_factory=dict)  # rank -> name -> median wait a step (µs)
+    steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))  # one row per rank and step
 
     def to_json(self) -> dict:
         ranks = []
@@ -101,13 +104,16 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
     instances, unmatched = _match({r: _keyed(by_rank[r]) for r in ranks}) if len(ranks) > 1 else ({}, [])
     waits, waited_for = _waits(instances, ranks)
     last_counts = Counter(r for r, _, _ in waited_for)
-    rows, waits_by_name = [], {}
+    rows, step_rows, waits_by_name = [], [], {}
     for r in ranks:
-        rows.append(_row(r, by_rank[r], waits.get(r, {}), last_counts.get(r, 0), len(instances), len(waited_for)))
+        steps = _step_rows(r, by_rank[r], waits.get(r, {}) if instances else None)
+        rows.append(_row(r, steps, last_counts.get(r, 0), len(waited_for)))
+        step_rows += steps
         waits_by_name[r] = _median_wait_by_name(waits.get(r, {}))
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     straggler, why = _straggler(table, waited_for, len(instances))
-    report = RankReport(world_size, table, straggler, missing, unmatched, len(instances), "", notes, waits_by_name)
+    report = RankReport(world_size, table, straggler, missing, unmatched, len(instances), "", notes, waits_by_name,
+                        pd.DataFrame(step_rows, columns=STEP_COLUMNS))
     report.sentence = _sentence(report, why)
     return report
 
@@ -179,7 +185,7 @@ def _waits(instances, ranks):
         spent = {r: c["end_us"] - c["start_us"] for r, c in records.items()}
         transfer = min(spent.values())
         for r, c in records.items():
-            waits[r][c.get("step")][c["name"]] += spent[r] - transfer
+            waits[r][c.get("step")][c["name"]] += round(spent[r] - transfer, 3)
         last = [r for r, t in spent.items() if t == transfer]
         others = float(np.median([t - transfer for r, t in spent.items() if r != last[0]]))
         if len(last) == 1 and others >= max(STRAGGLER_MIN_WAIT_US, INSTANCE_WAIT_TO_TRANSFER * transfer):
@@ -187,19 +193,32 @@ def _waits(instances, ranks):
     return waits, waited_for
 
 
-def _row(rank: int, summaries: list[dict], waits: dict, last: int, matched: int, waited: int) -> dict:
-    steps = {s["step"]: s for summary in summaries for s in summary["steps"] if isinstance(s, dict) and _number(s.get("step_us"))}
+def _step_rows(rank: int, summaries: list[dict], waits: dict | None) -> list[dict]:
+    """The rank's steps over all its cycles (a step read twice counts once), each with its wait
+    (None where no collective was matched across ranks)."""
+    rows, host = {}, _host(summaries)
+    for summary in sorted(summaries, key=lambda s: (s.get("cycle_step") is None, s.get("cycle_step") or 0)):
+        for step in summary["steps"]:
+            if isinstance(step, dict) and _number(step.get("step_us")) and step.get("step") not in rows:
+                row = {k: step.get(k) for k in STEP_COLUMNS if k in step}
+                wait = None if waits is None else sum(waits.get(step.get("step"), {}).values())
+                rows[step.get("step")] = {**row, "rank": rank, "host": host, "cycle": summary.get("cycle_step"), "wait_us": wait}
+    return list(rows.values())
+
+
+def _host(summaries: list[dict]) -> str | None:
     hosts = [s.get("host") for s in summaries if s.get("host")]
-    step_us = [s["step_us"] for s in steps.values()]
-    stats = summarize(step_us) if step_us else None
-    per_step = lambda key: [s[key] for s in steps.values() if _number(s.get(key))]  # noqa: E731
-    step_waits = [sum(waits.get(n, {}).values()) for n in steps]
-    return {"rank": rank, "host": Counter(hosts).most_common(1)[0][0] if hosts else None, "steps": len(steps),
+    return Counter(hosts).most_common(1)[0][0] if hosts else None
+
+
+def _row(rank: int, steps: list[dict], last: int, waited: int) -> dict:
+    stats = summarize([s["step_us"] for s in steps]) if steps else None
+    column = lambda key: [s.get(key) for s in steps]  # noqa: E731
+    return {"rank": rank, "host": steps[0]["host"] if steps else None, "steps": len(steps),
             "step_us_median": stats.median if stats else None, "step_us_low": stats.low if stats else None,
-            "step_us_high": stats.high if stats else None, "collective_us": _median(per_step("collective_us")),
-            "wait_us": _median(step_waits) if matched else None,
-            "exposed_comm_pct": _share(steps.values(), "exposed_comm_us"), "idle_pct": _share(steps.values(), "idle_us"),
-            "compute_us": _median(per_step("compute_us")),
+            "step_us_high": stats.high if stats else None, "collective_us": _median(column("collective_us")),
+            "wait_us": _median(column("wait_us")), "exposed_comm_pct": _share(steps, "exposed_comm_us"),
+            "idle_pct": _share(steps, "idle_us"), "compute_us": _median(column("compute_us")),
             "arrived_last_pct": 100.0 * last / waited if waited else None}  # fmt: skip
 
 
