@@ -16,7 +16,8 @@ number agree (`Seq`, where the trace has it); else when its group, step and plac
 group's collectives in the step agree (every rank numbers its `ProfilerStep`s alike, so a window
 that opens a little earlier on one rank shifts nothing); else its group, cycle and place in the
 cycle. An instance that is not on every rank that reported, or whose name differs between ranks,
-is left out and named (`unmatched`).
+is left out and named (`unmatched`). Point-to-point transfers (send/recv) are left out of the wait:
+two ranks take part in each, not all (TraceLens's straggler summary leaves them out too).
 
 **The wait.** At each instance, the rank that arrived last waits for nobody; the others sat in the
 collective until it came. TraceLens (`NcclAnalyser`) measures a rank's wait as the latest start
@@ -45,6 +46,7 @@ how often each rule names the right rank, and a rank when none was slowed.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -59,8 +61,12 @@ INSTANCE_WAIT_TO_TRANSFER = 0.5
 STRAGGLER_MIN_INSTANCES = 3
 STRAGGLER_MIN_WAIT_SHARE = 0.02
 STRAGGLER_MIN_WAIT_US = 100.0
+# send/recv (gloo:send, c10d's recv_anysource, NCCL's SendRecv kernels): between two ranks, never all
+POINT_TO_POINT = re.compile(r"send|recv", re.IGNORECASE)
 STEP_COLUMNS = ["rank", "host", "cycle", "step", "step_us", "window_us", "compute_us", "collective_us", "wait_us",
                 "exposed_comm_us", "idle_us", "memcpy_us", "memcpy_bytes", "peak_memory_bytes"]  # fmt: skip
+INSTANCE_COLUMNS = ["instance", "name", "group", "step", "rank", "start_us", "end_us", "spent_us", "wait_us",
+                    "arrived_last"]  # fmt: skip
 TABLE_COLUMNS = ["rank", "host", "steps", "step_us_median", "step_us_low", "step_us_high", "collective_us", "wait_us",
                  "exposed_comm_pct", "idle_pct", "compute_us", "arrived_last_pct"]  # fmt: skip
 
@@ -79,6 +85,7 @@ class RankReport:
     notes: list[str] = field(default_factory=list)
     waits_by_name: dict = field(default_factory=dict)  # rank -> name -> median wait a step (µs)
     steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))  # one row per rank and step
+    instances: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=INSTANCE_COLUMNS))  # per instance and rank
 
     def to_json(self) -> dict:
         ranks = []
@@ -101,8 +108,14 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
     world_size = expected_world_size or max(sizes + [max(by_rank, default=-1) + 1, 0])
     missing = [r for r in range(world_size) if r not in by_rank]
     ranks = sorted(by_rank)
-    instances, unmatched = _match({r: _keyed(by_rank[r]) for r in ranks}) if len(ranks) > 1 else ({}, [])
-    waits, waited_for = _waits(instances, ranks)
+    keyed = {r: _keyed(by_rank[r]) for r in ranks}
+    point_to_point = sum(1 for r in ranks for key in keyed[r] if key[0] == "p2p")
+    if point_to_point:
+        notes.append(f"{point_to_point} point-to-point transfers (send/recv) left out of the wait: two ranks take "
+                     "part in each, not all")  # fmt: skip
+    keyed = {r: {k: c for k, c in keyed[r].items() if k[0] != "p2p"} for r in ranks}
+    instances, unmatched = _match(keyed) if len(ranks) > 1 else ({}, [])
+    waits, waited_for, instance_rows = _waits(instances, ranks)
     last_counts = Counter(r for r, _, _ in waited_for)
     rows, step_rows, waits_by_name = [], [], {}
     for r in ranks:
@@ -113,7 +126,7 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     straggler, why = _straggler(table, waited_for, len(instances))
     report = RankReport(world_size, table, straggler, missing, unmatched, len(instances), "", notes, waits_by_name,
-                        pd.DataFrame(step_rows, columns=STEP_COLUMNS))
+                        pd.DataFrame(step_rows, columns=STEP_COLUMNS), instance_rows)
     report.sentence = _sentence(report, why)
     return report
 
@@ -141,7 +154,9 @@ def _keyed(summaries: list[dict]) -> dict[tuple, dict]:
     keyed, places = {}, Counter()
     records = [(s.get("cycle_step"), c) for s in summaries for c in s.get("collectives") or [] if _valid(c)]
     for cycle, c in sorted(records, key=lambda item: item[1]["start_us"]):
-        if c.get("seq") is not None:
+        if POINT_TO_POINT.search(str(c.get("name"))):
+            key = ("p2p", cycle, c["start_us"])
+        elif c.get("seq") is not None:
             key = ("seq", c.get("group"), c["seq"])
         else:
             scope = ("step", c["step"]) if c.get("step") is not None else ("cycle", cycle)
@@ -181,16 +196,20 @@ def _waits(instances, ranks):
     `STRAGGLER_MIN_WAIT_US` and `INSTANCE_WAIT_TO_TRANSFER` times the transfer."""
     waits: dict[int, dict] = {r: defaultdict(lambda: defaultdict(float)) for r in ranks}
     waited_for: list[tuple[int, str, float]] = []
-    for records in instances.values():
+    rows = []
+    for number, records in enumerate(instances.values()):
         spent = {r: c["end_us"] - c["start_us"] for r, c in records.items()}
         transfer = min(spent.values())
-        for r, c in records.items():
-            waits[r][c.get("step")][c["name"]] += round(spent[r] - transfer, 3)
         last = [r for r, t in spent.items() if t == transfer]
+        for r, c in records.items():
+            wait = round(spent[r] - transfer, 3)
+            waits[r][c.get("step")][c["name"]] += wait
+            rows.append((number, c["name"], c.get("group"), c.get("step"), r, c["start_us"], c["end_us"], spent[r],
+                         wait, len(last) == 1 and r == last[0]))  # fmt: skip
         others = float(np.median([t - transfer for r, t in spent.items() if r != last[0]]))
         if len(last) == 1 and others >= max(STRAGGLER_MIN_WAIT_US, INSTANCE_WAIT_TO_TRANSFER * transfer):
             waited_for.append((last[0], records[last[0]]["name"], others))
-    return waits, waited_for
+    return waits, waited_for, pd.DataFrame(rows, columns=INSTANCE_COLUMNS)
 
 
 def _step_rows(rank: int, summaries: list[dict], waits: dict | None) -> list[dict]:
@@ -199,10 +218,11 @@ def _step_rows(rank: int, summaries: list[dict], waits: dict | None) -> list[dic
     rows, host = {}, _host(summaries)
     for summary in sorted(summaries, key=lambda s: (s.get("cycle_step") is None, s.get("cycle_step") or 0)):
         for step in summary["steps"]:
-            if isinstance(step, dict) and _number(step.get("step_us")) and step.get("step") not in rows:
+            key = step.get("step") if isinstance(step, dict) and step.get("step") is not None else (summary.get("cycle_step"), id(step))
+            if isinstance(step, dict) and _number(step.get("step_us")) and key not in rows:
                 row = {k: step.get(k) for k in STEP_COLUMNS if k in step}
                 wait = None if waits is None else sum(waits.get(step.get("step"), {}).values())
-                rows[step.get("step")] = {**row, "rank": rank, "host": host, "cycle": summary.get("cycle_step"), "wait_us": wait}
+                rows[key] = {**row, "rank": rank, "host": host, "cycle": summary.get("cycle_step"), "wait_us": wait}
     return list(rows.values())
 
 
@@ -291,7 +311,7 @@ def explain_change(base: RankReport, run: RankReport) -> str | None:
     grew = [r for r in common if b.loc[r, "wait_us"] - a.loc[r, "wait_us"] >= floor]
     fell = [r for r in common if a.loc[r, "wait_us"] - b.loc[r, "wait_us"] >= floor]
     parts = []
-    for ranks, verb in ((grew, "grew"), (fell, "fell")):
+    for ranks, verb in ((grew, "grew"), ([] if grew else fell, "fell")):  # a new straggler's own wait falls: left unsaid
         if ranks:
             name = _dominant_name(run if verb == "grew" else base, ranks)
             before = _median([a.loc[r, "wait_us"] for r in ranks])
@@ -335,10 +355,18 @@ def _pair(before: float, after: float) -> str:
 
 
 def _ranks_phrase(ranks: list[int]) -> str:
-    ranks = [int(r) for r in ranks]
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+    """"rank 3", "ranks 0, 1 and 3", "ranks 2-127": runs of three or more written as a range."""
+    ranks = sorted(int(r) for r in ranks)
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    parts = [f"{run[0]}-{run[-1]}" if len(run) >= 3 else ", ".join(map(str, run)) for run in runs]
+    words = ", ".join(parts).split(", ")
+    text = words[0] if len(words) == 1 else ", ".join(words[:-1]) + f" and {words[-1]}"
+    return ("rank " if len(ranks) == 1 else "ranks ") + text
 
 
 def _share(steps, key: str) -> float | None:

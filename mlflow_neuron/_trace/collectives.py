@@ -159,12 +159,17 @@ class _Events:
 
     def summarize(self) -> tuple[list[dict], list[dict], str | None, str]:
         steps = sorted({number: (number, start, end) for number, start, end in self.steps}.values(), key=lambda s: s[1])
+        if not steps:  # no ProfilerStep: the whole trace is one step, numbered None
+            spans = self.cpu_ops + [(s, e) for s, e, *_ in self.device] + [(s, e) for s, e, *_ in self.spans]
+            if spans:
+                steps = [(None, min(s for s, _ in spans), max(e for _, e in spans))]
         timeline = "device" if self.device else "cpu"
         collectives, source = self._collectives()
-        step_of = _step_lookup(steps)
+        index_of = _step_index(steps)
         for record in collectives:
-            record["step"] = step_of(record.pop("_anchor"))
-        windows = self._device_windows(steps, step_of) if timeline == "device" else [(s, e) for _, s, e in steps]
+            i = index_of(record.pop("_anchor"))
+            record["step"] = None if i is None else steps[i][0]
+        windows = self._device_windows(steps, index_of) if timeline == "device" else [(s, e) for _, s, e in steps]
         return self._steps(steps, windows, collectives, timeline), collectives, source, timeline
 
     def _collectives(self) -> tuple[list[dict], str | None]:
@@ -183,17 +188,15 @@ class _Events:
             return sorted(records, key=lambda r: r["start_us"]), "record_param_comms"
         return [], None
 
-    def _device_windows(self, steps, step_of) -> list[tuple[float, float]]:
+    def _device_windows(self, steps, index_of) -> list[tuple[float, float]]:
         """Each step's window on the device: its first device event (by launch) to the next one's."""
         if not steps:
             return []
         firsts = [math.inf] * len(steps)
         lasts = [-math.inf] * len(steps)
-        index = {number: i for i, (number, _, _) in enumerate(steps)}
         for start, end, _, correlation, _ in self.device:
-            step = step_of(self.launches.get(correlation, start))
-            if step is not None:
-                i = index[step]
+            i = index_of(self.launches.get(correlation, start))
+            if i is not None:
                 firsts[i], lasts[i] = min(firsts[i], start), max(lasts[i], end)
         windows = []
         for i in range(len(steps)):
@@ -266,16 +269,16 @@ class _Union:
         return max(0.0, self.covered_to(end) - self.covered_to(start)) if len(self.starts) else 0.0
 
 
-def _step_lookup(steps: list[tuple[int, float, float]]):
-    """time -> the number of the step whose span holds it, or None."""
+def _step_index(steps: list[tuple[int | None, float, float]]):
+    """time -> the index of the step whose span holds it, or None."""
     starts = np.asarray([s for _, s, _ in steps], float)
     ends = [e for _, _, e in steps]
 
-    def step_of(t: float) -> int | None:
+    def index_of(t: float) -> int | None:
         i = int(np.searchsorted(starts, t, side="right")) - 1
-        return steps[i][0] if i >= 0 and t < ends[i] else None
+        return i if i >= 0 and t < ends[i] else None
 
-    return step_of
+    return index_of
 
 
 def _record(name: str, args: dict, start: float, end: float, anchor: float) -> dict:
