@@ -60,6 +60,8 @@ BACKEND_SPAN = re.compile(r"^(gloo|nccl):(.+)")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _CPU_OPS = ("cpu_op", "Operator")
 COMPUTE, COMM, MEMORY, OTHER = 0, 1, 2, 3
+_CPU_OP, _DEVICE, _LAUNCH, _ANNOTATION, _SKIP = range(5)  # what an event's category makes it here
+_NO_ARGS: dict = {}
 
 
 def kernel_class(name: str) -> int:
@@ -69,6 +71,16 @@ def kernel_class(name: str) -> int:
     if MEMORY_KERNEL.match(name):
         return MEMORY
     return OTHER if NOT_COMPUTE_KERNEL.match(name) else COMPUTE
+
+
+def _role(category: str) -> int:
+    if category in _CPU_OPS:
+        return _CPU_OP
+    if DEVICE_CATEGORY.match(category):
+        return _DEVICE
+    if category.endswith(("_runtime", "_driver")):
+        return _LAUNCH
+    return _SKIP if category.startswith("gpu_") or category == "python_function" else _ANNOTATION
 
 
 def rank_summary_from_chrome(trace: dict | str | Path, *, rank: int | None = None, host: str | None = None,
@@ -112,44 +124,59 @@ class _Events:
         self.spans: list[tuple[float, float, str, dict]] = []  # gloo:/nccl: spans
         self.param_comms: list[tuple[float, float, dict]] = []
         self.memory: list[tuple[float, float, bool]] = []  # (ts, total allocated, on a device)
+        self.roles: dict[str, int] = {}
+        self.classes: dict[tuple[str, str], tuple[int, bool]] = {}
 
     def feed(self, chunk: list) -> None:
-        steps, cpu_ops, device, launches = self.steps, self.cpu_ops, self.device, self.launches
+        """Keeps what a summary needs of a list of events; the role of a category and the class of a
+        kernel name are worked out once each (a trace repeats a few of them 100,000 times)."""
+        steps, cpu_ops, device, launches, roles, classes = (self.steps, self.cpu_ops, self.device, self.launches,
+                                                            self.roles, self.classes)  # fmt: skip
         for event in chunk:
             if not isinstance(event, dict):
                 continue
             phase = event.get("ph")
-            if phase == "i" and event.get("name") == "[memory]":
-                self._memory(event)
-                continue
             if phase != "X":
+                if phase == "i" and event.get("name") == "[memory]":
+                    self._memory(event)
                 continue
             category, name = event.get("cat") or "", event.get("name") or ""
+            role = roles.get(category)
+            if role is None:
+                role = roles[category] = _role(category)
+            if role == _SKIP:
+                continue
             start = float(event["ts"])
             end = start + float(event.get("dur") or 0.0)
-            if category in _CPU_OPS:
-                if name.startswith("c10d::") or BACKEND_SPAN.match(name):
-                    continue
-                if name == "record_param_comms":
+            if role == _CPU_OP:
+                if name.startswith(("c10d::", "gloo:", "nccl:", "ProfilerStep#")):
+                    if name.startswith("ProfilerStep#"):
+                        self._step(name, start, end)
+                elif name == "record_param_comms":
                     self.param_comms.append((start, end, event.get("args") or {}))
-                elif not name.startswith("ProfilerStep#"):
+                else:
                     cpu_ops.append((start, end))
-                    continue
-            if DEVICE_CATEGORY.match(category):
+            elif role == _DEVICE:
                 args = event.get("args") or {}
-                kind = MEMORY if category.startswith("gpu_mem") else kernel_class(name)
-                keep = kind == COMM or (kind == MEMORY and bool(HOST_DEVICE_COPY.match(name)))
-                device.append((start, end, kind, args.get("correlation"), {**args, "_name": name} if keep else {}))
-            elif category.endswith(("_runtime", "_driver")):
+                known = classes.get((category, name))
+                if known is None:
+                    kind = MEMORY if category.startswith("gpu_mem") else kernel_class(name)
+                    known = classes[(category, name)] = (kind, kind == COMM or (kind == MEMORY and bool(HOST_DEVICE_COPY.match(name))))
+                kind, keep = known
+                device.append((start, end, kind, args.get("correlation"), {**args, "_name": name} if keep else _NO_ARGS))
+            elif role == _LAUNCH:
                 correlation = (event.get("args") or {}).get("correlation")
                 if correlation is not None:
                     launches[correlation] = start
-            elif not category.startswith("gpu_"):
-                step = _STEP.match(name)
-                if step:
-                    steps.append((int(step.group(1)), start, end))
-                elif BACKEND_SPAN.match(name):
-                    self.spans.append((start, end, name, event.get("args") or {}))
+            elif name.startswith("ProfilerStep#"):  # _ANNOTATION
+                self._step(name, start, end)
+            elif name.startswith(("gloo:", "nccl:")):
+                self.spans.append((start, end, name, event.get("args") or {}))
+
+    def _step(self, name: str, start: float, end: float) -> None:
+        step = _STEP.match(name)
+        if step:
+            self.steps.append((int(step.group(1)), start, end))
 
     def _memory(self, event: dict) -> None:
         args = event.get("args") or {}
