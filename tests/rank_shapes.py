@@ -51,7 +51,7 @@ class Job:
                 shift = self.clock_offset_us.get(r, 0.0)
                 collective = end - arrivals[r]
                 summary["steps"].append({
-                    "step": step, "start_us": now + shift, "end_us": end + shift, "step_us": end - now,
+                    "step": step, "start_us": now + shift, "end_us": end + shift, "step_us": end - now, "window_us": end - now,
                     "compute_us": arrivals[r] - now, "collective_us": collective, "exposed_comm_us": collective,
                     "idle_us": 0.0, "memcpy_us": 0.0, "memcpy_bytes": None, "peak_memory_bytes": None,
                 })  # fmt: skip

@@ -90,7 +90,7 @@ def compare_runs(
 def _with_ranks(client: MlflowClient, runs: list[Run], frame: pd.DataFrame, step: int | None) -> pd.DataFrame:
     """Where the runs and the baseline have rank summaries, each verdict also says where the step-time
     change came from across ranks (the wait, the straggler); `attrs["ranks"]` holds their reports."""
-    explained, reports = rank_changes(client, runs, labels(runs), frame.attrs["baseline"], step)
+    explained, reports = rank_changes(client, runs, frame.attrs["baseline"], step)
     for name, text in explained.items():
         frame.attrs["sentences"][name] = f"{frame.attrs['sentences'][name]} Across ranks: {text}"
     if reports:

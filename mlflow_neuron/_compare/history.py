@@ -28,6 +28,7 @@ from mlflow.tracking import MlflowClient
 from .._compare.changes import MIN_RUNS, NO_LEVEL, Change, Search, confirmed, too_few
 from .._compare.frame import compare
 from .._compare.model import CPU_METRIC, DEFAULT_NOISE_PCT, DEVICE_METRIC, TOTAL, RunProfile
+from .._compare.rank_history import straggler_line, stragglers
 from .._compare.runs import RunNotFound, _experiment_id
 from .._compare.series import Series, search_series
 from .._delivery.model import DEVICE_TIME_TAG
@@ -53,8 +54,9 @@ def history_runs(experiment: str, *, run_name: str | None = None, filter_string:
     PELT suggested, confirmed or not), `not_searched` (why there was no search, or None),
     `slow_path_runs` (runs read from their tables: no summary metrics, or `summaries=False`),
     `tables_read` (runs whose tables were read, those included), `contradicting` (runs whose summary
-    metrics disagreed with their tables, which won). `progress` gets a line now and then over
-    thousands of runs."""
+    metrics disagreed with their tables, which won), `stragglers` (each of the latest runs with rank
+    summaries: its straggler or None) and `straggler_line` (where one rank or host was the straggler
+    in most of them). `progress` gets a line now and then over thousands of runs."""
     if noise_pct < 0:
         raise ValueError(f"noise_pct must be >= 0; got {noise_pct}")
     if region is not None and op is not None:
@@ -76,6 +78,8 @@ def history_runs(experiment: str, *, run_name: str | None = None, filter_string:
         changes=[describe(c, runs, series.profile, used, region) for c in changes],
         slow_path_runs=series.slow, tables_read=series.tables_read, contradicting=series.contradicting,
     )  # fmt: skip
+    found_stragglers = stragglers(client, runs)
+    frame.attrs.update(stragglers=found_stragglers, straggler_line=straggler_line(found_stragglers))
     return frame
 
 

@@ -58,6 +58,12 @@ def change_lines(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def straggler_lines(frame: pd.DataFrame) -> list[str]:
+    """The straggler line, where one rank or host was the straggler in most of the latest runs."""
+    line = frame.attrs.get("straggler_line")
+    return [f"STRAGGLER {line}"] if line else []
+
+
 def no_change_line(frame: pd.DataFrame) -> str:
     """Which of the three it was: no search (too few runs), no change point suggested, or every one
     suggested inside the noise band."""
@@ -87,14 +93,14 @@ def read_lines(frame: pd.DataFrame) -> list[str]:
 def text(frame: pd.DataFrame) -> str:
     notes = read_lines(frame)
     return "\n".join([heading(frame), table(frame).to_string(index=False), "", *change_lines(frame),
-                      *([""] + notes if notes else [])])  # fmt: skip
+                      *straggler_lines(frame), *([""] + notes if notes else [])])  # fmt: skip
 
 
 def markdown(frame: pd.DataFrame) -> str:
     shown = table(frame)
     rows = ["| " + " | ".join(map(str, row)) + " |" for row in shown.itertuples(index=False)]
     return "\n".join([f"_{heading(frame)}_", "", "| " + " | ".join(_COLUMNS) + " |", "|---" * len(_COLUMNS) + "|",
-                      *rows, "", *(f"- {line}" for line in [*change_lines(frame), *read_lines(frame)])])  # fmt: skip
+                      *rows, "", *(f"- {line}" for line in [*change_lines(frame), *straggler_lines(frame), *read_lines(frame)])])  # fmt: skip
 
 
 def as_json(frame: pd.DataFrame) -> str:
@@ -141,7 +147,8 @@ def html_page(frame: pd.DataFrame, png_path: Path | None) -> str:
     if png_path is not None:
         data = base64.b64encode(Path(png_path).read_bytes()).decode()
         chart = f'<img alt="history chart" src="data:image/png;base64,{data}">'
-    changes = "".join(f"<li>{html.escape(line)}</li>" for line in [*change_lines(frame), *read_lines(frame)])
+    changes = "".join(f"<li>{html.escape(line)}</li>"
+                      for line in [*change_lines(frame), *straggler_lines(frame), *read_lines(frame)])
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>mlflow-neuron history</title></head><body>'
             f"<h2>{html.escape(heading(frame))}</h2><ul>{changes}</ul>{chart}"
             f"{table(frame).to_html(index=False, border=0)}</body></html>")  # fmt: skip

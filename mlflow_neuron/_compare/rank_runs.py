@@ -28,10 +28,10 @@ import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from .._compare.runs import RunNotFound
+from .._compare.runs import RunNotFound, labels
+from .._trace.collectives import FORMAT, VERSION
 
 RANKS_FOLDER = "profiler/ranks"
-FORMAT, VERSION = "mlflow-neuron/rank-summary", 1
 _FILE = re.compile(r"^rank_(\d+)/cycle_(\d+)\.json$")
 STRAGGLER_METRIC = "profiler/ranks/straggler"  # the straggler's rank; NO_STRAGGLER where none stands out
 SKEW_METRIC = "profiler/ranks/step_time_skew_pct"
@@ -81,18 +81,17 @@ class RankRead:
         from .._compare.rank_text import closing_lines
 
         report = self.report
-        return closing_lines(report.sentence, list(report.missing), list(report.unmatched), self.notes)
+        return closing_lines(report.sentence, list(report.unmatched), [*report.notes, *self.notes])
 
 
 def rank_picture(read: RankRead, path: Path) -> Path:
     """The run's picture (`rank_chart`): each rank's step split into compute, collective, wait, idle."""
     from .._compare import rank_chart
 
-    report = read.report_json
-    waits = {r["rank"]: r.get("wait_us") or 0.0 for r in report["ranks"]}
-    straggler = (report.get("straggler") or {}).get("rank")
-    title = f"run {read.run_id}: {report['world_size']} rank(s), mean per step. {read.report.sentence or ''}"
-    return rank_chart.png(rank_chart.step_split(read.summaries, waits), path, title, straggler)
+    report = read.report
+    straggler = (report.straggler or {}).get("rank")
+    title = f"run {read.run_id}: {report.world_size} rank(s). {report.sentence.rstrip('.')}."
+    return rank_chart.png(rank_chart.step_split(report.steps), path, title, straggler)
 
 
 def read_ranks(run_id: str, tracking_uri: str | None = None, step: int | None = None,
@@ -124,15 +123,15 @@ def read_run(client: MlflowClient, run, step: int | None = None) -> RankRead:
     return RankRead(run_id, summaries, notes, cycles)
 
 
-def rank_changes(client: MlflowClient, runs: list, names: list[str], baseline: str,
+def rank_changes(client: MlflowClient, runs: list, baseline: str,
                  step: int | None = None) -> tuple[dict[str, str], dict[str, dict]]:  # fmt: skip
-    """For a comparison of `runs` (labelled `names`) against `baseline`: where each run's step-time
-    change came from across ranks (`ranks.explain_change`), for the runs that have rank summaries
-    as the baseline does; and each such run's report (`to_json()`)."""
+    """For a comparison of `runs` against the run labelled `baseline` (`runs.labels`): where each
+    run's step-time change came from across ranks (`ranks.explain_change`), for the runs that have
+    rank summaries as the baseline does; and each such run's report (`to_json()`), by label."""
     from .._compare.ranks import explain_change
 
     reads = {}
-    for run, name in zip(runs, names):
+    for run, name in zip(runs, labels(runs)):
         try:
             reads[name] = read_run(client, run, step)
         except NoRankSummaries:

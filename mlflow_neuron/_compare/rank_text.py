@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+SHOWN_UNMATCHED = 5
 COLUMNS = ["rank", "host", "step time (us)", "95% interval", "collectives (us)", "wait (us)", "exposed comm %",
            "idle %"]  # fmt: skip
 
@@ -34,15 +35,23 @@ def heading(report: dict, run_id: str) -> str:
     return f"run {run_id}: {ranks}; medians per step"
 
 
-def closing_lines(sentence: str | None, missing: list, unmatched: list, notes: list[str]) -> list[str]:
-    """The sentence, then the ranks missing, the collectives left unmatched and the files left out."""
+def closing_lines(sentence: str | None, unmatched: list[dict], notes: list[str]) -> list[str]:
+    """The sentence (it names the ranks that sent nothing), then the collectives not matched across
+    ranks and what else was left out."""
     lines = [sentence] if sentence else []
-    if missing:
-        lines.append(f"missing: rank{'s' if len(missing) > 1 else ''} {_list(missing)} sent no rank summary")
-    if unmatched:
-        shown = "; ".join(str(u) for u in unmatched[:5])
-        lines.append(f"not matched across ranks: {shown}{' ...' if len(unmatched) > 5 else ''}")
+    for item in unmatched[:SHOWN_UNMATCHED]:
+        lines.append(f"not matched across ranks: {_unmatched(item)}")
+    if len(unmatched) > SHOWN_UNMATCHED:
+        lines.append(f"... and {len(unmatched) - SHOWN_UNMATCHED} more collectives not matched (all in the JSON output)")
     return lines + list(notes)
+
+
+def _unmatched(item: dict) -> str:
+    where = ", ".join(f"{k} {item[k]}" for k in ("group", "step", "seq") if item.get(k) is not None)
+    ranks = item.get("on_ranks")
+    on = f" on rank{'s' if ranks and len(ranks) > 1 else ''} {_list(ranks)}" if ranks else ""
+    why = f": {item['why']}" if item.get("why") else ""
+    return f"{item.get('name') or 'a collective'}{f' ({where})' if where else ''}{on}{why}"
 
 
 def text(report: dict, run_id: str, closing: list[str] = ()) -> str:
