@@ -81,7 +81,8 @@ def test_the_straggler_is_named_with_the_others_wait_and_the_sentence_says_it():
     assert report.straggler["rank"] == 2 and report.straggler["host"] == "h2"
     assert report.straggler["arrived_last_pct"] == 100.0
     assert report.straggler["others_wait_us"] == pytest.approx(305.0)  # ranks 0, 1, 3 waited 300, 305, 315
-    assert report.sentence.startswith("rank 2 (h2) arrived last at 100% of the all_reduces")
+    assert report.straggler["last_steps"] == report.straggler["steps"] == 8
+    assert report.sentence.startswith("rank 2 (h2) arrived last in 8 of 8 steps, at 100% of the all_reduces")
     assert report.sentence.endswith("the other 3 ranks waited 305 µs a step (30% of it) for it")
     doc = report.to_json()
     assert doc["straggler"]["rank"] == 2 and doc["world_size"] == 4
@@ -107,6 +108,24 @@ def test_no_rank_is_named_when_ranks_take_turns_or_nobody_waits_measurably():
     # rank 2 arrives last every time, 3 to 18 µs after the others: nobody waited measurably
     report = analyze(straggling(late_by=3.0))
     assert report.straggler is None and "no rank stands out" in report.sentence
+
+
+def test_a_step_is_the_unit_one_late_arrival_a_step_among_quick_collectives_names_the_rank():
+    """Each step: rank 1 arrives 3 ms late at the first all_reduce; at the three quick collectives
+    after it, rank 0 is last by 200 µs (the transfer is 20 µs). By instances rank 0 is last at 3 of 4;
+    by steps, rank 1 held every step."""
+    a, b = [], []
+    for s in range(1, 7):
+        t = 10_000.0 * s
+        a.append((s, t, t + 3020))  # rank 0 waits 3 ms for rank 1
+        b.append((s, t + 3000, t + 3020))
+        for k in range(3):
+            u = t + 4000 + 1000 * k
+            a.append((s, u + 200, u + 220, "broadcast"))
+            b.append((s, u, u + 220, "broadcast"))  # rank 1 waits 200 µs for rank 0
+    report = analyze([summary(0, a), summary(1, b)])
+    assert report.table.set_index("rank").loc[0, "arrived_last_pct"] == 75.0
+    assert report.straggler["rank"] == 1 and report.straggler["last_steps"] == 6
 
 
 def test_the_rules_constants_can_be_changed_for_calibration(monkeypatch):

@@ -28,19 +28,22 @@ and durations do not change when a host's clock is off by milliseconds. Where ev
 once the two definitions are equal. The rank that arrived last is the one with the shortest time
 in it (TraceLens: the smallest wait).
 
-**The straggler** is the rank that arrived last most often where it mattered, named only when it
-stands out. An instance kept ranks waiting when the others' median wait there reached
-`STRAGGLER_MIN_WAIT_US` and `INSTANCE_WAIT_TO_TRANSFER` times its transfer (the jitter of a
-duration grows with the duration; below that, who came last is chance). The candidate is the
-rank the others waited for longest at such instances; it is named when
-- it arrived last at `STRAGGLER_MIN_INSTANCES` or more of them, and the waiting for it was at
-  least `STRAGGLER_WAITED_FOR_SHARE` of all the waiting there (a rank among n causes about 1/n
-  of it by chance), and
-- the other ranks waited measurably: their median wait a step is at least
-  `STRAGGLER_MIN_WAIT_SHARE` of the median step, and at least `STRAGGLER_MIN_WAIT_US`.
-`arrived_last_pct` is the share of those instances at which the rank arrived last.
-Otherwise no rank is named and the sentence says why. `benchmarks/rank_calibration.py` measures
-how often each rule names the right rank, and a rank when none was slowed.
+**The straggler** is the rank that arrived last most often while the others waited measurably,
+and only when it stands out. An instance kept ranks waiting when the others' median wait there
+reached `STRAGGLER_MIN_WAIT_US` and `INSTANCE_WAIT_TO_TRANSFER` times its transfer (the jitter of a
+duration grows with the duration; below that, who came last is chance). In each step, the rank
+the others waited for is the one they waited for longest at such instances (a step, not an
+instance, is the unit: one late rank holds every collective of its step, and a step with a sleep
+before one all_reduce and three quick collectives after it is one late arrival, not one in four).
+A rank is named when
+- it is that rank in at least `STRAGGLER_LAST_SHARE` of the steps where ranks waited, and in
+  `STRAGGLER_MIN_STEPS` or more (a rank among n is that rank in 1/n of them by chance), and
+- the other ranks' median wait a step is at least `STRAGGLER_MIN_WAIT_SHARE` of the median step,
+  and at least `STRAGGLER_MIN_WAIT_US`.
+Otherwise no rank is named and the sentence says why. `arrived_last_pct` is the share of the
+instances that kept ranks waiting at which the rank arrived last (of the straggler: among the
+collectives it was last at). `benchmarks/rank_calibration.py` measures how often the rule names
+the right rank, and a rank when none was slowed.
 """
 
 from __future__ import annotations
@@ -56,9 +59,9 @@ import pandas as pd
 from .._trace.collectives import FORMAT
 from .._trace.step_summary import summarize
 
-STRAGGLER_WAITED_FOR_SHARE = 0.6
+STRAGGLER_LAST_SHARE = 0.6
+STRAGGLER_MIN_STEPS = 3
 INSTANCE_WAIT_TO_TRANSFER = 0.5
-STRAGGLER_MIN_INSTANCES = 3
 STRAGGLER_MIN_WAIT_SHARE = 0.02
 STRAGGLER_MIN_WAIT_US = 100.0
 # send/recv (gloo:send, c10d's recv_anysource, NCCL's SendRecv kernels): between two ranks, never all
@@ -116,7 +119,7 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
     keyed = {r: {k: c for k, c in keyed[r].items() if k[0] != "p2p"} for r in ranks}
     instances, unmatched = _match(keyed) if len(ranks) > 1 else ({}, [])
     waits, waited_for, instance_rows = _waits(instances, ranks)
-    last_counts = Counter(r for r, _, _ in waited_for)
+    last_counts = Counter(r for r, *_ in waited_for)
     rows, step_rows, waits_by_name = [], [], {}
     for r in ranks:
         steps = _step_rows(r, by_rank[r], waits.get(r, {}) if instances else None)
@@ -208,7 +211,8 @@ def _waits(instances, ranks):
                          wait, len(last) == 1 and r == last[0]))  # fmt: skip
         others = float(np.median([t - transfer for r, t in spent.items() if r != last[0]]))
         if len(last) == 1 and others >= max(STRAGGLER_MIN_WAIT_US, INSTANCE_WAIT_TO_TRANSFER * transfer):
-            waited_for.append((last[0], records[last[0]]["name"], others))
+            step = records[last[0]].get("step")
+            waited_for.append((last[0], records[last[0]]["name"], others, ("instance", number) if step is None else step))
     return waits, waited_for, pd.DataFrame(rows, columns=INSTANCE_COLUMNS)
 
 
@@ -255,27 +259,31 @@ def _straggler(table: pd.DataFrame, waited_for: list, matched: int) -> tuple[dic
         return None, "no collective matched across ranks"
     if not waited_for:
         return None, f"at none of {matched} collectives did the others wait {duration(STRAGGLER_MIN_WAIT_US)} or more"
-    caused = Counter()
-    for r, _, wait in waited_for:
-        caused[r] += wait
-    rank = max(caused, key=lambda r: (caused[r], -r))  # the rank the others waited for longest
-    mine = [name for r, name, _ in waited_for if r == rank]
-    waited_share = caused[rank] / sum(caused.values())
+    caused: dict = defaultdict(Counter)  # step -> rank -> how long the others waited for it there
+    for r, _, wait, step in waited_for:
+        caused[step][r] += wait
+    last_in = Counter(max(by_rank, key=lambda r: (by_rank[r], -r)) for by_rank in caused.values())
+    total = Counter()
+    for by_rank in caused.values():
+        total.update(by_rank)
+    rank = max(last_in, key=lambda r: (last_in[r], total[r], -r))
+    steps, count = len(caused), last_in[rank]
     others = table[table["rank"] != rank]
     others_wait = _median([w for w in others["wait_us"] if _number(w)]) or 0.0
-    step = _median([s for s in table["step_us_median"] if _number(s)]) or 0.0
-    floor = max(STRAGGLER_MIN_WAIT_US, STRAGGLER_MIN_WAIT_SHARE * step)
-    if len(mine) < STRAGGLER_MIN_INSTANCES or waited_share < STRAGGLER_WAITED_FOR_SHARE:
-        return None, (f"rank {rank}, the rank waited for longest, arrived last at {len(mine)} of the "
-                      f"{len(waited_for)} collectives that kept others waiting ({100 * waited_share:.0f}% of the waiting)")
+    step_us = _median([s for s in table["step_us_median"] if _number(s)]) or 0.0
+    floor = max(STRAGGLER_MIN_WAIT_US, STRAGGLER_MIN_WAIT_SHARE * step_us)
+    if count < STRAGGLER_MIN_STEPS or count / steps < STRAGGLER_LAST_SHARE:
+        return None, (f"rank {rank}, the most often, was the one the others waited for in {count} of the {steps} "
+                      "steps where they waited")
     if others_wait < floor:
-        return None, (f"rank {rank} was waited for most ({100 * waited_share:.0f}% of the waiting), but the others "
-                      f"waited {duration(others_wait)} a step, under {duration(floor)}")
-    names = Counter(mine)
-    alike = [r for r, name, _ in waited_for if name in names]  # the instances of the collectives it was last at
+        return None, (f"rank {rank} was the one the others waited for in {count} of {steps} steps, but they waited "
+                      f"{duration(others_wait)} a step, under {duration(floor)}")
+    names = Counter(name for r, name, *_ in waited_for if r == rank)
+    alike = [r for r, name, *_ in waited_for if name in names]  # the instances of the collectives it was last at
     return {"rank": int(rank), "host": table.loc[table["rank"] == rank, "host"].iloc[0],
-            "arrived_last_pct": 100.0 * len(mine) / len(alike), "waited_for_pct": 100.0 * waited_share, "others_wait_us": others_wait,
-            "others_wait_pct_of_step": 100.0 * others_wait / step if step else None,
+            "arrived_last_pct": 100.0 * sum(names.values()) / len(alike), "last_steps": count, "steps": steps,
+            "waited_for_pct": 100.0 * total[rank] / sum(total.values()), "others_wait_us": others_wait,
+            "others_wait_pct_of_step": 100.0 * others_wait / step_us if step_us else None,
             "collective": names.most_common(1)[0][0] if len(names) == 1 else None,
             "waited_instances": len(waited_for), "matched_instances": matched}, ""  # fmt: skip
 
@@ -293,8 +301,8 @@ def _sentence(report: RankReport, why: str) -> str:
         what = f"{s['collective']}s" if s.get("collective") else "collectives"
         share = f" ({s['others_wait_pct_of_step']:.0f}% of it)" if s.get("others_wait_pct_of_step") is not None else ""
         others = "other rank" if n == 2 else f"other {n - 1} ranks"
-        return (f"rank {s['rank']}{host} arrived last at {s['arrived_last_pct']:.0f}% of the {what} that kept others "
-                f"waiting ({s['waited_for_pct']:.0f}% of the waiting); the {others} waited "
+        return (f"rank {s['rank']}{host} arrived last in {s['last_steps']} of {s['steps']} steps, at "
+                f"{s['arrived_last_pct']:.0f}% of the {what} that kept others waiting; the {others} waited "
                 f"{duration(s['others_wait_us'])} a step{share} for it" + tail)
     return f"no rank stands out across {n} ranks: {why}" + tail
 
