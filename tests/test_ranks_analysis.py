@@ -279,6 +279,11 @@ def test_what_is_not_a_trace_is_refused_with_a_reason(tmp_path):
     with pytest.raises(ValueError, match="not a readable chrome trace"):
         rank_summary_from_chrome(bad)
     assert rank_summary_from_chrome(trace([]))["steps"] == []
+    odd = [x("ProfilerStep#1", 0, 100, cat="user_annotation"), x("aten::mm", 10, 20),
+           {"ph": "X", "cat": "cpu_op", "name": "aten::add"}, x("aten::mul", "soon", 5), x("aten::div", 5, float("nan")),
+           x("aten::sub", 50, -3), "not an event", {"ph": "i", "name": "[memory]", "args": {"Total Allocated": 9}}]  # fmt: skip
+    s = rank_summary_from_chrome(trace(odd))
+    assert s["skipped_events"] == 4 and s["steps"][0]["compute_us"] == 20 and s["steps"][0]["peak_memory_bytes"] is None
 
 
 # ---------------------------------------------------------------- real traces

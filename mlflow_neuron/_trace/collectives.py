@@ -106,7 +106,7 @@ def rank_summary_from_chrome(trace: dict | str | Path, *, rank: int | None = Non
         "host": host if host is not None else (meta.get("host_name") or None),
         "cycle_step": cycle_step,
         "timeline": timeline, "collective_source": source,
-        "steps": steps, "collectives": collectives, "device": None,
+        "steps": steps, "collectives": collectives, "device": None, "skipped_events": events.skipped,
     }  # fmt: skip
 
 
@@ -125,6 +125,7 @@ class _Events:
         self.param_comms: list[tuple[float, float, dict]] = []
         self.memory: list[tuple[float, float, bool]] = []  # (ts, total allocated, on a device)
         self.roles: dict[str, int] = {}
+        self.skipped = 0  # complete events without a usable ts/dur
         self.classes: dict[tuple[str, str], tuple[int, bool]] = {}
 
     def feed(self, chunk: list) -> None:
@@ -146,8 +147,15 @@ class _Events:
                 role = roles[category] = _role(category)
             if role == _SKIP:
                 continue
-            start = float(event["ts"])
-            end = start + float(event.get("dur") or 0.0)
+            try:
+                start = float(event["ts"])
+                end = start + float(event.get("dur") or 0.0)
+            except (KeyError, TypeError, ValueError):
+                self.skipped += 1
+                continue
+            if not end - start >= 0.0:  # NaN, an infinity, a negative duration
+                self.skipped += 1
+                continue
             if role == _CPU_OP:
                 if name.startswith(("c10d::", "gloo:", "nccl:", "ProfilerStep#")):
                     if name.startswith("ProfilerStep#"):
@@ -181,8 +189,9 @@ class _Events:
     def _memory(self, event: dict) -> None:
         args = event.get("args") or {}
         total = args.get("Total Allocated")
-        if isinstance(total, (int, float)):
-            self.memory.append((float(event["ts"]), float(total), args.get("Device Type", 0) not in (0, None)))
+        ts = event.get("ts")
+        if isinstance(total, (int, float)) and isinstance(ts, (int, float)):
+            self.memory.append((float(ts), float(total), args.get("Device Type", 0) not in (0, None)))
 
     def summarize(self) -> tuple[list[dict], list[dict], str | None, str]:
         steps = sorted({number: (number, start, end) for number, start, end in self.steps}.values(), key=lambda s: s[1])
