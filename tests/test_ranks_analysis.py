@@ -176,7 +176,8 @@ def test_a_single_process_says_it_has_one_rank():
 def test_bad_input_is_left_out_and_said_never_raised():
     good = straggling(late_rank=1, n=2)
     broken = copy.deepcopy(good[1])
-    broken["collectives"] += [None, {"name": "all_reduce"}, {"name": "x", "start_us": 5.0, "end_us": 1.0}]
+    broken["collectives"] += [None, {"name": "all_reduce"}, {"name": "x", "start_us": 5.0, "end_us": 1.0},
+                              {"start_us": 1.0, "end_us": 2.0}, {"name": "y", "start_us": float("nan"), "end_us": 2.0}]
     broken["steps"] += ["garbage", {"step": 99, "step_us": float("nan")}]
     report = analyze([good[0], broken, "not a summary", {"format": "other"}, {"format": FORMAT}])
     assert report.straggler is not None and report.matched == 8

@@ -171,8 +171,9 @@ def _keyed(summaries: list[dict]) -> dict[tuple, dict]:
 
 
 def _valid(c) -> bool:
-    return isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) for k in ("start_us", "end_us")) \
-        and c["end_us"] >= c["start_us"]
+    """A collective record with a name and a start no later than its end."""
+    return isinstance(c, dict) and isinstance(c.get("name"), str) and _number(c.get("start_us")) \
+        and _number(c.get("end_us")) and c["end_us"] >= c["start_us"]
 
 
 def _match(keyed: dict[int, dict[tuple, dict]]) -> tuple[dict[tuple, dict[int, dict]], list[dict]]:
