@@ -13,6 +13,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from mlflow_neuron._compare import ranks
@@ -163,6 +164,14 @@ def test_a_rank_without_a_summary_is_named_missing_and_no_false_straggler_is_nam
     assert report.straggler is None or report.straggler["rank"] != 2
     report = analyze(sums[:2], expected_world_size=8)
     assert report.missing == [2, 3, 4, 5, 6, 7] and "ranks 2-7 sent no summary" in report.sentence
+
+
+def test_the_devices_collective_time_from_explorer_is_shown_where_a_rank_has_it():
+    sums = straggling(n=2, late_rank=1)
+    sums[0]["device"] = {"cc_op_time": 0.25, "cc_op_active_time": 0.2, "cc_op_count": 40}
+    table = analyze(sums).table.set_index("rank")
+    assert table.loc[0, "device_cc_op_time"] == 0.25 and pd.isna(table.loc[1, "device_cc_op_time"])
+    assert [r["device_cc_op_time"] for r in analyze(sums).to_json()["ranks"]] == [0.25, None]
 
 
 def test_a_single_process_says_it_has_one_rank():

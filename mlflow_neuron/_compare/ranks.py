@@ -71,7 +71,7 @@ STEP_COLUMNS = ["rank", "host", "cycle", "step", "step_us", "window_us", "comput
 INSTANCE_COLUMNS = ["instance", "name", "group", "step", "rank", "start_us", "end_us", "spent_us", "wait_us",
                     "arrived_last"]  # fmt: skip
 TABLE_COLUMNS = ["rank", "host", "steps", "step_us_median", "step_us_low", "step_us_high", "collective_us", "wait_us",
-                 "exposed_comm_pct", "idle_pct", "compute_us", "arrived_last_pct"]  # fmt: skip
+                 "exposed_comm_pct", "idle_pct", "compute_us", "arrived_last_pct", "device_cc_op_time"]  # fmt: skip
 
 
 @dataclass
@@ -97,7 +97,7 @@ class RankReport:
                           "step_time_us": {"median": row["step_us_median"], "low": row["step_us_low"],
                                            "high": row["step_us_high"]},
                           **{k: row[k] for k in ("collective_us", "wait_us", "exposed_comm_pct", "idle_pct",
-                                                 "compute_us", "arrived_last_pct")}})  # fmt: skip
+                                                 "compute_us", "arrived_last_pct", "device_cc_op_time")}})  # fmt: skip
         return _clean({"world_size": self.world_size, "ranks": ranks, "straggler": self.straggler,
                        "missing": self.missing, "unmatched": self.unmatched, "matched_collectives": self.matched,
                        "sentence": self.sentence, "notes": self.notes})  # fmt: skip
@@ -123,7 +123,8 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
     rows, step_rows, waits_by_name = [], [], {}
     for r in ranks:
         steps = _step_rows(r, by_rank[r], waits.get(r, {}) if instances else None)
-        rows.append(_row(r, steps, last_counts.get(r, 0), len(waited_for)))
+        rows.append({**_row(r, steps, last_counts.get(r, 0), len(waited_for)),
+                     "device_cc_op_time": _median(_device(s, "cc_op_time") for s in by_rank[r])})
         step_rows += steps
         waits_by_name[r] = _median_wait_by_name(waits.get(r, {}))
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
@@ -245,6 +246,12 @@ def _row(rank: int, steps: list[dict], last: int, waited: int) -> dict:
             "wait_us": _median(column("wait_us")), "exposed_comm_pct": _share(steps, "exposed_comm_us"),
             "idle_pct": _share(steps, "idle_us"), "compute_us": _median(column("compute_us")),
             "arrived_last_pct": 100.0 * last / waited if waited else None}  # fmt: skip
+
+
+def _device(summary: dict, field: str):
+    """A field of the rank's Neuron Explorer summary (`device`), as Explorer gives it, or None."""
+    device = summary.get("device")
+    return device.get(field) if isinstance(device, dict) else None
 
 
 def _median_wait_by_name(waits: dict) -> dict[str, float]:
