@@ -33,6 +33,7 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from mlflow.tracking import MlflowClient  # noqa: E402
@@ -60,6 +61,14 @@ def write(uri: str, proxy: DelayProxy, run_id: str, logged: list[list[dict]]) ->
                 RunLogger(RunRef(uri, run_id)).deliver(delivery)
                 size, count = size + len(text.encode()), count + 1
     return (proxy.requests - requests) / count, size / count
+
+
+def imports() -> float:
+    """Seconds a fresh process takes to import what `ranks` imports (MLflow, pandas), for scale."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import mlflow_neuron.cli, mlflow.tracking, pandas, mlflow_neuron._compare.ranks"],
+                   env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, timeout=600)  # fmt: skip
+    return time.perf_counter() - started
 
 
 def ranks_command(uri: str, run_id: str) -> tuple[float, dict]:
@@ -97,8 +106,8 @@ def main() -> None:
             client = MlflowClient(proxy.uri)
             print(f"{args.ranks} ranks, {args.steps} steps a cycle, through mlflow server (sqlite, served artifacts); "
                   f"the machine was shared with other work: read the columns side by side", flush=True)  # fmt: skip
-            print(f"{'cycles':>6} {'write: requests':>15} {'bytes':>8} {'ranks (s)':>10} {'requests':>9} "
-                  f"{'file by file (s)':>17}  straggler found (true: rank {job.slow_rank})")  # fmt: skip
+            print(f"{'cycles':>6} {'write: requests':>15} {'bytes':>8} {'ranks (s)':>10} {'imports (s)':>12} "
+                  f"{'requests':>9} {'file by file (s)':>17}  straggler found (true: rank {job.slow_rank})")  # fmt: skip
             for count in args.cycles:
                 run_id = client.create_run("0", run_name=f"ranks-{args.ranks}x{count}").info.run_id
                 logged = cycles(job, count=count, steps_per_cycle=args.steps)
@@ -108,10 +117,12 @@ def main() -> None:
                 read_requests = proxy.requests - before
                 slow = one_by_one(proxy.uri, run_id)
                 found = report["straggler"]["rank"] if report["straggler"] else "none"
-                print(f"{count:>6} {requests:>15.1f} {size:>8,.0f} {seconds:>10.2f} {read_requests:>9} {slow:>17.2f}  "
+                print(f"{count:>6} {requests:>15.1f} {size:>8,.0f} {seconds:>10.2f} {imports():>12.2f} {read_requests:>9} "
+                      f"{slow:>17.2f}  "
                       f"rank {found}; {len(report['ranks'])} ranks read", flush=True)  # fmt: skip
     print("write: per rank per cycle (requests through the proxy; bytes: the summary file). ranks: the command in a "
-          "fresh process, imports included; requests: its HTTP requests.")
+          "fresh process, imports included (imports: a fresh process importing what it imports, for scale); "
+          "requests: its HTTP requests; file by file: the same files read one at a time through MlflowClient.")
 
 
 if __name__ == "__main__":

@@ -275,3 +275,26 @@ def test_history_without_a_steady_straggler_prints_no_straggler_line(tracking_ur
                      experiment)  # fmt: skip
     assert cli_main(["history", "--experiment", "nightly"]) == EXIT_OK
     assert "STRAGGLER" not in capsys.readouterr().out
+
+
+def test_history_takes_the_wait_as_its_metric_and_finds_where_it_grew(tracking_uri, capsys):
+    client = MlflowClient()
+    experiment = client.create_experiment("nightly")
+    for night in range(12):  # rank 2 slowed from the seventh night on
+        base = SLOW if night >= 6 else EVEN
+        profiled_run(client, f"night-{night}", Job(**{**base.__dict__, "seed": night}), experiment)
+    client.create_run(experiment, run_name="no-ranks", tags={"mlflow_neuron.device": "cpu"})  # left out, counted
+    assert cli_main(["history", "--experiment", "nightly", "--metric", "wait_us", "--format", "json"]) == EXIT_OK
+    report = json.loads(capsys.readouterr().out)
+    assert report["metric"] == "wait_us" and report["without_rank_summaries"] == 1 and len(report["runs"]) == 12
+    (change,) = report["changes"]
+    assert change["verdict"] == "slower" and change["after_run_name"] == "night-6"
+    assert "the median wait in collectives went from" in change["sentence"]
+    assert report["straggler_line"].startswith("rank 2 (host ip-10-0-3-7) was the straggler in 6 of the last 10 runs")
+
+
+def test_history_of_the_wait_takes_no_region(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["history", "--experiment", "x", "--metric", "wait_us", "--region", "fwd"])
+    assert exit_info.value.code == EXIT_USAGE
+    assert "--metric wait_us is the wait of the whole step" in capsys.readouterr().err

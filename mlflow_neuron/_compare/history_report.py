@@ -22,11 +22,13 @@ _COLUMNS = ["run_name", "start", "commit", "n", "median", "95% interval", "segme
 
 
 def heading(frame: pd.DataFrame) -> str:
-    what = {"self_device_time_us": "self device time", "self_cpu_time_us": "self CPU time"}.get(
-        frame.attrs["metric"], "peak memory")  # fmt: skip
+    what = {"self_device_time_us": "self device time", "self_cpu_time_us": "self CPU time",
+            "wait_us": "wait in collectives (the median over the ranks)"}.get(frame.attrs["metric"], "peak memory")
     unit = "bytes" if frame.attrs["metric"] == "peak_memory_bytes" else "us"
     text = (f"history of {frame.attrs['experiment']}: {len(frame)} runs, {frame.attrs['subject']}, median "
             f"{what} per step ({unit}), in start order")  # fmt: skip
+    if frame.attrs.get("without_rank_summaries"):
+        text += f"; {frame.attrs['without_rank_summaries']} runs without rank summaries left out"
     return f"{text}; {frame.attrs['fallback']}" if frame.attrs.get("fallback") else text
 
 

@@ -244,6 +244,8 @@ def usage_error(args: argparse.Namespace, root: CommandParser, extra: list[str])
         command.error("--run-id goes with --retry-rejected")
     if args.command == "sync" and args.retry_rejected and args.retry_damaged:
         command.error("--retry-rejected and --retry-damaged go one at a time")
+    if args.command == "history" and args.metric == "wait_us" and (args.region or args.op):
+        command.error("--metric wait_us is the wait of the whole step: it takes no --region or --op")
     if args.command == "ingest" and not Path(args.path).exists():
         command.error(f"{args.path} does not exist")
 
@@ -262,8 +264,10 @@ def _history_parser(commands) -> None:
     his.add_argument("--run-name", help="only runs of this name")
     his.add_argument("--filter", metavar="FILTER", help="an MLflow search filter, such as \"tags.branch = 'main'\"")
     his.add_argument("--metric", default="self_device_time_us",
-                     choices=["self_device_time_us", "self_cpu_time_us", "peak_memory_bytes"],
-                     help="as in compare (default: %(default)s; self CPU time where a run has no device time)")
+                     choices=["self_device_time_us", "self_cpu_time_us", "peak_memory_bytes", "wait_us"],
+                     help="as in compare (default: %(default)s; self CPU time where a run has no device time); "
+                     "wait_us: each step's wait in collectives, the median over the ranks, from the runs' rank "
+                     "summaries (runs without them are left out)")
     subject = his.add_mutually_exclusive_group()
     subject.add_argument("--region", metavar="NAME", help="a record_function region's time, not the whole step's")
     subject.add_argument("--op", metavar="NAME", help="one op's time (its name as ops.json has it)")
