@@ -29,20 +29,22 @@ once the two definitions are equal. The rank that arrived last is the one with t
 in it (TraceLens: the smallest wait).
 
 **The straggler** is the rank that arrived last most often while the others waited measurably,
-and only when it stands out. An instance kept ranks waiting when the others' median wait there
-reached `STRAGGLER_MIN_WAIT_US` and `INSTANCE_WAIT_TO_TRANSFER` times its transfer (the jitter of a
-duration grows with the duration; below that, who came last is chance). In each step, the rank
-the others waited for is the one they waited for longest at such instances (a step, not an
-instance, is the unit: one late rank holds every collective of its step, and a step with a sleep
-before one all_reduce and three quick collectives after it is one late arrival, not one in four).
-A rank is named when
-- it is that rank in at least `STRAGGLER_LAST_SHARE` of the steps where ranks waited, and in
-  `STRAGGLER_MIN_STEPS` or more (a rank among n is that rank in 1/n of them by chance), and
-- the other ranks' median wait a step is at least `STRAGGLER_MIN_WAIT_SHARE` of the median step,
-  and at least `STRAGGLER_MIN_WAIT_US`.
+named only when it stands out. A step is the unit (one late rank holds every collective of its
+step; a sleep before one all_reduce and three quick collectives after it are one late arrival, not
+one in four). In each step where every rank's collectives were matched, a rank's lateness is the
+other ranks' median wait minus its own wait (how much longer they sat in that step's collectives
+than it did; no clock needed). The candidate is the rank with the largest median lateness; it is
+named when
+- it arrived measurably late: its median lateness is at least `STRAGGLER_MIN_WAIT_SHARE` of the
+  median step and at least `STRAGGLER_MIN_WAIT_US`, and
+- consistently: it was late (lateness > 0) in so many of the n steps that chance would give as
+  many at most `STRAGGLER_P_VALUE` of the time (a one-sided sign test: with no slow rank, a rank
+  is late in about half the steps). Six steps out of six pass; five of six do not; 16 of 20 pass.
 Otherwise no rank is named and the sentence says why. `arrived_last_pct` is the share of the
 instances that kept ranks waiting at which the rank arrived last (of the straggler: among the
-collectives it was last at). `benchmarks/rank_calibration.py` measures how often the rule names
+collectives it was last at); an instance kept ranks waiting when the others' median wait there
+reached `STRAGGLER_MIN_WAIT_US` and `INSTANCE_WAIT_TO_TRANSFER` times its transfer (the jitter of
+a duration grows with the duration; below that, who came last is chance). `benchmarks/rank_calibration.py` measures how often the rule names
 the right rank, and a rank when none was slowed.
 """
 
@@ -55,12 +57,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy.stats import binom
 
 from .._trace.collectives import FORMAT
 from .._trace.step_summary import summarize
 
-STRAGGLER_LAST_SHARE = 0.6
-STRAGGLER_MIN_STEPS = 3
+STRAGGLER_P_VALUE = 0.02
 INSTANCE_WAIT_TO_TRANSFER = 0.5
 STRAGGLER_MIN_WAIT_SHARE = 0.02
 STRAGGLER_MIN_WAIT_US = 100.0
@@ -128,9 +130,10 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
         step_rows += steps
         waits_by_name[r] = _median_wait_by_name(waits.get(r, {}))
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
-    straggler, why = _straggler(table, waited_for, len(instances))
+    step_frame = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
+    straggler, why = _straggler(table, step_frame, waited_for, len(instances))
     report = RankReport(world_size, table, straggler, missing, unmatched, len(instances), "", notes, waits_by_name,
-                        pd.DataFrame(step_rows, columns=STEP_COLUMNS), instance_rows)
+                        step_frame, instance_rows)
     report.sentence = _sentence(report, why)
     return report
 
@@ -259,39 +262,38 @@ def _median_wait_by_name(waits: dict) -> dict[str, float]:
     return {name: _median([per_name.get(name, 0.0) for per_name in waits.values()]) for name in names}
 
 
-def _straggler(table: pd.DataFrame, waited_for: list, matched: int) -> tuple[dict | None, str]:
+def _straggler(table: pd.DataFrame, steps: pd.DataFrame, waited_for: list, matched: int) -> tuple[dict | None, str]:
     """The straggler by the rule of the module docstring, or None and why not."""
     if len(table) < 2:
         return None, "one rank"
     if matched == 0:
         return None, "no collective matched across ranks"
-    if not waited_for:
-        return None, f"at none of {matched} collectives did the others wait {duration(STRAGGLER_MIN_WAIT_US)} or more"
-    caused: dict = defaultdict(Counter)  # step -> rank -> how long the others waited for it there
-    for r, _, wait, step in waited_for:
-        caused[step][r] += wait
-    last_in = Counter(max(by_rank, key=lambda r: (by_rank[r], -r)) for by_rank in caused.values())
-    total = Counter()
-    for by_rank in caused.values():
-        total.update(by_rank)
-    rank = max(last_in, key=lambda r: (last_in[r], total[r], -r))
-    steps, count = len(caused), last_in[rank]
-    others = table[table["rank"] != rank]
-    others_wait = _median([w for w in others["wait_us"] if _number(w)]) or 0.0
+    waits = steps.dropna(subset=["wait_us"]).pivot_table(index=["cycle", "step"], columns="rank", values="wait_us",
+                                                          aggfunc="first", dropna=False).dropna()  # fmt: skip
+    if waits.empty:
+        return None, "no step has its collectives matched on every rank"
+    # how much later than the others a rank arrived in each step: the others' median wait minus its own
+    lateness = {r: waits.drop(columns=r).median(axis=1) - waits[r] for r in waits.columns}
+    rank = max(lateness, key=lambda r: (float(lateness[r].median()), -r))
+    late, n = int((lateness[rank] > 0).sum()), len(waits)
+    p_value = float(binom.sf(late - 1, n, 0.5))  # P(this many steps or more | late in half the steps by chance)
     step_us = _median([s for s in table["step_us_median"] if _number(s)]) or 0.0
     floor = max(STRAGGLER_MIN_WAIT_US, STRAGGLER_MIN_WAIT_SHARE * step_us)
-    if count < STRAGGLER_MIN_STEPS or count / steps < STRAGGLER_LAST_SHARE:
-        return None, (f"rank {rank}, the most often, was the one the others waited for in {count} of the {steps} "
-                      "steps where they waited")
-    if others_wait < floor:
-        return None, (f"rank {rank} was the one the others waited for in {count} of {steps} steps, but they waited "
-                      f"{duration(others_wait)} a step, under {duration(floor)}")
+    by_how_much = float(lateness[rank].median())
+    if by_how_much < floor:
+        return None, (f"no rank arrived measurably later than the others: the latest, rank {rank}, by "
+                      f"{duration(max(by_how_much, 0.0))} a step (median), under {duration(floor)}")
+    if p_value > STRAGGLER_P_VALUE:
+        return None, (f"rank {rank} arrived {duration(by_how_much)} a step later than the others (median), but only "
+                      f"in {late} of {n} steps: not consistently")
+    others = table[table["rank"] != rank]
+    others_wait = _median([w for w in others["wait_us"] if _number(w)]) or 0.0
     names = Counter(name for r, name, *_ in waited_for if r == rank)
     alike = [r for r, name, *_ in waited_for if name in names]  # the instances of the collectives it was last at
     return {"rank": int(rank), "host": table.loc[table["rank"] == rank, "host"].iloc[0],
-            "arrived_last_pct": 100.0 * sum(names.values()) / len(alike), "last_steps": count, "steps": steps,
-            "waited_for_pct": 100.0 * total[rank] / sum(total.values()), "others_wait_us": others_wait,
-            "others_wait_pct_of_step": 100.0 * others_wait / step_us if step_us else None,
+            "arrived_last_pct": 100.0 * sum(names.values()) / len(alike) if alike else None,
+            "late_steps": late, "steps": n, "p_value": p_value, "late_by_us": by_how_much,
+            "others_wait_us": others_wait, "others_wait_pct_of_step": 100.0 * others_wait / step_us if step_us else None,
             "collective": names.most_common(1)[0][0] if len(names) == 1 else None,
             "waited_instances": len(waited_for), "matched_instances": matched}, ""  # fmt: skip
 
@@ -309,9 +311,10 @@ def _sentence(report: RankReport, why: str) -> str:
         what = f"{s['collective']}s" if s.get("collective") else "collectives"
         share = f" ({s['others_wait_pct_of_step']:.0f}% of it)" if s.get("others_wait_pct_of_step") is not None else ""
         others = "other rank" if n == 2 else f"other {n - 1} ranks"
-        return (f"rank {s['rank']}{host} arrived last in {s['last_steps']} of {s['steps']} steps, at "
-                f"{s['arrived_last_pct']:.0f}% of the {what} that kept others waiting; the {others} waited "
-                f"{duration(s['others_wait_us'])} a step{share} for it" + tail)
+        at = f"at {s['arrived_last_pct']:.0f}% of the {what} that kept others waiting, " if s["arrived_last_pct"] else ""
+        return (f"rank {s['rank']}{host} arrived last {at}later than the others in {s['late_steps']} of {s['steps']} "
+                f"steps; the {others} waited {duration(s['others_wait_us'])} a step{share}, "
+                f"{duration(s['late_by_us'])} longer than it did" + tail)
     return f"no rank stands out across {n} ranks: {why}" + tail
 
 
