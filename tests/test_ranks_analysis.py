@@ -216,6 +216,12 @@ def test_explain_change_says_where_the_wait_grew_and_who_the_straggler_is_in_eac
     assert explain_change(even, slow) == ("the wait in all_reduce grew from 8 µs to 3.0 ms a step on ranks 0, 1 and 3; "
                                           "rank 2 is the straggler in B, none in A")  # fmt: skip
     assert explain_change(even, even) is None
+    heavier = straggling(late_by=3.0)
+    for summary_ in heavier:
+        for step in summary_["steps"]:
+            step["compute_us"] += 250.0
+    assert explain_change(even, analyze(heavier)) == ("compute grew from 400 µs to 650 µs a step (the ranks' median); "
+                                                      "the wait did not change")  # fmt: skip
     assert explain_change(analyze(straggling(n=1)), slow) is None
 
 

@@ -343,7 +343,22 @@ def explain_change(base: RankReport, run: RankReport) -> str | None:
             parts.append(f"rank {run.straggler['rank']} is the straggler in B, {who(base)} in A")
         else:
             parts.append(f"{who(base)} was the straggler in A, none is in B")
+    if not parts:  # neither the wait nor the straggler changed: say which part of the step did, if one did
+        grown = {part: (_part(base, column), _part(run, column)) for part, column in _PARTS.items()}
+        part, (before, after) = max(grown.items(), key=lambda item: abs((item[1][1] or 0.0) - (item[1][0] or 0.0)))
+        if before is not None and after is not None and abs(after - before) >= floor:
+            parts.append(f"{part} {'grew' if after > before else 'fell'} from {_pair(before, after)} a step (the "
+                         f"ranks' median); the wait did not change")  # fmt: skip
     return "; ".join(parts) or None
+
+
+_PARTS = {"compute": "compute_us", "idle time": "idle_us", "time in collectives": "collective_us"}
+
+
+def _part(report: RankReport, column: str) -> float | None:
+    """The median over ranks of each rank's median a step of one part of the step."""
+    per_rank = report.steps.groupby("rank")[column].median() if len(report.steps) else []
+    return _median(list(per_rank))
 
 
 def _dominant_name(report: RankReport, ranks: list[int]) -> str | None:
