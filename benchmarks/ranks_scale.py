@@ -17,8 +17,10 @@ exact format each rank logs. Per cycle count C:
 
       mlflow-neuron ranks RUN --tracking-uri http://127.0.0.1:P --format json
 
-  beside reading the same files one by one through `MlflowClient` (a listing per rank, then
-  `download_artifacts` of each file), the way one might without downloading the folder at once.
+  beside its imports alone (a fresh process importing what it imports), the read and analysis in
+  process (imports done), and reading the same files one by one through `MlflowClient` (a listing
+  per rank, then `download_artifacts` of each file), the way one might without downloading the
+  folder at once.
 """
 
 from __future__ import annotations
@@ -82,6 +84,15 @@ def ranks_command(uri: str, run_id: str) -> tuple[float, dict]:
     return seconds, json.loads(done.stdout)
 
 
+def in_process(uri: str, run_id: str) -> float:
+    """Seconds `ranks` spends reading and analysing, its imports done (this process)."""
+    from mlflow_neuron._compare.rank_runs import read_ranks
+
+    started = time.perf_counter()
+    read_ranks(run_id, uri).report_json
+    return time.perf_counter() - started
+
+
 def one_by_one(uri: str, run_id: str) -> float:
     """Seconds to read the same files through MlflowClient, file by file."""
     client = MlflowClient(uri)
@@ -107,7 +118,7 @@ def main() -> None:
             print(f"{args.ranks} ranks, {args.steps} steps a cycle, through mlflow server (sqlite, served artifacts); "
                   f"the machine was shared with other work: read the columns side by side", flush=True)  # fmt: skip
             print(f"{'cycles':>6} {'write: requests':>15} {'bytes':>8} {'ranks (s)':>10} {'imports (s)':>12} "
-                  f"{'requests':>9} {'file by file (s)':>17}  straggler found (true: rank {job.slow_rank})")  # fmt: skip
+                  f"{'read (s)':>9} {'requests':>9} {'file by file (s)':>17}  straggler found (true: rank {job.slow_rank})")  # fmt: skip
             for count in args.cycles:
                 run_id = client.create_run("0", run_name=f"ranks-{args.ranks}x{count}").info.run_id
                 logged = cycles(job, count=count, steps_per_cycle=args.steps)
@@ -117,11 +128,13 @@ def main() -> None:
                 read_requests = proxy.requests - before
                 slow = one_by_one(proxy.uri, run_id)
                 found = report["straggler"]["rank"] if report["straggler"] else "none"
-                print(f"{count:>6} {requests:>15.1f} {size:>8,.0f} {seconds:>10.2f} {imports():>12.2f} {read_requests:>9} "
+                print(f"{count:>6} {requests:>15.1f} {size:>8,.0f} {seconds:>10.2f} {imports():>12.2f} "
+                      f"{in_process(proxy.uri, run_id):>9.2f} {read_requests:>9} "
                       f"{slow:>17.2f}  "
                       f"rank {found}; {len(report['ranks'])} ranks read", flush=True)  # fmt: skip
     print("write: per rank per cycle (requests through the proxy; bytes: the summary file). ranks: the command in a "
-          "fresh process, imports included (imports: a fresh process importing what it imports, for scale); "
+          "fresh process, imports included (imports: a fresh process importing what it imports, for scale; read: "
+          "the same read and analysis in this process, its imports done); "
           "requests: its HTTP requests; file by file: the same files read one at a time through MlflowClient.")
 
 

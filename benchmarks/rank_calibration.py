@@ -1,0 +1,118 @@
+"""How often `mlflow-neuron ranks` names the right straggler, and how often it names one when no rank
+was slowed: 4-rank `torchrun` jobs (gloo, CPU), one slow rank, its delay a share of the step.
+
+    python benchmarks/rank_calibration.py [--jobs 20] [--delays 0 0.05 0.1 0.3] [--slow-rank 2] [--size 384]
+
+Each job is `examples/ranks_straggler.py` under `torchrun --standalone --nproc-per-node 4`: per step
+a matmul of side `--size`, then on `--slow-rank` a sleep (`--delay-ms`), then one `all_reduce`;
+every rank profiled by the callback's defaults into one run of a sqlite store. The delay is a
+share of the step: the median step of the jobs without a delay (run first), times the share. The run is then read as `ranks` reads it
+(`rank_runs.read_ranks`, `analyze`). Per delay: the jobs in which the slow rank was named, another
+rank was named, or none; the other ranks' median wait a step and the median step, each the median
+over the jobs. At delay 0 no rank was slowed, so any rank named is a false straggler; the line
+under the table shows which ranks the rule named and how often each arrived last, so that a rank
+late every time without a delay (four ranks on two cores are not symmetric) shows with its figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT)]
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+WORLD = 4
+
+
+def job(work: pathlib.Path, uri: str, delay: float, delay_ms: float, slow_rank: int, size: int, index: int) -> str:
+    """Runs one torchrun job (`delay` of the step, `delay_ms`); returns its run id."""
+    outbox = work / f"outbox-{index}"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
+               str(ROOT / "examples" / "ranks_straggler.py"), "--tracking-uri", uri, "--outbox", str(outbox),
+               "--size", str(size), "--run-name", f"delay-{delay:g}-{index}"]  # fmt: skip
+    if delay:
+        command += ["--slow-rank", str(slow_rank), "--delay-ms", f"{delay_ms:.3f}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=work)
+    if done.returncode != 0:
+        raise RuntimeError(f"job failed ({done.returncode}): {done.stderr[-3000:]}")
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return next(line["run_id"] for line in lines if line.get("rank") == 0)
+
+
+def judged(uri: str, run_id: str) -> dict:
+    """What `ranks` finds in the run: the straggler, the others' wait, the step, who arrived last."""
+    from mlflow_neuron._compare.rank_runs import read_ranks
+
+    report = read_ranks(run_id, uri).report
+    table = report.table
+    straggler = (report.straggler or {}).get("rank")
+    waits = table[table["rank"] != (straggler if straggler is not None else -1)]["wait_us"].dropna()
+    return {"straggler": straggler, "others_wait_us": float(waits.median()) if len(waits) else float("nan"),
+            "step_us": float(table["step_us_median"].median()),
+            "last": {int(r): p for r, p in zip(table["rank"], table["arrived_last_pct"]) if p is not None}}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=20, help="jobs per delay (default: %(default)s)")
+    parser.add_argument("--delays", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.3],
+                        help="the slow rank's delay, a share of the step (default: %(default)s)")
+    parser.add_argument("--slow-rank", type=int, default=2)
+    parser.add_argument("--size", type=int, default=384, help="the matmul's side (default: %(default)s)")
+    args = parser.parse_args()
+    print(f"{WORLD}-rank torchrun jobs (gloo, CPU), {args.jobs} a delay, slow rank {args.slow_rank}, matmul {args.size}; "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start", flush=True)  # fmt: skip
+    rows, zero, step_ms = [], [], None
+    with tempfile.TemporaryDirectory(prefix="rank-calibration-") as tmp:
+        work = pathlib.Path(tmp)
+        uri = f"sqlite:///{work / 'mlflow.db'}"
+        for delay in sorted(set(args.delays) | {0.0}):
+            found, started = [], time.perf_counter()
+            for index in range(args.jobs if delay in args.delays else 1):
+                try:
+                    run_id = job(work, uri, delay, delay * (step_ms or 0.0), args.slow_rank, args.size, len(found) + index)
+                except RuntimeError as failed:  # a job that failed is said, not counted
+                    print(f"  delay {delay:.0%}, job {index}: {str(failed)[-300:]}", flush=True)
+                    continue
+                found.append(judged(uri, run_id))
+            if not delay:
+                step_ms = statistics.median(f["step_us"] for f in found) / 1000
+                print(f"  the step without a delay: {step_ms:.2f} ms (median over {len(found)} jobs)", flush=True)
+                if delay not in args.delays:
+                    continue
+            named = Counter(f["straggler"] for f in found)
+            right = named.get(args.slow_rank, 0) if delay else 0
+            wrong = sum(n for rank, n in named.items() if rank is not None and (rank != args.slow_rank or not delay))
+            rows.append((delay, len(found), right, wrong, named.get(None, 0),
+                         statistics.median(f["others_wait_us"] for f in found) / 1000,
+                         statistics.median(f["step_us"] for f in found) / 1000, time.perf_counter() - started))  # fmt: skip
+            if not delay:
+                zero = found
+            print(f"  delay {delay:.0%} ({delay * step_ms:.2f} ms): {dict(named)} ({time.perf_counter() - started:.0f} s)",
+                  flush=True)  # fmt: skip
+    print(f"\n| delay (of the step) | jobs | right rank named | another rank named | none named | "
+          f"others' wait a step (ms) | step (ms) |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    for delay, n, right, wrong, none, wait, step, _ in rows:
+        print(f"| {delay:.0%} | {n} | {right if delay else '-'} | {wrong} | {none} | {wait:.2f} | {step:.2f} |")
+    if zero:
+        named = Counter(f["straggler"] for f in zero if f["straggler"] is not None)
+        last = {r: statistics.median(f["last"].get(r, 0.0) for f in zero) for r in range(WORLD)}
+        print(f"\nno delay: ranks named {dict(named) or 'none'}; each rank arrived last at (median over the jobs) "
+              + ", ".join(f"rank {r} {p:.0f}%" for r, p in last.items())
+              + " of the collectives that kept others waiting")  # fmt: skip
+    print(f"load average {os.getloadavg()[0]:.1f} at the end; the machine was shared with other work")
+
+
+if __name__ == "__main__":
+    main()
