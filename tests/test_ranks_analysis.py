@@ -387,3 +387,21 @@ def test_the_temporal_breakdown_and_overlap_agree_with_hta_within_2_points(name,
         theirs = reference[str(rank)]
         for key, value in ours.items():
             assert value == pytest.approx(theirs[key], abs=2.0), key
+
+
+def test_a_public_nccl_pair_with_one_ranks_clock_off_by_50_ms_reads_the_same():
+    def summaries(shift):
+        out = []
+        for rank, path in enumerate(HTA_SETS["hta_sampled_2rank"]):
+            with gzip.open(FIXTURES / path, "rt") as handle:
+                data = json.load(handle)
+            for event in data["traceEvents"]:
+                if "ts" in event and rank == 1:
+                    event["ts"] = float(event["ts"]) + shift
+            out.append(rank_summary_from_chrome(data))
+        return out
+
+    plain, shifted = analyze(summaries(0.0)), analyze(summaries(50_000.0))
+    assert shifted.to_json() == plain.to_json()
+    assert "20 point-to-point transfers (send/recv) left out of the wait" in plain.notes[0]
+    assert plain.missing == list(range(2, 128)) and "ranks 2-127 sent no summary" in plain.sentence
