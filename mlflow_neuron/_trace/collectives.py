@@ -89,7 +89,7 @@ def rank_summary_from_chrome(trace: dict | str | Path, *, rank: int | None = Non
     a file (`.json` or `.json.gz`). `rank` and `world_size` default to the trace's
     `distributedInfo`, `host` to its `host_name`; whatever is still unknown is None. ValueError
     for something that is not a chrome trace."""
-    events = _Events()
+    events = RankEvents()
     if isinstance(trace, dict):
         if not isinstance(trace.get("traceEvents"), list):
             raise ValueError("not a chrome trace (no traceEvents list)")
@@ -97,24 +97,31 @@ def rank_summary_from_chrome(trace: dict | str | Path, *, rank: int | None = Non
         meta = trace
     else:
         meta = read_pieces(trace, events.feed, events.restart)
-    info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    steps, collectives, source, timeline = events.summarize()
-    return {
-        "format": FORMAT, "version": VERSION,
-        "rank": rank if rank is not None else _int_or_none(info.get("rank")),
-        "world_size": world_size if world_size is not None else _int_or_none(info.get("world_size")),
-        "host": host if host is not None else (meta.get("host_name") or None),
-        "cycle_step": cycle_step,
-        "timeline": timeline, "collective_source": source,
-        "steps": steps, "collectives": collectives, "device": None, "skipped_events": events.skipped,
-    }  # fmt: skip
+    return events.summary(meta, rank=rank, host=host, world_size=world_size, cycle_step=cycle_step)
 
 
-class _Events:
-    """The events a rank summary needs, kept as plain tuples while the trace is read."""
+class RankEvents:
+    """The events a rank summary needs, kept as plain tuples while a trace is read: `feed` takes
+    the `traceEvents` a list at a time (as `chrome_file.read_pieces` hands them, so one reading of
+    a file can feed this and another reader), `restart` forgets them, `summary` makes the summary."""
 
     def __init__(self):
         self.restart()
+
+    def summary(self, meta: dict, *, rank: int | None = None, host: str | None = None,
+                world_size: int | None = None, cycle_step: int | None = None) -> dict:
+        """The rank summary of what was fed; `meta` is the trace without its events."""
+        info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+        steps, collectives, source, timeline = self.summarize()
+        return {
+            "format": FORMAT, "version": VERSION,
+            "rank": rank if rank is not None else _int_or_none(info.get("rank")),
+            "world_size": world_size if world_size is not None else _int_or_none(info.get("world_size")),
+            "host": host if host is not None else (meta.get("host_name") or None),
+            "cycle_step": cycle_step,
+            "timeline": timeline, "collective_source": source,
+            "steps": steps, "collectives": collectives, "device": None, "skipped_events": self.skipped,
+        }  # fmt: skip
 
     def restart(self) -> None:
         self.steps: list[tuple[int, float, float]] = []  # (number, start, end)
