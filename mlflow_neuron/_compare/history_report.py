@@ -23,7 +23,7 @@ _COLUMNS = ["run_name", "start", "commit", "n", "median", "95% interval", "segme
 
 def heading(frame: pd.DataFrame) -> str:
     what = {"self_device_time_us": "self device time", "self_cpu_time_us": "self CPU time",
-            "wait_us": "wait in collectives (the median over the ranks)"}.get(frame.attrs["metric"], "peak memory")
+            "wait_us": "wait in collectives (the median over the ranks, from the rank summaries)"}.get(frame.attrs["metric"], "peak memory")
     unit = "bytes" if frame.attrs["metric"] == "peak_memory_bytes" else "us"
     text = (f"history of {frame.attrs['experiment']}: {len(frame)} runs, {frame.attrs['subject']}, median "
             f"{what} per step ({unit}), in start order")  # fmt: skip

@@ -102,11 +102,7 @@ class WaitSeries:
             raise RunNotFound(f"{len(self.runs)} of the {len(runs)} runs have rank summaries with matched collectives: "
                               "a history of the wait needs 2 or more")  # fmt: skip
         self.summaries = [summarize(values) for values in self._samples]
-        self.slow, self.contradicting = len(self.runs), []
-
-    @property
-    def tables_read(self) -> int:
-        return len(self.runs)
+        self.slow, self.tables_read, self.contradicting = 0, 0, []  # no run's tables are read: its rank summaries are
 
     def levels(self) -> list[float | None]:
         return [s.level for s in self.summaries]
