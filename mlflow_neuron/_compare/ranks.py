@@ -44,8 +44,9 @@ Otherwise no rank is named and the sentence says why. `arrived_last_pct` is the 
 instances that kept ranks waiting at which the rank arrived last (of the straggler: among the
 collectives it was last at); an instance kept ranks waiting when the others' median wait there
 reached `STRAGGLER_MIN_WAIT_US` and `INSTANCE_WAIT_TO_TRANSFER` times its transfer (the jitter of
-a duration grows with the duration; below that, who came last is chance). `benchmarks/rank_calibration.py` measures how often the rule names
-the right rank, and a rank when none was slowed.
+a duration grows with the duration; below that, who came last is chance).
+`benchmarks/rank_calibration.py` measures how often the rule names the right rank, and a rank
+when none was slowed.
 """
 
 from __future__ import annotations
@@ -228,7 +229,8 @@ def _step_rows(rank: int, summaries: list[dict], waits: dict | None) -> list[dic
     rows, host = {}, _host(summaries)
     for summary in sorted(summaries, key=lambda s: (s.get("cycle_step") is None, s.get("cycle_step") or 0)):
         for step in summary["steps"]:
-            key = step.get("step") if isinstance(step, dict) and step.get("step") is not None else (summary.get("cycle_step"), id(step))
+            number = step.get("step") if isinstance(step, dict) else None
+            key = number if number is not None else (summary.get("cycle_step"), id(step))
             if isinstance(step, dict) and _number(step.get("step_us")) and key not in rows:
                 row = {k: step.get(k) for k in STEP_COLUMNS if k in step}
                 wait = None if waits is None else sum(waits.get(step.get("step"), {}).values())

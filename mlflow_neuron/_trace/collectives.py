@@ -176,7 +176,8 @@ class RankEvents:
                 known = classes.get((category, name))
                 if known is None:
                     kind = MEMORY if category.startswith("gpu_mem") else kernel_class(name)
-                    known = classes[(category, name)] = (kind, kind == COMM or (kind == MEMORY and bool(HOST_DEVICE_COPY.match(name))))
+                    copy = kind == MEMORY and bool(HOST_DEVICE_COPY.match(name))
+                    known = classes[(category, name)] = (kind, kind == COMM or copy)
                 kind, keep = known
                 device.append((start, end, kind, args.get("correlation"), {**args, "_name": name} if keep else _NO_ARGS))
             elif role == _LAUNCH:
@@ -261,6 +262,7 @@ class RankEvents:
         comm = _Union([(r["start_us"], r["end_us"]) for r in collectives])
         comm_or_compute = _Union(compute.intervals + comm.intervals)
         copy_union = _Union([(s, e) for s, e, _ in copies])
+        peak = self._peaks()
         rows = []
         for (number, cpu_start, cpu_end), (start, end) in zip(steps, windows):
             row = {"step": number, "start_us": cpu_start, "end_us": cpu_end, "step_us": cpu_end - cpu_start,
@@ -273,16 +275,24 @@ class RankEvents:
                            idle_us=(end - start) - busy.within(start, end))  # fmt: skip
                 if device:
                     row["memcpy_us"] = copy_union.within(start, end)
-                    sizes = [b for s, _, b in copies if start <= s < end]
-                    row["memcpy_bytes"] = int(sum(sizes)) if sizes and all(isinstance(b, (int, float)) for b in sizes) else (0 if not sizes else None)
-            row["peak_memory_bytes"] = self._peak(cpu_start, cpu_end if not device or math.isnan(end) else max(cpu_end, end))
+                    row["memcpy_bytes"] = _copied_bytes([b for s, _, b in copies if start <= s < end])
+            row["peak_memory_bytes"] = peak(cpu_start, cpu_end if not device or math.isnan(end) else max(cpu_end, end))
             rows.append({k: _rounded(v) for k, v in row.items()})
         return rows
 
-    def _peak(self, start: float, end: float) -> int | None:
+    def _peaks(self):
+        """(start, end) -> the largest `Total Allocated` in [start, end): the device's where the
+        trace has device memory events, else the host's; None without any."""
         on_device = any(d for _, _, d in self.memory)
-        totals = [total for ts, total, d in self.memory if d == on_device and start <= ts < end]
-        return int(max(totals)) if totals else None
+        kept = sorted((ts, total) for ts, total, d in self.memory if d == on_device)
+        times = np.asarray([ts for ts, _ in kept], float)
+        totals = [total for _, total in kept]
+
+        def peak(start: float, end: float) -> int | None:
+            a, b = np.searchsorted(times, start, side="left"), np.searchsorted(times, end, side="left")
+            return int(max(totals[a:b])) if b > a else None
+
+        return peak
 
 
 class _Union:
@@ -310,6 +320,11 @@ class _Union:
 
     def within(self, start: float, end: float) -> float:
         return max(0.0, self.covered_to(end) - self.covered_to(start)) if len(self.starts) else 0.0
+
+
+def _copied_bytes(sizes: list) -> int | None:
+    """The bytes of a step's copies: 0 without copies, None where one copy's size is not recorded."""
+    return int(sum(sizes)) if all(isinstance(b, (int, float)) for b in sizes) else None
 
 
 def _step_index(steps: list[tuple[int | None, float, float]]):
