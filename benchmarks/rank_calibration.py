@@ -5,7 +5,8 @@ was slowed: 4-rank `torchrun` jobs (gloo, CPU), one slow rank, its delay a share
 
 Each job is `examples/ranks_straggler.py` under `torchrun --standalone --nproc-per-node 4`: per step
 a matmul of side `--size`, then on `--slow-rank` a sleep (`--delay-ms`), then one `all_reduce`;
-every rank profiled by the callback's defaults into one run of a sqlite store. The delay is a
+every rank profiled by the callback's defaults into one run of a sqlite store, 2 cycles of 5 steps
+(a straggler needs 6 profiled steps or more), with 120 s at close to deliver on a busy machine. The delay is a
 share of the step: the median step of the jobs without a delay (run first), times the share. The run is then read as `ranks` reads it
 (`rank_runs.read_ranks`, `analyze`). Per delay: the jobs in which the slow rank was named, another
 rank was named, or none; the other ranks' median wait a step and the median step, each the median
@@ -39,7 +40,8 @@ def job(work: pathlib.Path, uri: str, delay: float, delay_ms: float, slow_rank: 
     outbox = work / f"outbox-{index}"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
                str(ROOT / "examples" / "ranks_straggler.py"), "--tracking-uri", uri, "--outbox", str(outbox),
-               "--size", str(size), "--run-name", f"delay-{delay:g}-{index}"]  # fmt: skip
+               "--size", str(size), "--run-name", f"delay-{delay:g}-{index}", "--cycles", "2", "--active", "5",
+               "--flush-timeout-s", "120"]  # fmt: skip
     if delay:
         command += ["--slow-rank", str(slow_rank), "--delay-ms", f"{delay_ms:.3f}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

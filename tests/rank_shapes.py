@@ -5,7 +5,7 @@ benchmarks/ranks_scale.py).
     summaries = job.cycle(cycle_step=10, steps=range(5))       # one dict per rank
     log_job(client, run_id, [job.cycle(10, range(5)), job.cycle(20, range(10, 15))])
 
-A step on every rank: compute (its own length), then one all_reduce that each rank enters when its
+A step on every rank: `idle_us` of nothing, compute (its own length), then one all_reduce that each rank enters when its
 compute ends and that ends on every rank `transfer_us` after the last rank entered. So a rank's
 wait at each all_reduce is (the latest arrival) - (its own arrival), exactly, and the straggler is
 whichever rank computes longest. Each rank keeps its own clock: `clock_offset_us[r]` shifts every
@@ -31,6 +31,7 @@ class Job:
     compute_us: float = 70_000.0
     transfer_us: float = 2_000.0
     jitter_us: float = 300.0  # each rank's compute varies by up to this much, seeded
+    idle_us: float = 0.0  # each step opens with this much of nothing running (a data loader's wait)
     hosts: list[str] | None = None  # default: ip-10-0-0-<rank // 8>, eight ranks a host
     clock_offset_us: dict[int, float] = field(default_factory=dict)
     seed: int = 0
@@ -44,7 +45,7 @@ class Job:
         summaries = {r: self._empty(r, cycle_step) for r in range(self.world_size)}
         now = 1_000_000.0 * (cycle_step + 1)  # one shared true clock; each rank reports it shifted
         for step in steps:
-            arrivals = {r: now + self.compute_us + rng.uniform(0, self.jitter_us) +
+            arrivals = {r: now + self.idle_us + self.compute_us + rng.uniform(0, self.jitter_us) +
                         (self.delay_us if r == self.slow_rank else 0.0) for r in range(self.world_size)}  # fmt: skip
             end = max(arrivals.values()) + self.transfer_us
             for r, summary in summaries.items():
@@ -52,8 +53,8 @@ class Job:
                 collective = end - arrivals[r]
                 summary["steps"].append({
                     "step": step, "start_us": now + shift, "end_us": end + shift, "step_us": end - now, "window_us": end - now,
-                    "compute_us": arrivals[r] - now, "collective_us": collective, "exposed_comm_us": collective,
-                    "idle_us": 0.0, "memcpy_us": 0.0, "memcpy_bytes": None, "peak_memory_bytes": None,
+                    "compute_us": arrivals[r] - now - self.idle_us, "collective_us": collective,
+                    "exposed_comm_us": collective, "idle_us": self.idle_us, "memcpy_us": 0.0, "memcpy_bytes": None, "peak_memory_bytes": None,
                 })  # fmt: skip
                 summary["collectives"].append({"name": "all_reduce", "group": "0", "seq": step, "step": step,
                                                "start_us": arrivals[r] + shift, "end_us": end + shift,
@@ -66,7 +67,7 @@ class Job:
                 "host": self.host(rank), "cycle_step": cycle_step, "steps": [], "collectives": [], "device": None}
 
 
-def cycles(job: Job, count: int = 2, steps_per_cycle: int = 5) -> list[list[dict]]:
+def cycles(job: Job, count: int = 2, steps_per_cycle: int = 8) -> list[list[dict]]:
     """`count` cycles of `steps_per_cycle` steps each, logged at steps 10, 20, ..."""
     return [job.cycle(10 * (c + 1), range(10 * c + 1, 10 * c + 1 + steps_per_cycle)) for c in range(count)]
 

@@ -93,7 +93,7 @@ def test_the_picture_splits_each_step_into_parts_that_add_up_to_it(tracking_uri)
     from mlflow_neuron._compare.rank_chart import PARTS, figure, step_split
     from mlflow_neuron._compare.rank_runs import read_ranks
 
-    read = read_ranks(new_run(MlflowClient(), SLOW))
+    read = read_ranks(new_run(MlflowClient(), Job(**{**SLOW.__dict__, "idle_us": 5_000.0})))
     split = step_split(read.report.steps)
     for row in split.to_dict("records"):
         steps = [s["step_us"] for summary in read.summaries if summary["rank"] == row["rank"] for s in summary["steps"]]
@@ -102,6 +102,7 @@ def test_the_picture_splits_each_step_into_parts_that_add_up_to_it(tracking_uri)
     drawn = {a.get_gid(): a.get_width() for a in fig.axes[0].patches}
     assert drawn["rank 2: wait"] < 5 and 25 < drawn["rank 0: wait"] < 35  # ms
     assert drawn["rank 2: compute"] > drawn["rank 0: compute"] + 25
+    assert all(abs(drawn[f"rank {r}: idle"] - 5) < 0.01 for r in range(4))
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()][2].endswith("straggler")
 
 
