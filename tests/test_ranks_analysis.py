@@ -405,3 +405,30 @@ def test_a_public_nccl_pair_with_one_ranks_clock_off_by_50_ms_reads_the_same():
     assert shifted.to_json() == plain.to_json()
     assert "20 point-to-point transfers (send/recv) left out of the wait" in plain.notes[0]
     assert plain.missing == list(range(2, 128)) and "ranks 2-127 sent no summary" in plain.sentence
+
+
+def test_torch_writes_what_the_summary_reads_a_real_profiler_and_a_gloo_process_group(tmp_path):
+    """torch 2.13 under torch.profiler: a gloo all_reduce is a `gloo:all_reduce` span with its
+    input's shape (with record_shapes; without, its bytes are null); `c10d::allreduce_` only
+    queues it. One process, a process group of one."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        tensor = torch.ones(1000)
+        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=3), record_shapes=True,
+                     on_trace_ready=lambda p: p.export_chrome_trace(str(tmp_path / "trace.json"))) as prof:  # fmt: skip
+            for _ in range(4):
+                torch.tanh(torch.randn(64, 64) @ torch.randn(64, 64))
+                dist.all_reduce(tensor)
+                prof.step()
+    finally:
+        dist.destroy_process_group()
+    s = rank_summary_from_chrome(tmp_path / "trace.json", cycle_step=4)
+    assert (s["rank"], s["world_size"], s["timeline"], s["collective_source"]) == (0, 1, "cpu", "backend_spans")
+    assert [(c["name"], c["bytes"]) for c in s["collectives"]] == [("all_reduce", 4000)] * 3
+    assert [c["step"] for c in s["collectives"]] == [st["step"] for st in s["steps"]] == [1, 2, 3]
+    assert all(st["compute_us"] > 0 and st["collective_us"] > 0 for st in s["steps"])
+    assert analyze([s]).sentence == "one rank (rank 0): nothing to compare across ranks"
