@@ -1,12 +1,12 @@
 """How often `mlflow-neuron ranks` names the right straggler, and how often it names one when no rank
 was slowed: 4-rank `torchrun` jobs (gloo, CPU), one slow rank, its delay a share of the step.
 
-    python benchmarks/rank_calibration.py [--jobs 20] [--delays 0 0.05 0.1 0.3] [--slow-rank 2] [--size 384]
+    python benchmarks/rank_calibration.py [--jobs 20] [--delays 0 0.05 0.1 0.3] [--steps 20] [--size 384] [--why]
 
 Each job is `examples/ranks_straggler.py` under `torchrun --standalone --nproc-per-node 4`: per step
 a matmul of side `--size`, then on `--slow-rank` a sleep (`--delay-ms`), then one `all_reduce`;
-every rank profiled by the callback's defaults into one run of a sqlite store, 2 cycles of 5 steps
-(a straggler needs 6 profiled steps or more), with 120 s at close to deliver on a busy machine. The delay is a
+every rank profiled by the callback's defaults into one run of a sqlite store, `--steps` profiled
+steps in 2 cycles (a straggler needs 6 or more), with 120 s at close to deliver on a busy machine. The delay is a
 share of the step: the median step of the jobs without a delay (run first), times the share. The run is then read as `ranks` reads it
 (`rank_runs.read_ranks`, `analyze`). Per delay: the jobs in which the slow rank was named, another
 rank was named, or none; the other ranks' median wait a step and the median step, each the median
@@ -35,12 +35,13 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 WORLD = 4
 
 
-def job(work: pathlib.Path, uri: str, delay: float, delay_ms: float, slow_rank: int, size: int, index: int) -> str:
+def job(work: pathlib.Path, uri: str, delay: float, delay_ms: float, slow_rank: int, size: int, index: int,
+        active: int) -> str:  # fmt: skip
     """Runs one torchrun job (`delay` of the step, `delay_ms`); returns its run id."""
     outbox = work / f"outbox-{index}"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
                str(ROOT / "examples" / "ranks_straggler.py"), "--tracking-uri", uri, "--outbox", str(outbox),
-               "--size", str(size), "--run-name", f"delay-{delay:g}-{index}", "--cycles", "2", "--active", "5",
+               "--size", str(size), "--run-name", f"delay-{delay:g}-{index}", "--cycles", "2", "--active", str(active),
                "--flush-timeout-s", "120"]  # fmt: skip
     if delay:
         command += ["--slow-rank", str(slow_rank), "--delay-ms", f"{delay_ms:.3f}"]
@@ -60,7 +61,7 @@ def judged(uri: str, run_id: str) -> dict:
     table = report.table
     straggler = (report.straggler or {}).get("rank")
     waits = table[table["rank"] != (straggler if straggler is not None else -1)]["wait_us"].dropna()
-    return {"straggler": straggler, "others_wait_us": float(waits.median()) if len(waits) else float("nan"),
+    return {"straggler": straggler, "sentence": report.sentence, "others_wait_us": float(waits.median()) if len(waits) else float("nan"),
             "step_us": float(table["step_us_median"].median()),
             "last": {int(r): p for r, p in zip(table["rank"], table["arrived_last_pct"]) if p is not None}}  # fmt: skip
 
@@ -72,8 +73,11 @@ def main() -> None:
                         help="the slow rank's delay, a share of the step (default: %(default)s)")
     parser.add_argument("--slow-rank", type=int, default=2)
     parser.add_argument("--size", type=int, default=384, help="the matmul's side (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=20, help="profiled steps a job, in 2 cycles (default: %(default)s)")
+    parser.add_argument("--why", action="store_true", help="print the sentence of each job whose verdict was wrong")
     args = parser.parse_args()
-    print(f"{WORLD}-rank torchrun jobs (gloo, CPU), {args.jobs} a delay, slow rank {args.slow_rank}, matmul {args.size}; "
+    print(f"{WORLD}-rank torchrun jobs (gloo, CPU), {args.jobs} a delay, {args.steps} steps a job, slow rank "
+          f"{args.slow_rank}, matmul {args.size}; "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the start", flush=True)  # fmt: skip
     rows, zero, step_ms = [], [], None
     with tempfile.TemporaryDirectory(prefix="rank-calibration-") as tmp:
@@ -83,7 +87,8 @@ def main() -> None:
             found, started = [], time.perf_counter()
             for index in range(args.jobs if delay in args.delays else 1):
                 try:
-                    run_id = job(work, uri, delay, delay * (step_ms or 0.0), args.slow_rank, args.size, len(found) + index)
+                    run_id = job(work, uri, delay, delay * (step_ms or 0.0), args.slow_rank, args.size, len(found) + index,
+                                 args.steps // 2)  # fmt: skip
                 except RuntimeError as failed:  # a job that failed is said, not counted
                     print(f"  delay {delay:.0%}, job {index}: {str(failed)[-300:]}", flush=True)
                     continue
@@ -101,6 +106,10 @@ def main() -> None:
                          statistics.median(f["step_us"] for f in found) / 1000, time.perf_counter() - started))  # fmt: skip
             if not delay:
                 zero = found
+            if args.why:
+                for f in found:
+                    if f["straggler"] != (args.slow_rank if delay else None):
+                        print(f"    {f['sentence']}", flush=True)
             print(f"  delay {delay:.0%} ({delay * step_ms:.2f} ms): {dict(named)} ({time.perf_counter() - started:.0f} s)",
                   flush=True)  # fmt: skip
     print(f"\n| delay (of the step) | jobs | right rank named | another rank named | none named | "
