@@ -32,15 +32,15 @@ from mlflow.tracking import MlflowClient
 from .._compare.runs import RunNotFound, labels
 from .._trace.collectives import FORMAT, VERSION
 
-RANKS_FOLDER = "profiler/ranks"
+RANKS_FOLDER = "profiler/ranks"  # every rank's folder of summaries (`_delivery.model.RANK_SUMMARY`)
 _FILE = re.compile(r"^rank_(\d+)/cycle_(\d+)\.json$")
 STRAGGLER_METRIC = "profiler/ranks/straggler"  # the straggler's rank; NO_STRAGGLER where none stands out
 SKEW_METRIC = "profiler/ranks/step_time_skew_pct"
 WAIT_METRIC = "profiler/ranks/median_wait_us"
 NO_STRAGGLER = -1
 STRAGGLER_HOST_TAG = "mlflow_neuron.ranks.straggler_host"
-LOGGED_FOLDER = "ranks"
-FETCHERS = 8  # requests at once: one a rank folder listing or a file  # what `log_ranks` attaches: ranks.png, ranks.json
+LOGGED_FOLDER = "ranks"  # what `log_ranks` attaches: ranks.png, ranks.json
+FETCHERS = 8  # requests at once: each a rank folder's listing or a file
 
 
 class NoRankSummaries(ValueError):
@@ -74,12 +74,11 @@ class RankRead:
     @property
     def report_json(self) -> dict:
         """The report in the issue's JSON shape (`ranks --format json`)."""
-        found = self.report.to_json()
-        return json.loads(found) if isinstance(found, str) else found
+        return self.report.to_json()
 
     def closing_lines(self) -> list[str]:
-        """What `ranks` prints under its table: the sentence, ranks missing, collectives not matched,
-        files left out."""
+        """What `ranks` prints under its table: the sentence (it names ranks that sent nothing), the
+        collectives not matched across ranks, and what was left out."""
         from .._compare.rank_text import closing_lines
 
         report = self.report
