@@ -20,9 +20,9 @@ late every time without a delay (four ranks on two cores are not symmetric) show
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -51,8 +51,10 @@ def job(work: pathlib.Path, uri: str, delay: float, delay_ms: float, slow_rank: 
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=work)
     if done.returncode != 0:
         raise RuntimeError(f"job failed ({done.returncode}): {done.stderr[-3000:]}")
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    return next(line["run_id"] for line in lines if line.get("rank") == 0)
+    found = re.search(r'"run_id": "([0-9a-f]{32})"', done.stdout)  # every rank prints it; lines may interleave
+    if found is None:
+        raise RuntimeError(f"job printed no run id: {done.stdout[-1000:]}")
+    return found.group(1)
 
 
 def judged(uri: str, run_id: str) -> dict:
@@ -70,8 +72,8 @@ def judged(uri: str, run_id: str) -> dict:
 
 def run_jobs(work: pathlib.Path, uri: str, args) -> dict[float, list[str]]:
     """Every job of every delay (delay 0 first: its median step sets the others' delays)."""
-    runs, step_ms = {}, None
-    for delay in sorted(set(args.delays) | {0.0}):
+    runs, step_ms = {}, args.step_ms
+    for delay in sorted(set(args.delays) | ({0.0} if step_ms is None else set())):
         runs[delay], started = [], time.perf_counter()
         for index in range(args.jobs if delay in args.delays else 1):
             try:
@@ -134,6 +136,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="profiled steps a job, in 2 cycles (default: %(default)s)")
     parser.add_argument("--why", action="store_true", help="print the sentence of each job whose verdict was wrong")
     parser.add_argument("--keep", metavar="DIR", help="keep the jobs' store (and outboxes) in DIR, to judge again")
+    parser.add_argument("--step-ms", type=float, help="the undelayed step, measured before (no delay-0 job is then run "
+                        "unless --delays has 0)")
     parser.add_argument("--rejudge", metavar="DIR", help="run no job: judge again the runs kept in DIR by --keep")
     args = parser.parse_args()
     if args.rejudge:
