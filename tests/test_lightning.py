@@ -158,7 +158,7 @@ def test_refuses_to_run_next_to_lightnings_own_pytorch_profiler(tmp_path):
         fit(tmp_path, ProfilerCallback(), logger=False, max_steps=1, profiler=UnstartedPyTorchProfiler())
 
 
-def test_only_global_rank_zero_profiles():
+def test_every_rank_profiles_not_only_global_rank_zero(tracking_uri):
     import types
 
     callback = ProfilerCallback()
@@ -166,7 +166,8 @@ def test_only_global_rank_zero_profiles():
     module = types.SimpleNamespace(device=torch.device("cpu"))
     callback.on_train_batch_start(trainer, module, None, 0)
     callback.on_train_batch_end(trainer, module, None, None, 0)
-    assert callback.callback is None and not callback.profiler.running
+    assert callback.callback is not None and callback.profiler.running
+    callback.on_train_end(trainer, module)
 
 
 @pytest.mark.parametrize(

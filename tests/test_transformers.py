@@ -151,12 +151,13 @@ def test_training_shorter_than_the_first_cycle_warns_once_and_trains_on(tmp_path
     assert not any(k.startswith("profiler/") for k in run.data.metrics)
 
 
-def test_only_the_world_process_zero_profiles():
+def test_every_process_profiles_not_only_the_world_process_zero(tracking_uri):
     callback = ProfilerCallback()
     args = types.SimpleNamespace(device=torch.device("cpu"))
     callback.on_step_begin(args, types.SimpleNamespace(is_world_process_zero=False), None)
     callback.on_step_end(args, types.SimpleNamespace(is_world_process_zero=False), None)
-    assert callback.callback is None and not callback.profiler.running
+    assert callback.callback is not None and callback.profiler.running
+    callback.on_train_end(args, types.SimpleNamespace(is_world_process_zero=False), None)
 
 
 @pytest.mark.parametrize(
