@@ -387,6 +387,12 @@ def test_the_temporal_breakdown_and_overlap_agree_with_hta_within_2_points(name,
         theirs = reference[str(rank)]
         for key, value in ours.items():
             assert value == pytest.approx(theirs[key], abs=2.0), key
+    if all_steps:  # what `ranks --format json` prints per rank is the same figure
+        report = analyze([rank_summary_from_chrome(FIXTURES / path, rank=r) for r, path in enumerate(HTA_SETS[name])])
+        for row in report.to_json()["ranks"]:
+            for key in ("idle_pct", "compute_pct", "non_compute_pct", "overlap_pct"):
+                if reference[str(row["rank"])][key] is not None:
+                    assert row[key] == pytest.approx(reference[str(row["rank"])][key], abs=2.0), key
 
 
 def test_a_public_nccl_pair_with_one_ranks_clock_off_by_50_ms_reads_the_same():

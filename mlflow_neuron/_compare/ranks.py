@@ -52,7 +52,6 @@ when none was slowed.
 from __future__ import annotations
 
 import math
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -62,20 +61,19 @@ from scipy.stats import binom
 
 from .._trace.collectives import FORMAT
 from .._trace.step_summary import summarize
+from .rank_matching import INSTANCE_COLUMNS, keyed_collectives, match, waits
+from .rank_matching import is_number as _number
 from .rank_words import duration, pair as _pair, ranks_phrase as _ranks_phrase
 
 STRAGGLER_P_VALUE = 0.02
 INSTANCE_WAIT_TO_TRANSFER = 0.5
 STRAGGLER_MIN_WAIT_SHARE = 0.02
 STRAGGLER_MIN_WAIT_US = 100.0
-# send/recv (gloo:send, c10d's recv_anysource, NCCL's SendRecv kernels): between two ranks, never all
-POINT_TO_POINT = re.compile(r"send|recv", re.IGNORECASE)
 STEP_COLUMNS = ["rank", "host", "cycle", "step", "step_us", "window_us", "compute_us", "collective_us", "wait_us",
                 "exposed_comm_us", "idle_us", "memcpy_us", "memcpy_bytes", "peak_memory_bytes"]  # fmt: skip
-INSTANCE_COLUMNS = ["instance", "name", "group", "step", "rank", "start_us", "end_us", "spent_us", "wait_us",
-                    "arrived_last"]  # fmt: skip
 TABLE_COLUMNS = ["rank", "host", "steps", "step_us_median", "step_us_low", "step_us_high", "collective_us", "wait_us",
-                 "exposed_comm_pct", "idle_pct", "compute_us", "arrived_last_pct", "device_cc_op_time"]  # fmt: skip
+                 "exposed_comm_pct", "idle_pct", "compute_us", "arrived_last_pct", "device_cc_op_time", "compute_pct",
+                 "non_compute_pct", "overlap_pct"]  # fmt: skip
 
 
 @dataclass
@@ -101,7 +99,8 @@ class RankReport:
                           "step_time_us": {"median": row["step_us_median"], "low": row["step_us_low"],
                                            "high": row["step_us_high"]},
                           **{k: row[k] for k in ("collective_us", "wait_us", "exposed_comm_pct", "idle_pct",
-                                                 "compute_us", "arrived_last_pct", "device_cc_op_time")}})  # fmt: skip
+                                                 "compute_us", "arrived_last_pct", "device_cc_op_time", "compute_pct",
+                                                 "non_compute_pct", "overlap_pct")}})  # fmt: skip
         return _clean({"world_size": self.world_size, "ranks": ranks, "straggler": self.straggler,
                        "missing": self.missing, "unmatched": self.unmatched, "matched_collectives": self.matched,
                        "sentence": self.sentence, "notes": self.notes})  # fmt: skip
@@ -115,22 +114,23 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
     world_size = expected_world_size or max(sizes + [max(by_rank, default=-1) + 1, 0])
     missing = [r for r in range(world_size) if r not in by_rank]
     ranks = sorted(by_rank)
-    keyed = {r: _keyed(by_rank[r]) for r in ranks}
+    keyed = {r: keyed_collectives(by_rank[r]) for r in ranks}
     point_to_point = sum(1 for r in ranks for key in keyed[r] if key[0] == "p2p")
     if point_to_point:
         notes.append(f"{point_to_point} point-to-point transfers (send/recv) left out of the wait: two ranks take "
                      "part in each, not all")  # fmt: skip
     keyed = {r: {k: c for k, c in keyed[r].items() if k[0] != "p2p"} for r in ranks}
-    instances, unmatched = _match(keyed) if len(ranks) > 1 else ({}, [])
-    waits, waited_for, instance_rows = _waits(instances, ranks)
+    instances, unmatched = match(keyed) if len(ranks) > 1 else ({}, [])
+    per_step, waited_for, instance_rows = waits(instances, ranks, min_wait_us=STRAGGLER_MIN_WAIT_US,
+                                                wait_to_transfer=INSTANCE_WAIT_TO_TRANSFER)
     last_counts = Counter(r for r, *_ in waited_for)
     rows, step_rows, waits_by_name = [], [], {}
     for r in ranks:
-        steps = _step_rows(r, by_rank[r], waits.get(r, {}) if instances else None)
+        steps = _step_rows(r, by_rank[r], per_step.get(r, {}) if instances else None)
         rows.append({**_row(r, steps, last_counts.get(r, 0), len(waited_for)),
                      "device_cc_op_time": _median(_device(s, "cc_op_time") for s in by_rank[r])})
         step_rows += steps
-        waits_by_name[r] = _median_wait_by_name(waits.get(r, {}))
+        waits_by_name[r] = _median_wait_by_name(per_step.get(r, {}))
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     step_frame = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
     straggler, why = _straggler(table, step_frame, waited_for, len(instances))
@@ -156,71 +156,6 @@ def _by_rank(summaries: list[dict]) -> tuple[dict[int, list[dict]], list[str]]:
     for s in ranked:
         by_rank[s["rank"]].append(s)
     return dict(by_rank), notes
-
-
-def _keyed(summaries: list[dict]) -> dict[tuple, dict]:
-    """A rank's collectives by their matching key (module docstring)."""
-    keyed, places = {}, Counter()
-    records = [(s.get("cycle_step"), c) for s in summaries for c in s.get("collectives") or [] if _valid(c)]
-    for cycle, c in sorted(records, key=lambda item: item[1]["start_us"]):
-        if POINT_TO_POINT.search(str(c.get("name"))):
-            key = ("p2p", cycle, c["start_us"])
-        elif c.get("seq") is not None:
-            key = ("seq", c.get("group"), c["seq"])
-        else:
-            scope = ("step", c["step"]) if c.get("step") is not None else ("cycle", cycle)
-            place = places[(c.get("group"), scope)]
-            places[(c.get("group"), scope)] += 1
-            key = (scope[0], c.get("group"), scope[1], place)
-        keyed.setdefault(key, c)
-    return keyed
-
-
-def _valid(c) -> bool:
-    """A collective record with a name and a start no later than its end."""
-    return isinstance(c, dict) and isinstance(c.get("name"), str) and _number(c.get("start_us")) \
-        and _number(c.get("end_us")) and c["end_us"] >= c["start_us"]
-
-
-def _match(keyed: dict[int, dict[tuple, dict]]) -> tuple[dict[tuple, dict[int, dict]], list[dict]]:
-    ranks = sorted(keyed)
-    everywhere = set.intersection(*(set(k) for k in keyed.values()))
-    instances, unmatched = {}, []
-    for key in sorted(everywhere, key=str):
-        records = {r: keyed[r][key] for r in ranks}
-        if len({c["name"] for c in records.values()}) == 1:
-            instances[key] = records
-    for r in ranks:
-        for key, c in keyed[r].items():
-            if key not in instances:
-                on = [q for q in ranks if key in keyed[q]]
-                unmatched.append({"rank": r, "name": c["name"], "group": c.get("group"), "step": c.get("step"),
-                                  "seq": c.get("seq"), "on_ranks": on,
-                                  "why": "names differ across ranks" if len(on) == len(ranks) else "not on every rank"})  # fmt: skip
-    return instances, unmatched
-
-
-def _waits(instances, ranks):
-    """rank -> step -> name -> wait (µs), and the instances that kept ranks waiting: (the rank that
-    arrived last, the collective's name, the others' median wait) where that wait reached
-    `STRAGGLER_MIN_WAIT_US` and `INSTANCE_WAIT_TO_TRANSFER` times the transfer."""
-    waits: dict[int, dict] = {r: defaultdict(lambda: defaultdict(float)) for r in ranks}
-    waited_for: list[tuple[int, str, float]] = []
-    rows = []
-    for number, records in enumerate(instances.values()):
-        spent = {r: c["end_us"] - c["start_us"] for r, c in records.items()}
-        transfer = min(spent.values())
-        last = [r for r, t in spent.items() if t == transfer]
-        for r, c in records.items():
-            wait = round(spent[r] - transfer, 3)
-            waits[r][c.get("step")][c["name"]] += wait
-            rows.append((number, c["name"], c.get("group"), c.get("step"), r, c["start_us"], c["end_us"], spent[r],
-                         wait, len(last) == 1 and r == last[0]))  # fmt: skip
-        others = float(np.median([t - transfer for r, t in spent.items() if r != last[0]]))
-        if len(last) == 1 and others >= max(STRAGGLER_MIN_WAIT_US, INSTANCE_WAIT_TO_TRANSFER * transfer):
-            step = records[last[0]].get("step")
-            waited_for.append((last[0], records[last[0]]["name"], others, ("instance", number) if step is None else step))
-    return waits, waited_for, pd.DataFrame(rows, columns=INSTANCE_COLUMNS)
 
 
 def _step_rows(rank: int, summaries: list[dict], waits: dict | None) -> list[dict]:
@@ -251,6 +186,7 @@ def _row(rank: int, steps: list[dict], last: int, waited: int) -> dict:
             "step_us_high": stats.high if stats else None, "collective_us": _median(column("collective_us")),
             "wait_us": _median(column("wait_us")), "exposed_comm_pct": _share(steps, "exposed_comm_us"),
             "idle_pct": _share(steps, "idle_us"), "compute_us": _median(column("compute_us")),
+            **_breakdown(steps),
             "arrived_last_pct": 100.0 * last / waited if waited else None}  # fmt: skip
 
 
@@ -372,6 +308,17 @@ def _dominant_name(report: RankReport, ranks: list[int]) -> str | None:
     return totals.most_common(1)[0][0] if totals else None
 
 
+def _breakdown(steps: list[dict]) -> dict:
+    """HTA's temporal breakdown and overlap over the rank's steps: compute and non-compute (neither
+    idle nor compute) as % of the windows, and the share of collective time that compute overlaps."""
+    idle, compute = _share(steps, "idle_us"), _share(steps, "compute_us")
+    pairs = [(s["collective_us"], s["exposed_comm_us"]) for s in steps
+             if _number(s.get("collective_us")) and _number(s.get("exposed_comm_us"))]  # fmt: skip
+    comm = sum(c for c, _ in pairs)
+    return {"compute_pct": compute, "non_compute_pct": None if idle is None or compute is None else 100.0 - idle - compute,
+            "overlap_pct": 100.0 * (comm - sum(e for _, e in pairs)) / comm if comm > 0 else None}  # fmt: skip
+
+
 def _share(steps, key: str) -> float | None:
     pairs = [(s[key], s["window_us"]) for s in steps if _number(s.get(key)) and _number(s.get("window_us"))]
     total = sum(w for _, w in pairs)
@@ -381,10 +328,6 @@ def _share(steps, key: str) -> float | None:
 def _median(values) -> float | None:
     values = [v for v in values if _number(v)]
     return float(np.median(values)) if values else None
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _clean(value):
