@@ -62,10 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     slow = rank == args.slow_rank
     stay = [r for r in range(dist.get_world_size()) if r != args.exit_rank]
     group = dist.new_group(stay) if args.exit_rank is not None else None  # every rank makes it, before the loop
-    steps = 1 + 1 + args.cycles * args.active  # wait, warmup, then the active steps
+    steps = args.cycles * (1 + 1 + args.active)  # each cycle: wait, warmup, then the active steps
     with profile(activities=[ProfilerActivity.CPU], on_trace_ready=callback,
                  schedule=schedule(wait=1, warmup=1, active=args.active, repeat=args.cycles)) as prof:  # fmt: skip
-        for step in range(steps + 1):
+        for step in range(steps):
             if rank == args.exit_rank and step == args.exit_at:
                 sys.stdout.flush()
                 os._exit(0)  # no close(), no cleanup

@@ -81,7 +81,8 @@ def test_one_run_holds_lightnings_metrics_and_params_and_the_profile(tmp_path, t
     assert metrics["profiler/total/aten_calls"] > 0
     assert metrics["profiler/calls/aten.addmm"] > 0
     assert run.data.tags["mlflow_neuron.device"] == "cpu"
-    assert set(artifact_files(client, run_id)) == {f"profiler/step_{s}/{f}" for s in (4, 8) for f in CYCLE_FILES}
+    assert set(artifact_files(client, run_id)) == ({f"profiler/step_{s}/{f}" for s in (4, 8) for f in CYCLE_FILES}
+                                                   | {f"profiler/ranks/rank_0/cycle_{s}.json" for s in (4, 8)})
     # Lightning's hyperparameters and the profiler's settings side by side, none clashing.
     assert {"lr": "0.05", "hidden": "16"}.items() <= params.items()
     assert params["profiler.schedule.active"] == "2" and params["profiler.schedule.repeat"] == "2"
