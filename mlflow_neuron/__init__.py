@@ -17,6 +17,7 @@ _HOME = {
     "InterleavedRuns": "_capture.interleave",
     "compare_runs": "_compare.comparison",
     "history_runs": "_compare.history",
+    "rank_summary": "_compare.rank_runs",
     "attach_comparison": "_compare.publish",
     "load_timelines": "_compare.profiles",
     "annotate_model_version": "_compare.publish",

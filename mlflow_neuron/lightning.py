@@ -46,7 +46,8 @@ class ProfilerCallback(ProfiledTraining, Callback):
     Once the last cycle is logged the profiler stops, so the rest of training runs unprofiled.
     Cycles are logged at ``step = prof.step_num``, the number of batches since profiling began.
 
-    Only global rank 0 profiles. Errors are reported as one ``MLflowNeuronWarning`` each and never
+    Every rank profiles, into the one run of the job (rank 0's logger's run): rank 0 logs the
+    metrics and tables, every rank its rank summary (``profiler/ranks/rank_<r>/``). Errors are reported as one ``MLflowNeuronWarning`` each and never
     stop training (``strict=True`` or ``MLFLOW_NEURON_STRICT=1`` re-raises them). Not together with
     Lightning's own ``Trainer(profiler="pytorch")``: torch runs one profiler at a time.
 
@@ -70,7 +71,7 @@ class ProfilerCallback(ProfiledTraining, Callback):
             )
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        if self.profiler.waiting_to_start and trainer.is_global_zero:
+        if self.profiler.waiting_to_start:
             self.profiler.start(pl_module.device.type, lambda: _mlflow_run_of(trainer))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -47,7 +47,8 @@ class ProfilerCallback(ProfiledTraining, TrainerCallback):
     unprofiled. Cycles are logged at ``step = prof.step_num``, the number of steps since profiling
     began: the Trainer's ``global_step``, unless training resumed from a checkpoint.
 
-    Only the world process zero profiles. Errors are reported as one ``MLflowNeuronWarning`` each
+    Every process profiles, into the one run of the job (the world process zero's run): process
+    zero logs the metrics and tables, every rank its rank summary (``profiler/ranks/rank_<r>/``). Errors are reported as one ``MLflowNeuronWarning`` each
     and never stop training (``strict=True`` or ``MLFLOW_NEURON_STRICT=1`` re-raises them).
 
     Args:
@@ -63,7 +64,7 @@ class ProfilerCallback(ProfiledTraining, TrainerCallback):
     """
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.profiler.waiting_to_start and state.is_world_process_zero:
+        if self.profiler.waiting_to_start:
             self.profiler.start(args.device.type, _active_mlflow_run)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -48,7 +48,11 @@ def test_a_cycle_becomes_metrics_tags_params_and_artifacts(tracking_uri, strict,
     files = artifact_files(client, run.info.run_id)
     assert set(files) == {f"profiler/step_4/{name}" for name in
                           ("ops.json", "steps.json", "step_totals.json", "key_averages.txt", "manifest.json",
-                           "trace.json.gz", "timeline.json")}
+                           "trace.json.gz", "timeline.json")} | {"profiler/ranks/rank_0/cycle_4.json"}
+    # One process is one rank: its summary says so, and names the host.
+    ranks = read_json_artifact(client, run.info.run_id, "profiler/ranks/rank_0/cycle_4.json", tmp_path / "dl")
+    assert (ranks["rank"], ranks["world_size"], ranks["cycle_step"]) == (0, 1, 4) and ranks["host"]
+    assert [s["step"] for s in ranks["steps"]] == [3]
     table = read_json_artifact(client, run.info.run_id, "profiler/step_4/ops.json", tmp_path / "dl")
     rows = [dict(zip(table["columns"], row)) for row in table["data"]]
     mul = next(r for r in rows if r["name"] == "aten::mul")

@@ -321,6 +321,7 @@ def test_the_cli_gate_prints_the_interval_and_exits_1_on_a_proven_regression(tra
     profiles = [jittery("base"), jittery("slow", 1.5)]
     monkeypatch.setattr(loading, "resolve_runs", lambda client, names, experiment: names)
     monkeypatch.setattr(loading, "load_profiles", lambda client, names, step=None: profiles)
+    monkeypatch.setattr(loading, "rank_changes", lambda client, names, baseline, step=None: ({}, {}))
     assert cli_main(["compare", "--runs", "base", "slow", "--fail-if-slower", "10"]) == 1
     out = capsys.readouterr().out
     gate = [line for line in out.splitlines() if line.startswith("REGRESSION slow: TOTAL")]

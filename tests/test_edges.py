@@ -262,8 +262,9 @@ def test_ingest_and_sync_progress_lines_count_every_file_with_its_size(tracking_
     capsys.readouterr()
     assert cli_main(["ingest", str(folder), "--experiment", "ingested"]) == 0
     line = capsys.readouterr().out.splitlines()[0]
-    # trace.json.gz, ops.json, steps.json, step_totals.json, timeline.json, key_averages.txt, manifest.json
-    assert " 7 file(s), " in line and not line.endswith(" 0 B"), line
+    # trace.json.gz, ops.json, steps.json, step_totals.json, timeline.json, key_averages.txt, manifest.json,
+    # and the rank summary
+    assert " 8 file(s), " in line and not line.endswith(" 0 B"), line
 
     outbox = tmp_path / "outbox"
     offline = MLflowProfilerCallback(tracking_uri=refusing_server, experiment_id="0", outbox=outbox, retry_wait_s=0.01)
@@ -272,7 +273,7 @@ def test_ingest_and_sync_progress_lines_count_every_file_with_its_size(tracking_
         offline.close()
     assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", tracking_uri]) == 0
     line = capsys.readouterr().out.splitlines()[0]
-    assert " 7 file(s), " in line and "KiB" in line, line
+    assert " 8 file(s), " in line and "KiB" in line, line
 
 
 # -- 5. a run created by sync ends as the callback would have ended it --------------------------------------

@@ -1,6 +1,8 @@
 """Ingesting traces taken elsewhere: same per-op numbers and layout as the live callback."""
 
+import gzip
 import json
+from pathlib import Path
 
 import mlflow
 import pandas as pd
@@ -11,6 +13,7 @@ from torch.profiler import tensorboard_trace_handler
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowProfilerCallback
+from mlflow_neuron._compare.ranks import analyze
 from mlflow_neuron.cli import main as cli_main
 
 NUMBERS = ["calls", "self_device_time_us", "device_time_us", "self_cpu_time_us", "cpu_time_us"]
@@ -127,3 +130,32 @@ def test_unknown_categories_are_ignored(tracking_uri, tmp_path):
     [run] = client.search_runs([client.get_experiment_by_name("x").experiment_id])
     assert run.data.metrics["profiler/self_cpu_time_us/aten.mul"] == pytest.approx(5.0)
     assert not any("mystery" in k for k in run.data.metrics)
+
+
+MULTI_RANK = Path(__file__).parent / "fixtures" / "multi_rank" / "gloo_4rank_slow2"  # rank 2 slept before each all_reduce
+
+
+def rank_summaries(client, run_id, dst):
+    paths = sorted(p for p in artifact_files(client, run_id, "profiler/ranks"))
+    return [read_json_artifact(client, run_id, p, dst) for p in paths]
+
+
+def test_a_folder_of_one_trace_per_rank_makes_one_run_with_every_ranks_summary(tracking_uri, tmp_path):
+    """The rank comes from the trace's distributedInfo, else from the file name."""
+    unnamed = tmp_path / "unnamed"  # no distributedInfo: the name places it
+    unnamed.mkdir()
+    for rank in range(4):
+        with gzip.open(MULTI_RANK / f"rank{rank}.json.gz", "rt") as f:
+            trace = json.load(f)
+        trace.pop("distributedInfo")
+        (unnamed / f"worker-rank_{rank}.json").write_text(json.dumps(trace))
+    client = MlflowClient()
+    for folder, name in ((MULTI_RANK, "from-distributed-info"), (unnamed, "from-names")):
+        assert cli_main(["ingest", str(folder), "--experiment", "ranks", "--run-name", name]) == 0
+        [run] = client.search_runs([client.get_experiment_by_name("ranks").experiment_id],
+                                   filter_string=f"attributes.run_name = '{name}'")  # fmt: skip
+        summaries = rank_summaries(client, run.info.run_id, tmp_path / name)
+        assert sorted((s["rank"], s["world_size"]) for s in summaries) == [(r, 4) for r in range(4)]
+        assert len({s["cycle_step"] for s in summaries}) == 1
+        assert "profiler/total/aten_calls" in run.data.metrics  # rank 0's cycle, in full
+        assert analyze(summaries, expected_world_size=4).straggler["rank"] == 2

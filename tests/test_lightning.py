@@ -81,7 +81,8 @@ def test_one_run_holds_lightnings_metrics_and_params_and_the_profile(tmp_path, t
     assert metrics["profiler/total/aten_calls"] > 0
     assert metrics["profiler/calls/aten.addmm"] > 0
     assert run.data.tags["mlflow_neuron.device"] == "cpu"
-    assert set(artifact_files(client, run_id)) == {f"profiler/step_{s}/{f}" for s in (4, 8) for f in CYCLE_FILES}
+    assert set(artifact_files(client, run_id)) == ({f"profiler/step_{s}/{f}" for s in (4, 8) for f in CYCLE_FILES}
+                                                   | {f"profiler/ranks/rank_0/cycle_{s}.json" for s in (4, 8)})
     # Lightning's hyperparameters and the profiler's settings side by side, none clashing.
     assert {"lr": "0.05", "hidden": "16"}.items() <= params.items()
     assert params["profiler.schedule.active"] == "2" and params["profiler.schedule.repeat"] == "2"
@@ -158,7 +159,7 @@ def test_refuses_to_run_next_to_lightnings_own_pytorch_profiler(tmp_path):
         fit(tmp_path, ProfilerCallback(), logger=False, max_steps=1, profiler=UnstartedPyTorchProfiler())
 
 
-def test_only_global_rank_zero_profiles():
+def test_every_rank_profiles_not_only_global_rank_zero(tracking_uri):
     import types
 
     callback = ProfilerCallback()
@@ -166,7 +167,8 @@ def test_only_global_rank_zero_profiles():
     module = types.SimpleNamespace(device=torch.device("cpu"))
     callback.on_train_batch_start(trainer, module, None, 0)
     callback.on_train_batch_end(trainer, module, None, None, 0)
-    assert callback.callback is None and not callback.profiler.running
+    assert callback.callback is not None and callback.profiler.running
+    callback.on_train_end(trainer, module)
 
 
 @pytest.mark.parametrize(

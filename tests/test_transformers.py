@@ -93,7 +93,8 @@ def test_one_run_holds_the_trainers_metrics_and_params_and_the_profile(tmp_path,
     assert metrics["profiler/total/aten_calls"] > 0
     assert metrics["profiler/calls/aten.addmm"] > 0
     assert run.data.tags["mlflow_neuron.device"] == "cpu"
-    assert set(artifact_files(client, run_id)) == {f"profiler/step_{s}/{f}" for s in (4, 8) for f in CYCLE_FILES}
+    assert set(artifact_files(client, run_id)) == ({f"profiler/step_{s}/{f}" for s in (4, 8) for f in CYCLE_FILES}
+                                                   | {f"profiler/ranks/rank_0/cycle_{s}.json" for s in (4, 8)})
     # The Trainer's arguments and model config next to the profiler's settings, none clashing.
     assert params["max_steps"] == "10" and params["hidden_size"] == "32"
     assert params["profiler.schedule.active"] == "2" and params["profiler.device"] == "cpu"
@@ -151,12 +152,13 @@ def test_training_shorter_than_the_first_cycle_warns_once_and_trains_on(tmp_path
     assert not any(k.startswith("profiler/") for k in run.data.metrics)
 
 
-def test_only_the_world_process_zero_profiles():
+def test_every_process_profiles_not_only_the_world_process_zero(tracking_uri):
     callback = ProfilerCallback()
     args = types.SimpleNamespace(device=torch.device("cpu"))
     callback.on_step_begin(args, types.SimpleNamespace(is_world_process_zero=False), None)
     callback.on_step_end(args, types.SimpleNamespace(is_world_process_zero=False), None)
-    assert callback.callback is None and not callback.profiler.running
+    assert callback.callback is not None and callback.profiler.running
+    callback.on_train_end(args, types.SimpleNamespace(is_world_process_zero=False), None)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ import torch
 
 from .._delivery import entries
 from .._delivery.mlflow_io import RunLogger, current_run_ref
+from .._delivery.model import RunRef
 from .._delivery.outbox import DEFAULT_OUTBOX
 from .._delivery.producer import Producer
 from .._delivery.report import Reporter
@@ -29,7 +30,7 @@ from .._trace.peaks import PEAKS_ENV, load_peak
 from .._trace.profile import CycleProfile
 from .._trace.timeline import DEFAULT_MAX_SPANS
 from . import hooks, shutdown
-from .distributed import current_rank, join_primary_run
+from .distributed import Rank, create_primary_run, current_rank, in_distributed_job, join_primary_run
 from .host import HostSampler
 from .reader import CycleReader
 
@@ -142,13 +143,8 @@ class MLflowProfilerCallback:
         self.rank = current_rank()
         self.cycles_read = 0
         self._budget = shutdown.ShutdownBudget(flush_timeout_s)
-        with entries.store_lock(Path(outbox).absolute()):  # ranks on a fresh sqlite store: one creates its schema
-            run = current_run_ref(run_id, tracking_uri, experiment_id=experiment_id, run_name=run_name,
-                                  run_key=uuid.uuid4().hex)  # fmt: skip
-            run = run if run.run_id is None else replace(run, run_key=None)  # a given run: no key, never ended by us
-            self._owns_run = run.run_id is None
-            if self._owns_run and self.rank.world_size > 1:
-                run, self._owns_run = join_primary_run(RunLogger(run), self.rank, self.reporter)
+        run, self._owns_run = _job_run(self.rank, self.reporter, Path(outbox), run_id, tracking_uri,
+                                       experiment_id=experiment_id, run_name=run_name)  # fmt: skip
         preparer = {"top_k": top_k, "rank": self.rank.rank, "primary": self.rank.is_primary, "all_ranks": all_ranks}
         self._producer = Producer(run, self.reporter, preparer=preparer, outbox=outbox, background=background,
                                   helper=process == "helper", retries=retries, retry_wait_s=retry_wait_s)  # fmt: skip
@@ -283,6 +279,22 @@ class MLflowProfilerCallback:
 
     def _flush_at_stop(self) -> None:
         self.exit_wait_s = shutdown.flush_at_stop(self._producer, self._budget, self.reporter)
+
+
+def _job_run(rank: Rank, reporter: Reporter, outbox: Path, run_id: str | None, tracking_uri: str | None,
+             **new_run: str | None) -> tuple[RunRef, bool]:  # fmt: skip
+    """The run to log into, and whether this callback created it (rank 0 ends it). Under
+    torch.distributed every rank takes rank 0's run, sent by one broadcast."""
+    with entries.store_lock(outbox.absolute()):  # ranks on a fresh sqlite store: one creates its schema
+        run = current_run_ref(run_id, tracking_uri, run_key=uuid.uuid4().hex, **new_run)
+        run = run if run.run_id is None else replace(run, run_key=None)  # a given run: no key, never ended by us
+        owns = run.run_id is None
+        if owns and rank.is_primary and in_distributed_job():
+            run = create_primary_run(RunLogger(run), reporter)
+    # The broadcast waits for every rank: out of the lock, which the other ranks take before it.
+    if owns and rank.world_size > 1:
+        return join_primary_run(run, rank, reporter)
+    return run, owns
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

@@ -1,17 +1,27 @@
-"""Which rank this process is, and the one run that all ranks of a job log into."""
+"""Which rank this process is, and the one run that all ranks of a job log into.
+
+Rank 0's run reaches the other ranks by one broadcast in the callback's constructor: the only
+collective the callback ever runs. A collective waits for every rank, so it is never made while
+holding a lock that another rank takes before it (rank 0 once held the store lock through it, and
+every rank's constructor waited out that lock's 60 s). After the constructor nothing here talks to
+the other ranks: a rank that dies or lags never holds the others up through this package.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
+import socket
+from dataclasses import dataclass, replace
 from typing import Any
+
+from .._delivery.model import RunRef
 
 
 @dataclass(frozen=True)
 class Rank:
     rank: int = 0
     world_size: int = 1
+    host: str = ""
 
     @property
     def is_primary(self) -> bool:
@@ -21,20 +31,68 @@ class Rank:
 def current_rank() -> Rank:
     """From torch.distributed when it is initialized, else torchrun's `RANK`/`WORLD_SIZE`."""
     dist = _initialized_dist()
+    host = socket.gethostname()
     if dist is not None:
-        return Rank(dist.get_rank(), dist.get_world_size())
-    return Rank(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+        return Rank(dist.get_rank(), dist.get_world_size(), host)
+    return Rank(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), host)
 
 
-def broadcast_from_primary(value: Callable[[], str | None]) -> str | None:
-    """`value()` computed on rank 0 and sent to every rank; None without torch.distributed.
-
-    A collective: every rank must call it at the same point (the callback's constructor).
-    """
+def in_distributed_job() -> bool:
+    """Whether torch.distributed is initialized with more than one rank (the broadcast can run)."""
     dist = _initialized_dist()
-    if dist is None or dist.get_world_size() < 2:
-        return None
-    box = [value() if dist.get_rank() == 0 else None]
+    return dist is not None and dist.get_world_size() > 1
+
+
+def create_primary_run(logger: Any, reporter: Any) -> RunRef:
+    """Rank 0's run, created now so that its id can be sent to the other ranks; where it cannot
+    be created (the server is down), the run as it was, known by its key: every rank then sends
+    into the run of that key, made once by whichever consumer gets there first."""
+    try:
+        logger.ensure_run()
+    except Exception as error:  # noqa: BLE001 - the other ranks wait in the broadcast: never skip it
+        reporter.problem("shared_run", "could not create the job's run now; every rank logs into it by its key "
+                         "once the server answers", error)  # fmt: skip
+    return logger.run
+
+
+def join_primary_run(run: RunRef, rank: Rank, reporter: Any) -> tuple[RunRef, bool]:
+    """Under torch.distributed, every rank takes rank 0's run (its id, else its key), sent by one
+    broadcast: every rank must call this at the same point. Returns the run to log into and
+    whether this rank owns it (rank 0 ends it). Without torch.distributed, a rank other than 0
+    has nothing to join and says so."""
+    if not in_distributed_job():
+        if not rank.is_primary:
+            reporter.problem(
+                "no_shared_run",
+                f"rank {rank.rank} has no run id (pass run_id=, set MLFLOW_RUN_ID, or initialize "
+                "torch.distributed before creating the callback); it logs into a run of its own",
+            )
+        return run, True
+    sent = _broadcast_from_primary(
+        {"run_id": run.run_id, "run_key": run.run_key, "experiment_id": run.experiment_id} if rank.is_primary else None
+    )
+    if rank.is_primary:
+        return run, True
+    if sent["run_id"] is not None:
+        return RunRef(run.tracking_uri, sent["run_id"]), False
+    return replace(run, experiment_id=sent["experiment_id"], run_key=sent["run_key"]), False
+
+
+def primary_run(run_id: str | None, tracking_uri: str | None) -> tuple[str | None, str | None]:
+    """Rank 0's (run id, tracking URI) on every rank, for a framework whose logger knows its run
+    on rank 0 only; as given without torch.distributed. Every rank must call it at the same point
+    (a broadcast). Where rank 0 has no run, none: the callback's constructor then sends rank 0's."""
+    if not in_distributed_job():
+        return run_id, tracking_uri
+    sent_id, sent_uri = _broadcast_from_primary((run_id, tracking_uri))
+    return sent_id, (sent_uri or tracking_uri) if sent_id is not None else tracking_uri
+
+
+def _broadcast_from_primary(value: Any) -> Any:
+    """`value` as rank 0 has it, on every rank. A collective."""
+    import torch.distributed as dist
+
+    box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 
@@ -45,18 +103,3 @@ def _initialized_dist():
     except ImportError:
         return None
     return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def join_primary_run(logger: Any, rank: Rank, reporter: Any) -> tuple[Any, bool]:
-    """Under torch.distributed, every rank takes rank 0's run (created now, collectively). Returns
-    the run to log into and whether this rank owns it (rank 0 ends it)."""
-    shared = broadcast_from_primary(logger.ensure_run)
-    if shared is not None:
-        return (logger.run if rank.is_primary else type(logger.run)(logger.run.tracking_uri, shared)), rank.is_primary
-    if not rank.is_primary:
-        reporter.problem(
-            "no_shared_run",
-            f"rank {rank.rank} has no run id (pass run_id=, set MLFLOW_RUN_ID, or initialize "
-            "torch.distributed before creating the callback); it logs into a run of its own",
-        )
-    return logger.run, True

@@ -1,5 +1,10 @@
 """Ingesting profiles produced elsewhere: a Neuron profile output folder, a
-`tensorboard_trace_handler` folder, or one chrome-trace file.
+`tensorboard_trace_handler` folder, a folder of one chrome trace per rank, or one chrome-trace file.
+
+Every cycle also gets its rank summary (`profiler/ranks/rank_<r>/cycle_<step>.json`), as the
+callback sends it. Where the traces come from several ranks (`ranks`), the lowest rank's cycles
+are logged as the callback's rank 0 logs them, and every other rank's trace gives its rank summary
+only: one run for the job.
 
 Each cycle goes through the callback's own pipeline (`_trace.summarize`, then `Preparer`), so
 per-op numbers, keys and files come out as the callback's would for the same cycle, and an
@@ -32,8 +37,10 @@ from .._trace.chrome_links import Linking
 from .._trace.json_text import cycle_collector_paused
 from .._trace.summarize import CycleSettings, CycleSummary, Summarized, summarize
 from .._trace.timeline import DEFAULT_MAX_SPANS
+from . import ingest_ranks as ranks
 
 TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
+CHROME_SUFFIXES = (".json", ".json.gz")
 # Above this share of a cycle's device time left on no op, ingest warns: per-op numbers then miss
 # more than rounding, and the reason is in the trace (launches outside ops, device events without
 # a launch), not in the numbers.
@@ -71,6 +78,9 @@ def find_cycles(path: Path) -> list[TraceCycle]:
         if owner is not None:
             by_dir.setdefault(owner, []).append(file)
     cycles = [TraceCycle(trace, tuple(sorted(by_dir.get(trace.parent, []))), root) for trace in traces]
+    if not cycles:  # one trace per rank, named as their writer liked (rank0.json.gz, sampled_rank-1.json)
+        cycles = [TraceCycle(p) for p in sorted(path.iterdir()) if p.name.endswith(CHROME_SUFFIXES)
+                  and ranks.trace_rank(p)[0] is not None]  # fmt: skip
     if not cycles:
         raise ValueError(
             f"{path}: no chrome trace found (expected a Neuron output folder with trace.json or "
@@ -119,7 +129,7 @@ def ingest(path: Path, run: RunRef | Callable[[], RunRef], *, top_k: int = 50, m
     out = out or sys.stdout
     reporter = Reporter()
     preparer = Preparer(reporter, top_k=top_k)
-    cycles = find_cycles(path)
+    cycles, others, world_size = ranks.split_by_rank(find_cycles(path))
     logger = None
     for index, cycle in enumerate(cycles, 1):
         step, summary, linking = read_cycle(cycle.trace, index, log_timeline=log_timeline,
@@ -130,20 +140,33 @@ def ingest(path: Path, run: RunRef | Callable[[], RunRef], *, top_k: int = 50, m
             attribution["warning"] = weak
             warnings.warn(f"mlflow-neuron: {cycle.trace}: {weak}", MLflowNeuronWarning, stacklevel=2)
         job = _job_for(cycle, summary, step, max_file_bytes, first=index == 1, attribution=attribution)
+        job.rank_summary = ranks.summary_spec(cycle.trace, world_size)
         if logger is None:
             logger = RunLogger(run() if callable(run) else run)
-        try:
-            delivery = preparer.with_run_summary(preparer.prepare(job))
-            _, vanished = logger.deliver(delivery)
-            files = sent_files(delivery, vanished)  # what was uploaded: generated files and the profile's own
-        finally:
-            shutil.rmtree(job.staged_dir, ignore_errors=True)
-        for kind, problem in job.problems:
-            reporter.problem(kind, f"{cycle.trace}: {problem}")
+        delivery, files = _send(job, preparer, logger, reporter, cycle.trace)
         print(f"[{index}/{len(cycles)}] {cycle.trace} -> step {step}: {len(summary.profile.ops)} ops, "
               f"{len(delivery.metrics)} metrics, {len(files)} file(s), {human_size(sum(files.values()))}",
               file=out, flush=True)  # fmt: skip
+    for trace in others:
+        job = ranks.summary_job(trace, world_size)
+        _send(job, preparer, logger, reporter, trace, run_summary=False)
+        print(f"[rank {job.rank_summary['rank']}] {trace} -> its rank summary, step {job.step}", file=out, flush=True)
     return logger.run.run_id, len(cycles)
+
+
+def _send(job: CycleJob, preparer: Preparer, logger: RunLogger, reporter: Reporter, trace: Path,
+          run_summary: bool = True):  # fmt: skip
+    """Prepares and delivers one job; (its delivery, {file: bytes} uploaded)."""
+    try:
+        delivery = preparer.prepare(job)
+        delivery = preparer.with_run_summary(delivery) if run_summary else delivery
+        _, vanished = logger.deliver(delivery)
+        files = sent_files(delivery, vanished)  # what was uploaded: generated files and the profile's own
+    finally:
+        shutil.rmtree(job.staged_dir, ignore_errors=True)
+    for kind, problem in job.problems:
+        reporter.problem(kind, f"{trace}: {problem}")
+    return delivery, files
 
 
 def _job_for(cycle: TraceCycle, summary: CycleSummary, step: int, max_file_bytes: int | None, first: bool,

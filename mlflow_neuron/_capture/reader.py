@@ -104,6 +104,13 @@ class CycleReader:
                     self._explorer_announced = announce_explorer(self.summary_tool)
                 if not primary:
                     job.summary_prefix = f"{NEURON_SUMMARY_PREFIX}/rank_{self.rank.rank}"
+        else:  # its trace serves the rank summary only: saved as rank 0's is, never uploaded
+            job.upload_trace = False
+            self._stage_trace(prof, job, found, exported, neuron_dir)
+            if hand_off:
+                self._export_now(job)
+        job.rank_summary = {"rank": self.rank.rank, "world_size": self.rank.world_size, "host": self.rank.host,
+                            "trace": _framework_trace(found)}  # fmt: skip
         if logs_metrics:
             job.peak = self._peak(device)
         if primary and not self._params_read:
@@ -116,19 +123,27 @@ class CycleReader:
     def _saved_trace(self, job: CycleJob, found: list[FoundFile], settings: CycleSettings) -> ChromeTraceFile | None:
         """The trace the helper process reads: a handler's or the Neuron session's, else the one
         saved now by Kineto's C++ writer. None: read in-process."""
-        if job.trace_export is not None:
-            try:
-                job.trace_export(job.raw_trace)  # Kineto's own JSON writer, as tensorboard's handler
-            except Exception as error:  # noqa: BLE001 - read in-process, upload without a trace
-                self.reporter.problem("trace_export", "could not export the framework trace", error)
-                job.raw_trace = None
-                return None
-            finally:
-                job.trace_export = None
+        if not self._export_now(job):
+            return None
         if job.raw_trace is not None and job.raw_trace.exists():
             return ChromeTraceFile(str(job.raw_trace), settings, fallback=str(job.staged_dir / TRACE))
-        neuron_trace = next((f for f in found if f.is_framework_trace), None)
-        return ChromeTraceFile(str(neuron_trace.path), settings) if neuron_trace is not None else None
+        neuron_trace = _framework_trace(found)
+        return ChromeTraceFile(neuron_trace, settings) if neuron_trace is not None else None
+
+    def _export_now(self, job: CycleJob) -> bool:
+        """Runs the job's deferred trace export now (Kineto's own JSON writer, as tensorboard's
+        handler): another process reads the trace. False: it failed (said once; no trace then)."""
+        if job.trace_export is None:
+            return True
+        try:
+            job.trace_export(job.raw_trace)
+            return True
+        except Exception as error:  # noqa: BLE001 - read in-process, upload without a trace
+            self.reporter.problem("trace_export", "could not export the framework trace", error)
+            job.raw_trace = None
+            return False
+        finally:
+            job.trace_export = None
 
     def memory_source(self, prof: Any, job: CycleJob) -> Any:
         """The cycle's Kineto results, for a drain in this process to read instead of the saved trace
@@ -219,6 +234,12 @@ class CycleReader:
             return None
         job.raw_trace = raw
         return "export_chrome_trace"
+
+
+def _framework_trace(found: list[FoundFile]) -> str | None:
+    """The framework trace a Neuron session wrote this cycle, if any."""
+    trace = next((f for f in found if f.is_framework_trace), None)
+    return str(trace.path) if trace is not None else None
 
 
 def _sessions(found: list[FoundFile]) -> tuple[str, ...]:

@@ -14,6 +14,7 @@ from typing import Any
 from torch.profiler import ProfilerAction, profile, schedule
 
 from .callback import MLflowProfilerCallback
+from .distributed import primary_run
 from .._neuron.devices import profiling_setup, synchronize
 from .._delivery.report import Reporter
 
@@ -94,7 +95,9 @@ class ScheduledProfiler:
         self._device = self.device or device
         run_id, tracking_uri = self.run_id, self.tracking_uri
         if run_id is None:
-            run_id, found_uri = run()
+            # The framework's logger has its run on rank 0 only: every rank takes rank 0's
+            # (one broadcast, at the first step, as in the callback's constructor).
+            run_id, found_uri = primary_run(*run())
             tracking_uri = tracking_uri or found_uri
         setup = profiling_setup(self._device, self.profile_output_dir)
         self.callback = MLflowProfilerCallback(

@@ -23,6 +23,7 @@ from .._compare import overview as _overview
 from .._compare.frame import compare
 from .._compare.model import CPU_METRIC, DEVICE_METRIC, RunProfile
 from .._compare.profiles import load_many, load_profiles, named_alike
+from .._compare.rank_runs import rank_changes
 from .._compare.region import in_region
 from .._compare.runs import labels, resolve_runs
 from .._compare.samples import step_samples
@@ -78,11 +79,23 @@ def compare_runs(
     options = dict(skip_steps=skip_steps, noise_pct=noise_pct, host_load_threshold=host_load_threshold, region=region,
                    host_busy_share=host_busy_share)  # fmt: skip
     if tables or len(resolved) <= _overview.BULK_ABOVE:  # every run is shown in detail
-        return compare(load_profiles(client, resolved, step), baseline, metric, **options)
+        return _with_ranks(client, resolved, compare(load_profiles(client, resolved, step), baseline, metric, **options),
+                           step)  # fmt: skip
     names = labels(resolved)
     named = {names[_index(resolved, names, name, "--detail")] for name in detail or []}
     base = _index(resolved, names, baseline, "baseline") if baseline else 0
     return _Many(client, resolved, names, metric, step, region, skip_steps).compare(base, named, fail_if_slower, options)
+
+
+def _with_ranks(client: MlflowClient, runs: list[Run], frame: pd.DataFrame, step: int | None) -> pd.DataFrame:
+    """Where the runs and the baseline have rank summaries, each verdict also says where the step-time
+    change came from across ranks (the wait, the straggler); `attrs["ranks"]` holds their reports."""
+    explained, reports = rank_changes(client, runs, frame.attrs["baseline"], step)
+    for name, text in explained.items():
+        frame.attrs["sentences"][name] = f"{frame.attrs['sentences'][name]} Across ranks: {text}"
+    if reports:
+        frame.attrs["ranks"] = reports
+    return frame
 
 
 def _index(runs: list[Run], names: list[str], key: str, what: str) -> int:

@@ -28,6 +28,7 @@ from mlflow.tracking import MlflowClient
 from .._compare.changes import MIN_RUNS, NO_LEVEL, Change, Search, confirmed, too_few
 from .._compare.frame import compare
 from .._compare.model import CPU_METRIC, DEFAULT_NOISE_PCT, DEVICE_METRIC, TOTAL, RunProfile
+from .._compare.rank_history import WAIT_METRIC, WaitSeries, straggler_line, stragglers
 from .._compare.runs import RunNotFound, _experiment_id
 from .._compare.series import Series, search_series
 from .._delivery.model import DEVICE_TIME_TAG
@@ -47,14 +48,16 @@ def history_runs(experiment: str, *, run_name: str | None = None, filter_string:
                  metric: str = DEVICE_METRIC, region: str | None = None, op: str | None = None,
                  tracking_uri: str | None = None, noise_pct: float = DEFAULT_NOISE_PCT, summaries: bool = True,
                  progress: Callable[[str], None] | None = None) -> pd.DataFrame:  # fmt: skip
-    """One row per run (start order): `run_id`, `run_name`, `start_time`, `commit`, `n`, `median`,
+    """One row per run (start order; with `metric="wait_us"`, the runs that have rank summaries: each
+    step's wait in collectives, the median over the ranks): `run_id`, `run_name`, `start_time`, `commit`, `n`, `median`,
     and its 95% interval `low`/`high`, `segment`. `attrs`: `changes` (dicts, see `describe`),
     `metric`, `subject` (TOTAL, `region NAME` or the op), `fallback`, `suggested` (change points
     PELT suggested, confirmed or not), `not_searched` (why there was no search, or None),
     `slow_path_runs` (runs read from their tables: no summary metrics, or `summaries=False`),
     `tables_read` (runs whose tables were read, those included), `contradicting` (runs whose summary
-    metrics disagreed with their tables, which won). `progress` gets a line now and then over
-    thousands of runs."""
+    metrics disagreed with their tables, which won), `stragglers` (each of the latest runs with rank
+    summaries: its straggler or None) and `straggler_line` (where one rank or host was the straggler
+    in most of them). `progress` gets a line now and then over thousands of runs."""
     if noise_pct < 0:
         raise ValueError(f"noise_pct must be >= 0; got {noise_pct}")
     if region is not None and op is not None:
@@ -63,19 +66,30 @@ def history_runs(experiment: str, *, run_name: str | None = None, filter_string:
     runs = _series_runs(client, experiment, run_name, filter_string, progress)
     missing = metric == DEVICE_METRIC and any(r.data.tags.get(DEVICE_TIME_TAG, "") != PRESENT for r in runs)
     used = CPU_METRIC if missing else metric
-    series = Series(client, runs, used, region, op, summaries=summaries, progress=progress)
+    if metric == WAIT_METRIC:
+        if region is not None or op is not None:
+            raise ValueError("--metric wait_us is the wait of the whole step: it takes no --region or --op")
+        series = WaitSeries(client, runs, progress)
+        runs = series.runs
+    else:
+        series = Series(client, runs, used, region, op, summaries=summaries, progress=progress)
     found = _changes(series, noise_pct)
     changes = found.changes
     segment = np.searchsorted([c.at for c in changes], np.arange(len(runs)), side="right")
     frame = pd.DataFrame([_row(run, series.numbers(i), int(s)) for i, (run, s) in enumerate(zip(runs, segment))])
     frame.attrs.update(
         experiment=experiment, metric=used, requested_metric=metric, noise_pct=noise_pct,
-        subject=TOTAL if region is None and op is None else (f"region {region}" if region else op),
+        subject=(TOTAL if metric != WAIT_METRIC else "every rank's step") if region is None and op is None else
+        (f"region {region}" if region else op),
         fallback=None if used == metric else "compared on self CPU time: a run has no device time",
         suggested=found.suggested, not_searched=found.skipped,
-        changes=[describe(c, runs, series.profile, used, region) for c in changes],
+        changes=[describe(c, runs, getattr(series, "profile", None), used, region, getattr(series, "words", None))
+                 for c in changes],
+        without_rank_summaries=getattr(series, "without", None),
         slow_path_runs=series.slow, tables_read=series.tables_read, contradicting=series.contradicting,
     )  # fmt: skip
+    found_stragglers = stragglers(client, runs)
+    frame.attrs.update(stragglers=found_stragglers, straggler_line=straggler_line(found_stragglers))
     return frame
 
 
@@ -110,16 +124,21 @@ def _row(run, numbers: StepSummary, segment: int) -> dict:
             "high": numbers.high, "segment": segment}  # fmt: skip
 
 
-def describe(change: Change, runs: list, profile_of: Callable[[int], RunProfile], metric: str,
-             region: str | None) -> dict:  # fmt: skip
+def describe(change: Change, runs: list, profile_of: Callable[[int], RunProfile] | None, metric: str,
+             region: str | None, words_of: Callable | None = None) -> dict:  # fmt: skip
     """A change in words and numbers: the runs on each side, what differs between them, and
-    compare's sentence on the judged runs' pooled steps (`profile_of(i)`: run i's profile)."""
+    compare's sentence on the judged runs' pooled steps (`profile_of(i)`: run i's profile), or
+    `words_of(before, after, names)` where the metric is not compare's (the wait)."""
     before, after = runs[change.at - 1], runs[change.at]
     names = [_span(runs[slice(*part)]) for part in (change.before, change.after)]
     if names[0] == names[1]:  # one commit on both sides (every run of the series has it): name them by place
         names = [f"series runs {part[0] + 1}..{part[1]}" for part in (change.before, change.after)]
-    pooled = [_pooled([profile_of(i) for i in range(*part)], name) for part, name in zip((change.before, change.after), names)]
-    words = compare(pooled, names[0], metric, region=region).attrs["sentences"][names[1]]
+    if words_of is not None:
+        words = words_of(change.before, change.after, names)
+    else:
+        pooled = [_pooled([profile_of(i) for i in range(*part)], name)
+                  for part, name in zip((change.before, change.after), names)]  # fmt: skip
+        words = compare(pooled, names[0], metric, region=region).attrs["sentences"][names[1]]
     return {
         "before_run_id": before.info.run_id, "after_run_id": after.info.run_id,
         "before_run_name": before.info.run_name, "after_run_name": after.info.run_name,

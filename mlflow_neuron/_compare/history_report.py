@@ -22,11 +22,13 @@ _COLUMNS = ["run_name", "start", "commit", "n", "median", "95% interval", "segme
 
 
 def heading(frame: pd.DataFrame) -> str:
-    what = {"self_device_time_us": "self device time", "self_cpu_time_us": "self CPU time"}.get(
-        frame.attrs["metric"], "peak memory")  # fmt: skip
+    what = {"self_device_time_us": "self device time", "self_cpu_time_us": "self CPU time",
+            "wait_us": "wait in collectives (the median over the ranks, from the rank summaries)"}.get(frame.attrs["metric"], "peak memory")
     unit = "bytes" if frame.attrs["metric"] == "peak_memory_bytes" else "us"
     text = (f"history of {frame.attrs['experiment']}: {len(frame)} runs, {frame.attrs['subject']}, median "
             f"{what} per step ({unit}), in start order")  # fmt: skip
+    if frame.attrs.get("without_rank_summaries"):
+        text += f"; {frame.attrs['without_rank_summaries']} runs without rank summaries left out"
     return f"{text}; {frame.attrs['fallback']}" if frame.attrs.get("fallback") else text
 
 
@@ -58,6 +60,12 @@ def change_lines(frame: pd.DataFrame) -> list[str]:
     return lines
 
 
+def straggler_lines(frame: pd.DataFrame) -> list[str]:
+    """The straggler line, where one rank or host was the straggler in most of the latest runs."""
+    line = frame.attrs.get("straggler_line")
+    return [f"STRAGGLER {line}"] if line else []
+
+
 def no_change_line(frame: pd.DataFrame) -> str:
     """Which of the three it was: no search (too few runs), no change point suggested, or every one
     suggested inside the noise band."""
@@ -87,14 +95,14 @@ def read_lines(frame: pd.DataFrame) -> list[str]:
 def text(frame: pd.DataFrame) -> str:
     notes = read_lines(frame)
     return "\n".join([heading(frame), table(frame).to_string(index=False), "", *change_lines(frame),
-                      *([""] + notes if notes else [])])  # fmt: skip
+                      *straggler_lines(frame), *([""] + notes if notes else [])])  # fmt: skip
 
 
 def markdown(frame: pd.DataFrame) -> str:
     shown = table(frame)
     rows = ["| " + " | ".join(map(str, row)) + " |" for row in shown.itertuples(index=False)]
     return "\n".join([f"_{heading(frame)}_", "", "| " + " | ".join(_COLUMNS) + " |", "|---" * len(_COLUMNS) + "|",
-                      *rows, "", *(f"- {line}" for line in [*change_lines(frame), *read_lines(frame)])])  # fmt: skip
+                      *rows, "", *(f"- {line}" for line in [*change_lines(frame), *straggler_lines(frame), *read_lines(frame)])])  # fmt: skip
 
 
 def as_json(frame: pd.DataFrame) -> str:
@@ -141,7 +149,8 @@ def html_page(frame: pd.DataFrame, png_path: Path | None) -> str:
     if png_path is not None:
         data = base64.b64encode(Path(png_path).read_bytes()).decode()
         chart = f'<img alt="history chart" src="data:image/png;base64,{data}">'
-    changes = "".join(f"<li>{html.escape(line)}</li>" for line in [*change_lines(frame), *read_lines(frame)])
+    changes = "".join(f"<li>{html.escape(line)}</li>"
+                      for line in [*change_lines(frame), *straggler_lines(frame), *read_lines(frame)])
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>mlflow-neuron history</title></head><body>'
             f"<h2>{html.escape(heading(frame))}</h2><ul>{changes}</ul>{chart}"
             f"{table(frame).to_html(index=False, border=0)}</body></html>")  # fmt: skip

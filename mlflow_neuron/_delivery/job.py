@@ -42,6 +42,10 @@ class CycleJob:
     table_note: str = ""  # a first line for key_averages.txt
     host: dict[str, float] = field(default_factory=dict)  # the host during the window (model.HOST_VALUES)
     peak: dict | None = None  # the device's limits (`_trace.peaks.Peak.to_dict()`): ops.json's % of peak
+    # {"rank", "world_size", "host", "trace"}: write the cycle's rank summary (`RANK_SUMMARY`) from
+    # its trace ("trace": a Neuron session's framework trace; None: `raw_trace`); None: none
+    rank_summary: dict | None = None
+    upload_trace: bool = True  # False: the trace serves the rank summary only, and is not uploaded
     problems: list[tuple[str, str]] = field(default_factory=list)  # (kind, message), reported once sent
     delivery: Delivery | None = field(default=None, repr=False)  # set once prepared
     record: Path | None = field(default=None, repr=False)  # its outbox record, once written ahead of delivery

@@ -156,19 +156,25 @@ class RunLogger:
         return list(zip(clashes, vanished))
 
     def _log_generated_files(self, run_id: str, deliveries: list[Delivery]) -> None:
-        """Every delivery's generated files under its own `artifact_dir`, in one artifact pass: a
-        folder of links laid out as the run's artifacts, logged at once."""
-        if len(deliveries) == 1 and not deliveries[0].trace_spans:
+        """Every delivery's generated files under its own `artifact_dir` (a `placed` file at its
+        own path), in one artifact pass: a folder of links laid out as the run's artifacts, logged
+        at once."""
+        if len(deliveries) == 1 and not deliveries[0].trace_spans and not deliveries[0].placed:
             self.client.log_artifacts(run_id, deliveries[0].files_dir, deliveries[0].artifact_dir)
             return
         with tempfile.TemporaryDirectory(prefix="mlflow-neuron-batch-") as root:
             for d in deliveries:
+                placed = dict(d.placed)
                 for folder, _, names in os.walk(d.files_dir):
-                    target = Path(root, d.artifact_dir, os.path.relpath(folder, d.files_dir))
+                    relative = os.path.relpath(folder, d.files_dir)
+                    target = Path(root, d.artifact_dir, relative)
                     target.mkdir(parents=True, exist_ok=True)
                     for name in names:  # artifact stores read through links (copytree, open, upload_file)
+                        own = os.path.normpath(os.path.join(relative, name))
+                        link = Path(root, placed[own]) if own in placed else target / name
+                        link.parent.mkdir(parents=True, exist_ok=True)
                         if not (name == d.trace_spans and folder == d.files_dir):  # the trace's, not an artifact
-                            os.symlink(os.path.abspath(os.path.join(folder, name)), target / name)
+                            os.symlink(os.path.abspath(os.path.join(folder, name)), link)
             self.client.log_artifacts(run_id, root)
 
     def _log_checked_manifest(self, run_id: str, delivery: Delivery, sent: dict) -> None:

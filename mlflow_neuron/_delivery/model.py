@@ -28,6 +28,10 @@ TIMELINE = "timeline.json"  # the cycle's span tree (`_trace.timeline.Timeline`)
 TRACE_SPANS = ".trace_spans.json"
 TRACE = "trace.json.gz"  # the framework trace, when no Neuron session folder holds one
 MANIFEST = "manifest.json"  # every file found, where it went, its checksum; NTFFs with their NEFFs
+# Every rank's compact summary of each cycle (`_trace.collectives`), one file per rank per cycle,
+# at this artifact path; in the cycle's files it lies as RANK_SUMMARY_FILE until it is sent.
+RANK_SUMMARY = "profiler/ranks/rank_{rank}/cycle_{step}.json"
+RANK_SUMMARY_FILE = "rank_summary.json"
 
 # The host during each profiled window (`CycleJob.host`, by these names): logged as
 # `system/profile/<name>` at the cycle's step and as `host_<name>` columns of step_totals.json.
@@ -80,3 +84,5 @@ class Delivery:
     # latest value is the one made last, over the most cycles.
     summary: tuple[tuple[str, float], ...] = ()
     summary_at: tuple[int, int] | None = None
+    # (file in files_dir, its artifact path in the run): generated files logged outside artifact_dir
+    placed: tuple[tuple[str, str], ...] = ()

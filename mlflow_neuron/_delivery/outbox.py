@@ -204,6 +204,7 @@ def load(record_dir: Path, *, check_seal: bool = True) -> tuple[Delivery, RunRef
             trace_spans=data.get("trace_spans"),  # records from before it have none: timeline.json is read
             summary=tuple((key, value) for key, value in data.get("summary", ())),
             summary_at=tuple(data["summary_at"]) if data.get("summary_at") else None,  # fmt: skip
+            placed=tuple((name, path) for name, path in data.get("placed", ())),  # records from before: none
         )
         return delivery, RunRef(**data["run"])
     except (TypeError, ValueError) as error:

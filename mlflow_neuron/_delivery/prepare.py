@@ -36,6 +36,7 @@ from .record import (
     summary_metrics,
     write_table,
 )
+from .rank_summary import write_rank_summary
 from .run_summary import RunSteps
 from .trace_text import TraceDraft, TraceText
 
@@ -96,13 +97,13 @@ class Preparer:
                     trace_spans = TRACE_SPANS
         if self.primary:  # the keys carry no rank: one host's numbers per cycle
             metrics = {**metrics, **host_metrics(job.host)}
-        self._stage_trace(job)
+        placed = self._stage_trace(job)
         (staged / MANIFEST).write_text(json.dumps(job.manifest, indent=2), encoding="utf-8")
         explorer_metrics, version_tags = self._summary_metrics(job)
         return Delivery(
             step=job.step, timestamp_ms=job.timestamp_ms, artifact_dir=job.artifact_dir,
             metrics={**metrics, **explorer_metrics}, tags={**tags, **version_tags}, params=job.params, files_dir=str(staged),
-            uploads=job.uploads, table=table, series=series, timeline=timeline, trace_spans=trace_spans,
+            uploads=job.uploads, table=table, series=series, timeline=timeline, trace_spans=trace_spans, placed=placed,
         )  # fmt: skip
 
     def _numbers(self, job: CycleJob) -> tuple[CycleSummary, pd.DataFrame, dict, tuple, dict]:
@@ -168,17 +169,23 @@ class Preparer:
             series += step_series(profile, f"rank_{self.rank}/")
         return series
 
-    def _stage_trace(self, job: CycleJob) -> None:
-        """The framework trace, gzipped into the staged folder (exported first, for in-process jobs)."""
+    def _stage_trace(self, job: CycleJob) -> tuple[tuple[str, str], ...]:
+        """The framework trace, gzipped into the staged folder (exported first, for in-process jobs),
+        or only read for the rank summary (`job.upload_trace` False). Returns the files placed
+        outside the cycle's folder: its rank summary."""
         if job.trace_export is not None and job.raw_trace is not None:
             try:
                 job.trace_export(job.raw_trace)
             except Exception as error:  # noqa: BLE001 - the rest of the cycle still goes
                 job.problems.append(("trace_export", f"could not export the framework trace: {type(error).__name__}: {error}"))
             job.trace_export = None  # the Kineto results it holds are not needed any more
-        if job.raw_trace is not None and job.raw_trace.exists():
-            gzip_file(job.raw_trace, job.staged_dir / TRACE)
-            job.raw_trace.unlink()
+        raw = job.raw_trace if job.raw_trace is not None and job.raw_trace.exists() else None
+        placed = write_rank_summary(job, raw)
+        if raw is not None:
+            if job.upload_trace:
+                gzip_file(raw, job.staged_dir / TRACE)
+            raw.unlink()
+        return placed
 
     def _summary_metrics(self, job: CycleJob) -> tuple[dict[str, float], dict[str, str]]:
         """Neuron Explorer's summary of each capture session (`_neuron.session_summary`), and the

@@ -8,11 +8,13 @@ or MLflow is imported.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from .. import __version__
 from .._delivery.outbox import DEFAULT_OUTBOX
 
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 EXIT_OK = 0
 EXIT_FAILED = 1  # compare: the gate found a regression; sync: records were kept or found damaged
 EXIT_USAGE = 2  # bad arguments, or a run, experiment, model version or folder that does not exist
@@ -36,6 +38,13 @@ def non_negative_float(text: str) -> float:
 
 def positive_float(text: str) -> float:
     return _checked(text, float, lambda v: v > 0 and v == v and v != float("inf"), "a number > 0")
+
+
+def run_id(text: str) -> str:
+    """A run id as MLflow makes them: 32 hexadecimal digits (a run name is not looked up here)."""
+    if not _RUN_ID.match(text):
+        raise argparse.ArgumentTypeError(f"expected a run id (32 hexadecimal digits), got {text!r}")
+    return text
 
 
 def _checked(text: str, kind: type, ok, what: str):
@@ -72,7 +81,7 @@ def _outbox_folder(text: str) -> str:
 def parser() -> CommandParser:
     root = CommandParser(prog="mlflow-neuron", description="PyTorch profiler results as MLflow data.",
                      epilog="exit codes: 0 done, 1 regression found (compare) or records kept or damaged (sync), "
-                     "2 usage error or unknown run/experiment/model version, 3 tracking server unreachable "
+                     "2 usage error or unknown run/experiment/model version (or a run without what the command reads), 3 tracking server unreachable "
                      "(nothing changed), 4 inconclusive (compare --fail-if-inconclusive), 5 another sync is "
                      "delivering the outbox, 70 an internal error (a bug in mlflow-neuron)")  # fmt: skip
     root.add_argument("--version", action="version", version=f"mlflow-neuron {__version__}")
@@ -215,6 +224,7 @@ def parser() -> CommandParser:
     ann.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
 
     _history_parser(commands)
+    _ranks_parser(commands)
     for command in commands.choices.values():  # -v also after the command name
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="show MLflow's own INFO messages")  # fmt: skip
@@ -234,6 +244,8 @@ def usage_error(args: argparse.Namespace, root: CommandParser, extra: list[str])
         command.error("--run-id goes with --retry-rejected")
     if args.command == "sync" and args.retry_rejected and args.retry_damaged:
         command.error("--retry-rejected and --retry-damaged go one at a time")
+    if args.command == "history" and args.metric == "wait_us" and (args.region or args.op):
+        command.error("--metric wait_us is the wait of the whole step: it takes no --region or --op")
     if args.command == "ingest" and not Path(args.path).exists():
         command.error(f"{args.path} does not exist")
 
@@ -252,8 +264,10 @@ def _history_parser(commands) -> None:
     his.add_argument("--run-name", help="only runs of this name")
     his.add_argument("--filter", metavar="FILTER", help="an MLflow search filter, such as \"tags.branch = 'main'\"")
     his.add_argument("--metric", default="self_device_time_us",
-                     choices=["self_device_time_us", "self_cpu_time_us", "peak_memory_bytes"],
-                     help="as in compare (default: %(default)s; self CPU time where a run has no device time)")
+                     choices=["self_device_time_us", "self_cpu_time_us", "peak_memory_bytes", "wait_us"],
+                     help="as in compare (default: %(default)s; self CPU time where a run has no device time); "
+                     "wait_us: each step's wait in collectives, the median over the ranks, from the runs' rank "
+                     "summaries (runs without them are left out)")
     subject = his.add_mutually_exclusive_group()
     subject.add_argument("--region", metavar="NAME", help="a record_function region's time, not the whole step's")
     subject.add_argument("--op", metavar="NAME", help="one op's time (its name as ops.json has it)")
@@ -269,3 +283,27 @@ def _history_parser(commands) -> None:
                      "a few hundred ms a run through a server)")
     his.add_argument("--log-to", metavar="RUN_ID", help="attach history.png, history.html and history.json to this run")
     his.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
+
+
+def _ranks_parser(commands) -> None:
+    rks = commands.add_parser(
+        "ranks",
+        help="every rank of a distributed run: its step, its time in collectives, the wait, and the straggler",
+        description="One row per rank of a profiled torchrun job, from the rank summaries each rank logged:\n"
+        "its step time (median per step, with its 95% interval), time in collectives and the wait inside\n"
+        "them before the last rank arrived (medians per step, microseconds), exposed communication % and\n"
+        "idle % of the step, and its host; then one sentence naming the straggler (the rank that arrived\n"
+        "last at most collectives while the others waited), or saying that none stands out.\n"
+        "A run without rank summaries exits 2.\n\n"
+        "example: mlflow-neuron ranks 0123abcd... --log-to 0123abcd...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rks.add_argument("run", type=run_id, help="the profiled run's id")
+    rks.add_argument("--step", type=non_negative_int,
+                     help="only the profiler cycle logged at this step (default: every cycle)")
+    rks.add_argument("--format", default="table", choices=["table", "markdown", "json"],
+                     help="table (default) or markdown for people; json for programs (times in microseconds)")
+    rks.add_argument("--log-to", metavar="RUN_ID", type=run_id,
+                     help="attach ranks/ranks.png and ranks.json to this run, and log the run-level metrics "
+                     "profiler/ranks/straggler (-1: none), step_time_skew_pct and median_wait_us")
+    rks.add_argument("--tracking-uri", help=TRACKING_URI_HELP)

@@ -200,6 +200,34 @@ def history(args: argparse.Namespace, out=None) -> int:
     return EXIT_OK
 
 
+def ranks(args: argparse.Namespace, out=None) -> int:
+    """Every rank of a run in a table (or JSON), the straggler in a sentence; with --log-to, the
+    picture, the JSON and the run-level metrics attached to that run."""
+    import json
+    import tempfile
+
+    import mlflow
+
+    from .._compare import rank_text
+    from .._compare.rank_runs import log_ranks, rank_picture, read_ranks
+
+    out = out or sys.stdout
+    uri = args.tracking_uri or mlflow.get_tracking_uri()
+    read = read_ranks(args.run, uri, args.step)
+    report = read.report_json
+    rendered = {"table": lambda: rank_text.text(report, args.run, read.closing_lines()),
+                "markdown": lambda: rank_text.markdown(report, args.run, read.closing_lines()),
+                "json": lambda: json.dumps(report, indent=1)}[args.format]()  # fmt: skip
+    print(rendered, file=out)
+    if args.log_to:
+        with tempfile.TemporaryDirectory() as tmp:
+            picture = rank_picture(read, Path(tmp, "ranks.png"))
+            metrics = log_ranks(uri, args.log_to, report, [picture])
+        shown = ", ".join(f"{k} = {v:g}" for k, v in metrics.items())
+        print(f"attached ranks/ranks.png and ranks.json to run {args.log_to}; logged {shown}", file=out)
+    return EXIT_OK
+
+
 # Each command: a function (args) -> exit code. Errors they raise are mapped to exit codes in main().
 COMMANDS = {"sync": sync_command, "compare": compare, "annotate": annotate, "ingest": ingest, "open": open_session,
-            "history": history}
+            "history": history, "ranks": ranks}

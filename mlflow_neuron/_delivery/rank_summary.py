@@ -1,0 +1,39 @@
+"""A cycle's rank summary: what every rank of a job sends, by default, about each profiled step.
+
+One small JSON file per rank per cycle (`_trace.collectives`' format: each step's time, its time in
+collectives, exposed communication, idle time, copies, and each collective's start and end), made
+off the training thread from the trace the training thread saved, and logged at
+`model.RANK_SUMMARY` in the job's one run. The trace of a rank that logs no metrics of its own
+serves this file only and is not uploaded, so each rank costs MLflow one small file a cycle.
+Reading the summaries back across ranks (waits, the straggler) is `_compare`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .._trace.json_text import dumps
+from .job import CycleJob
+from .model import RANK_SUMMARY, RANK_SUMMARY_FILE
+
+
+def write_rank_summary(job: CycleJob, raw_trace: Path | None) -> tuple[tuple[str, str], ...]:
+    """Writes the job's rank summary into its staged folder, from its trace (a Neuron session's,
+    else `raw_trace`); returns the `Delivery.placed` entry that sends it, or () where the job asks
+    for none or has no trace. A trace that cannot be summarized is one of the job's problems,
+    reported when it is sent; the rest of the cycle goes as it is."""
+    spec = job.rank_summary
+    trace = (spec.get("trace") or raw_trace) if spec else None
+    if trace is None:
+        return ()
+    try:
+        from .._trace.collectives import rank_summary_from_chrome  # the parse lives with the analysis
+
+        summary = rank_summary_from_chrome(str(trace), rank=spec["rank"], host=spec.get("host") or None,
+                                           world_size=spec["world_size"], cycle_step=job.step)  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - a trace it cannot read costs this file only
+        job.problems.append(("rank_summary", f"profiler step {job.step} has no rank summary: "
+                             f"{type(error).__name__}: {error}"))  # fmt: skip
+        return ()
+    (job.staged_dir / RANK_SUMMARY_FILE).write_bytes(dumps(summary))
+    return ((RANK_SUMMARY_FILE, RANK_SUMMARY.format(rank=spec["rank"], step=job.step)),)

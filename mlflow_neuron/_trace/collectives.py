@@ -1,0 +1,372 @@
+"""One rank's cycle in a few numbers a step, and its collectives: the rank summary. Pure.
+
+Example::
+
+    summary = rank_summary_from_chrome("rank2.pt.trace.json.gz", cycle_step=9)
+    summary["steps"][0]      # {"step": 7, "step_us": 81234.5, "collective_us": 31020.0, "idle_us": ...}
+    summary["collectives"]   # [{"name": "all_reduce", "group": None, "seq": None, "step": 7, ...}, ...]
+
+`_compare.ranks` matches the collectives of every rank's summary to find the wait and the straggler;
+this module reads one rank. The format (`FORMAT`, `VERSION`) is documented in `docs/ranks.md`.
+
+**Which events are collectives** (feature-detected; a name is what the trace wrote):
+1. device kernels that HolisticTraceAnalysis counts as communication (`COMM_KERNEL`: NCCL, RCCL,
+   HCCL); name, process group and sequence number from their `Collective name`, `Process Group
+   Name` and `Seq` arguments where the trace has them, else the kernel's name;
+2. else the backends' own spans, `gloo:all_reduce`, `nccl:all_reduce` (name after the colon): gloo
+   runs each collective in such a span on a worker thread, from its start to its last byte;
+3. else `record_param_comms` ops with a `Collective name` (with `Process Group Name` and `Seq`).
+`c10d::allreduce_` and friends only queue the work (100 µs where the collective takes ms): they are
+neither compute nor collective time.
+
+**The timeline a step is split on.** Where the trace has device events (HTA's categories:
+`kernel`, `gpu_memcpy`, `gpu_memset`, `cuda_sync`, `mtia_ccp_events`), the device's, as HTA's
+temporal breakdown splits it: compute = the union of compute kernels (HTA's kernel classes), idle =
+the window minus the union of every device event. A step's device window runs from its first device
+event (a device event belongs to the step its launch is in) to the next step's first, the last one
+to its last event's end, so the windows tile the device's timeline. Without device events (a CPU
+job, gloo), the host's: a step's window is its `ProfilerStep#N` span, compute the union of its
+`cpu_op`s on every thread (collective ops left out), collective time the union of the collectives,
+idle what neither covers (a `time.sleep`, a data loader's wait). Exposed communication = collective
+time that no compute overlaps; memcpy = the union of host<->device copies with their `bytes`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .chrome_file import read_pieces
+from .dtypes import ELEMENT_BYTES
+
+FORMAT = "mlflow-neuron/rank-summary"
+VERSION = 1
+
+# HolisticTraceAnalysis's kernel classes (hta/common/types.py), first match wins: communication,
+# memory, compute (whatever the last pattern does not match), other.
+COMM_KERNEL = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
+MEMORY_KERNEL = re.compile(r"(^(hip)?Memcpy)|(^(hip)?Memset)|(^dma)")
+NOT_COMPUTE_KERNEL = re.compile(
+    r"(^nccl)|(.*Memcpy)|(.*Memset)|(.*dma)|(^.*Sync)|(^Stream Wait Event)|(cuda.*LaunchKernel)|(^runFunction)"
+    r"|(^hip)|(^job_exe)|(^packet)|(^pe_exe)|(^cpum_exe_subgraph)|(^hccl)|(^collective_subgraph_execution)"
+)
+DEVICE_CATEGORY = re.compile(r"(.*kernel)|(^gpu_mem)|(^mtia_ccp_events)|(^cuda_sync)")
+HOST_DEVICE_COPY = re.compile(r"^(hip)?Memcpy|^dma")
+BACKEND_SPAN = re.compile(r"^(gloo|nccl):(.+)")
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_CPU_OPS = ("cpu_op", "Operator")
+COMPUTE, COMM, MEMORY, OTHER = 0, 1, 2, 3
+_CPU_OP, _DEVICE, _LAUNCH, _ANNOTATION, _SKIP = range(5)  # what an event's category makes it here
+_NO_ARGS: dict = {}
+
+
+def kernel_class(name: str) -> int:
+    """HTA's class of a device event by its name: COMM, MEMORY, COMPUTE or OTHER."""
+    if COMM_KERNEL.match(name):
+        return COMM
+    if MEMORY_KERNEL.match(name):
+        return MEMORY
+    return OTHER if NOT_COMPUTE_KERNEL.match(name) else COMPUTE
+
+
+def _role(category: str) -> int:
+    if category in _CPU_OPS:
+        return _CPU_OP
+    if DEVICE_CATEGORY.match(category):
+        return _DEVICE
+    if category.endswith(("_runtime", "_driver")):
+        return _LAUNCH
+    return _SKIP if category.startswith("gpu_") or category == "python_function" else _ANNOTATION
+
+
+def rank_summary_from_chrome(trace: dict | str | Path, *, rank: int | None = None, host: str | None = None,
+                             world_size: int | None = None, cycle_step: int | None = None) -> dict:
+    """The rank summary (format `FORMAT`, version `VERSION`) of one cycle's chrome trace, a dict or
+    a file (`.json` or `.json.gz`). `rank` and `world_size` default to the trace's
+    `distributedInfo`, `host` to its `host_name`; whatever is still unknown is None. ValueError
+    for something that is not a chrome trace."""
+    events = RankEvents()
+    if isinstance(trace, dict):
+        if not isinstance(trace.get("traceEvents"), list):
+            raise ValueError("not a chrome trace (no traceEvents list)")
+        events.feed(trace["traceEvents"])
+        meta = trace
+    else:
+        meta = read_pieces(trace, events.feed, events.restart)
+    return events.summary(meta, rank=rank, host=host, world_size=world_size, cycle_step=cycle_step)
+
+
+class RankEvents:
+    """The events a rank summary needs, kept as plain tuples while a trace is read: `feed` takes
+    the `traceEvents` a list at a time (as `chrome_file.read_pieces` hands them, so one reading of
+    a file can feed this and another reader), `restart` forgets them, `summary` makes the summary."""
+
+    def __init__(self):
+        self.restart()
+
+    def summary(self, meta: dict, *, rank: int | None = None, host: str | None = None,
+                world_size: int | None = None, cycle_step: int | None = None) -> dict:
+        """The rank summary of what was fed; `meta` is the trace without its events."""
+        info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+        steps, collectives, source, timeline = self.summarize()
+        return {
+            "format": FORMAT, "version": VERSION,
+            "rank": rank if rank is not None else _int_or_none(info.get("rank")),
+            "world_size": world_size if world_size is not None else _int_or_none(info.get("world_size")),
+            "host": host if host is not None else (meta.get("host_name") or None),
+            "cycle_step": cycle_step,
+            "timeline": timeline, "collective_source": source,
+            "steps": steps, "collectives": collectives, "device": None, "skipped_events": self.skipped,
+        }  # fmt: skip
+
+    def restart(self) -> None:
+        self.steps: list[tuple[int, float, float]] = []  # (number, start, end)
+        self.cpu_ops: list[tuple[float, float]] = []
+        self.device: list[tuple[float, float, int, Any, dict]] = []  # (start, end, class, correlation, args)
+        self.launches: dict[Any, float] = {}  # correlation id -> the launch's start
+        self.spans: list[tuple[float, float, str, dict]] = []  # gloo:/nccl: spans
+        self.param_comms: list[tuple[float, float, dict]] = []
+        self.memory: list[tuple[float, float, bool]] = []  # (ts, total allocated, on a device)
+        self.roles: dict[str, int] = {}
+        self.skipped = 0  # complete events without a usable ts/dur
+        self.classes: dict[tuple[str, str], tuple[int, bool]] = {}
+
+    def feed(self, chunk: list) -> None:
+        """Keeps what a summary needs of a list of events; the role of a category and the class of a
+        kernel name are worked out once each (a trace repeats a few of them 100,000 times)."""
+        steps, cpu_ops, device, launches, roles, classes = (self.steps, self.cpu_ops, self.device, self.launches,
+                                                            self.roles, self.classes)  # fmt: skip
+        for event in chunk:
+            if not isinstance(event, dict):
+                continue
+            phase = event.get("ph")
+            if phase != "X":
+                if phase == "i" and event.get("name") == "[memory]":
+                    self._memory(event)
+                continue
+            category, name = event.get("cat") or "", event.get("name") or ""
+            role = roles.get(category)
+            if role is None:
+                role = roles[category] = _role(category)
+            if role == _SKIP:
+                continue
+            try:
+                start = float(event["ts"])
+                end = start + float(event.get("dur") or 0.0)
+            except (KeyError, TypeError, ValueError):
+                self.skipped += 1
+                continue
+            if not end - start >= 0.0:  # NaN, an infinity, a negative duration
+                self.skipped += 1
+                continue
+            if role == _CPU_OP:
+                if name.startswith(("c10d::", "gloo:", "nccl:", "ProfilerStep#")):
+                    if name.startswith("ProfilerStep#"):
+                        self._step(name, start, end)
+                elif name == "record_param_comms":
+                    self.param_comms.append((start, end, event.get("args") or {}))
+                else:
+                    cpu_ops.append((start, end))
+            elif role == _DEVICE:
+                args = event.get("args") or {}
+                known = classes.get((category, name))
+                if known is None:
+                    kind = MEMORY if category.startswith("gpu_mem") else kernel_class(name)
+                    copy = kind == MEMORY and bool(HOST_DEVICE_COPY.match(name))
+                    known = classes[(category, name)] = (kind, kind == COMM or copy)
+                kind, keep = known
+                device.append((start, end, kind, args.get("correlation"), {**args, "_name": name} if keep else _NO_ARGS))
+            elif role == _LAUNCH:
+                correlation = (event.get("args") or {}).get("correlation")
+                if correlation is not None:
+                    launches[correlation] = start
+            elif name.startswith("ProfilerStep#"):  # _ANNOTATION
+                self._step(name, start, end)
+            elif name.startswith(("gloo:", "nccl:")):
+                self.spans.append((start, end, name, event.get("args") or {}))
+
+    def _step(self, name: str, start: float, end: float) -> None:
+        step = _STEP.match(name)
+        if step:
+            self.steps.append((int(step.group(1)), start, end))
+
+    def _memory(self, event: dict) -> None:
+        args = event.get("args") or {}
+        total = args.get("Total Allocated")
+        ts = event.get("ts")
+        if isinstance(total, (int, float)) and isinstance(ts, (int, float)):
+            self.memory.append((float(ts), float(total), args.get("Device Type", 0) not in (0, None)))
+
+    def summarize(self) -> tuple[list[dict], list[dict], str | None, str]:
+        steps = sorted({number: (number, start, end) for number, start, end in self.steps}.values(), key=lambda s: s[1])
+        if not steps:  # no ProfilerStep: the whole trace is one step, numbered None
+            spans = self.cpu_ops + [(s, e) for s, e, *_ in self.device] + [(s, e) for s, e, *_ in self.spans]
+            if spans:
+                steps = [(None, min(s for s, _ in spans), max(e for _, e in spans))]
+        timeline = "device" if self.device else "cpu"
+        collectives, source = self._collectives()
+        index_of = _step_index(steps)
+        for record in collectives:
+            i = index_of(record.pop("_anchor"))
+            record["step"] = None if i is None else steps[i][0]
+        windows = self._device_windows(steps, index_of) if timeline == "device" else [(s, e) for _, s, e in steps]
+        return self._steps(steps, windows, collectives, timeline), collectives, source, timeline
+
+    def _collectives(self) -> tuple[list[dict], str | None]:
+        kernels = [d for d in self.device if d[2] == COMM]
+        if kernels:
+            records = [_record(args.get("Collective name") or args["_name"], args, start, end,
+                               self.launches.get(correlation, start)) for start, end, _, correlation, args in kernels]
+            return sorted(records, key=lambda r: r["start_us"]), "device_kernels"
+        if self.spans:
+            records = [_record(BACKEND_SPAN.match(name).group(2), args, start, end, start)
+                       for start, end, name, args in self.spans]
+            return sorted(records, key=lambda r: r["start_us"]), "backend_spans"
+        named = [(start, end, args) for start, end, args in self.param_comms if args.get("Collective name")]
+        if named:
+            records = [_record(args["Collective name"], args, start, end, start) for start, end, args in named]
+            return sorted(records, key=lambda r: r["start_us"]), "record_param_comms"
+        return [], None
+
+    def _device_windows(self, steps, index_of) -> list[tuple[float, float]]:
+        """Each step's window on the device: its first device event (by launch) to the next one's."""
+        if not steps:
+            return []
+        firsts = [math.inf] * len(steps)
+        lasts = [-math.inf] * len(steps)
+        for start, end, _, correlation, _ in self.device:
+            i = index_of(self.launches.get(correlation, start))
+            if i is not None:
+                firsts[i], lasts[i] = min(firsts[i], start), max(lasts[i], end)
+        windows = []
+        for i in range(len(steps)):
+            following = next((f for f in firsts[i + 1:] if f < math.inf), None)
+            end = following if following is not None and following > firsts[i] else lasts[i]
+            windows.append((firsts[i], end) if firsts[i] < math.inf else (math.nan, math.nan))
+        return windows
+
+    def _steps(self, steps, windows, collectives, timeline) -> list[dict]:
+        device = timeline == "device"
+        if device:
+            compute = _Union([(s, e) for s, e, kind, _, _ in self.device if kind == COMPUTE])
+            busy = _Union([(s, e) for s, e, _, _, _ in self.device])
+            copies = [(s, e, a.get("bytes")) for s, e, kind, _, a in self.device if kind == MEMORY and "_name" in a]
+        else:
+            compute = _Union(self.cpu_ops)
+            busy = _Union(self.cpu_ops + [(r["start_us"], r["end_us"]) for r in collectives])
+            copies = []
+        comm = _Union([(r["start_us"], r["end_us"]) for r in collectives])
+        comm_or_compute = _Union(compute.intervals + comm.intervals)
+        copy_union = _Union([(s, e) for s, e, _ in copies])
+        peak = self._peaks()
+        rows = []
+        for (number, cpu_start, cpu_end), (start, end) in zip(steps, windows):
+            row = {"step": number, "start_us": cpu_start, "end_us": cpu_end, "step_us": cpu_end - cpu_start,
+                   "window_us": None, "compute_us": None, "collective_us": None, "exposed_comm_us": None,
+                   "idle_us": None, "memcpy_us": None, "memcpy_bytes": None, "peak_memory_bytes": None}  # fmt: skip
+            if not math.isnan(start):
+                in_compute, in_comm = compute.within(start, end), comm.within(start, end)
+                row.update(window_us=end - start, compute_us=in_compute, collective_us=in_comm,
+                           exposed_comm_us=comm_or_compute.within(start, end) - in_compute,
+                           idle_us=(end - start) - busy.within(start, end))  # fmt: skip
+                if device:
+                    row["memcpy_us"] = copy_union.within(start, end)
+                    row["memcpy_bytes"] = _copied_bytes([b for s, _, b in copies if start <= s < end])
+            row["peak_memory_bytes"] = peak(cpu_start, cpu_end if not device or math.isnan(end) else max(cpu_end, end))
+            rows.append({k: _rounded(v) for k, v in row.items()})
+        return rows
+
+    def _peaks(self):
+        """(start, end) -> the largest `Total Allocated` in [start, end): the device's where the
+        trace has device memory events, else the host's; None without any."""
+        on_device = any(d for _, _, d in self.memory)
+        kept = sorted((ts, total) for ts, total, d in self.memory if d == on_device)
+        times = np.asarray([ts for ts, _ in kept], float)
+        totals = [total for _, total in kept]
+
+        def peak(start: float, end: float) -> int | None:
+            a, b = np.searchsorted(times, start, side="left"), np.searchsorted(times, end, side="left")
+            return int(max(totals[a:b])) if b > a else None
+
+        return peak
+
+
+class _Union:
+    """A set of intervals merged once; `within(a, b)` is how much of [a, b) it covers, in O(log n)."""
+
+    def __init__(self, intervals: list[tuple[float, float]]):
+        self.intervals = intervals
+        if not intervals:
+            self.starts = self.ends = self.before = np.zeros(0)
+            return
+        array = np.asarray(intervals, float)
+        array = array[np.argsort(array[:, 0], kind="stable")]
+        reach = np.maximum.accumulate(array[:, 1])
+        new = np.ones(len(array), bool)
+        new[1:] = array[1:, 0] > reach[:-1]
+        self.starts = array[new, 0]
+        self.ends = np.maximum.reduceat(reach, np.flatnonzero(new))
+        self.before = np.concatenate([[0.0], np.cumsum(self.ends - self.starts)])  # covered before each
+
+    def covered_to(self, t: float) -> float:
+        i = int(np.searchsorted(self.starts, t, side="right")) - 1
+        if i < 0:
+            return 0.0
+        return float(self.before[i] + min(t - self.starts[i], self.ends[i] - self.starts[i]))
+
+    def within(self, start: float, end: float) -> float:
+        return max(0.0, self.covered_to(end) - self.covered_to(start)) if len(self.starts) else 0.0
+
+
+def _copied_bytes(sizes: list) -> int | None:
+    """The bytes of a step's copies: 0 without copies, None where one copy's size is not recorded."""
+    return int(sum(sizes)) if all(isinstance(b, (int, float)) for b in sizes) else None
+
+
+def _step_index(steps: list[tuple[int | None, float, float]]):
+    """time -> the index of the step whose span holds it, or None."""
+    starts = np.asarray([s for _, s, _ in steps], float)
+    ends = [e for _, _, e in steps]
+
+    def index_of(t: float) -> int | None:
+        i = int(np.searchsorted(starts, t, side="right")) - 1
+        return i if i >= 0 and t < ends[i] else None
+
+    return index_of
+
+
+def _record(name: str, args: dict, start: float, end: float, anchor: float) -> dict:
+    group = args.get("Process Group Name")
+    return {"name": str(name), "group": None if group is None else str(group), "seq": _int_or_none(args.get("Seq")),
+            "step": None, "start_us": _rounded(start), "end_us": _rounded(end), "bytes": _bytes(args), "_anchor": anchor}  # fmt: skip
+
+
+def _bytes(args: dict) -> int | None:
+    """The message's size: `In msg nelems` x the dtype's size, or the first input's dims x its type."""
+    nelems, dtype = args.get("In msg nelems"), args.get("dtype")
+    if isinstance(nelems, int) and isinstance(dtype, str):
+        size = ELEMENT_BYTES.get(dtype) or ELEMENT_BYTES.get(dtype.lower()) or _PARAM_COMMS_DTYPES.get(dtype)
+        return nelems * size if size else None
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if isinstance(dims, list) and isinstance(types, list) and dims and types and isinstance(dims[0], list):
+        size = ELEMENT_BYTES.get(types[0]) if isinstance(types[0], str) else None
+        if size and all(isinstance(d, int) for d in dims[0]):
+            return math.prod(dims[0]) * size
+    return None
+
+
+# record_param_comms writes c10::ScalarType names
+_PARAM_COMMS_DTYPES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2,
+                       "Char": 1, "Byte": 1, "Bool": 1}  # fmt: skip
+
+
+def _int_or_none(value) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _rounded(value):
+    return round(value, 3) if isinstance(value, float) else value

@@ -1,0 +1,108 @@
+"""Real `torchrun` jobs (gloo, CPU): every rank reports into one run, the slow rank is named, and
+the callback holds no rank up, at its start or when a rank vanishes.
+
+The job is `examples/ranks_straggler.py`: a matmul, then one explicit `all_reduce` a step, with
+torch.distributed initialized before the callback (the documented path). What is checked is read
+back from MLflow, and the waits and the straggler come from `_compare.ranks.analyze` on it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT, artifact_files, read_json_artifact
+from mlflow.tracking import MlflowClient
+from servers import free_port
+
+from mlflow_neuron._compare.ranks import analyze
+
+EXAMPLE = ROOT / "examples" / "ranks_straggler.py"
+DELAY_MS = 30.0
+# The store lock that rank 0 once held through the broadcast times out after 60 s: every rank's
+# constructor took that long. A constructor that waits on no other rank's lock ends far sooner,
+# even beside busy cores (it opens the store and creates the run on rank 0).
+NOT_HELD_UP_S = 30.0
+
+
+def torchrun(store, ranks: int, *args: str) -> list[dict]:
+    """One job of `ranks` ranks into the sqlite store in `store` (a folder); each rank's JSON line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(EXAMPLE),
+               "--tracking-uri", f"sqlite:///{store / 'mlflow.db'}", "--experiment-id", "0",
+               "--flush-timeout-s", "120", *args]  # fmt: skip
+    result = subprocess.run(command, cwd=store, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    warned = [line for line in result.stderr.splitlines() if "MLflowNeuronWarning" in line]
+    return [{**line, "warnings": warned} for line in sorted(lines, key=lambda line: line["rank"])]
+
+
+def summaries_in(client: MlflowClient, run_id: str, dst) -> list[dict]:
+    """Every rank summary the run holds, read from MLflow."""
+    paths = [p for p in artifact_files(client, run_id, "profiler/ranks") if p.endswith(".json")]
+    return [read_json_artifact(client, run_id, path, dst) for path in sorted(paths)]
+
+
+def one_run(lines: list[dict], ranks: int) -> str:
+    assert len({line["run_id"] for line in lines}) == 1 and len(lines) == ranks, lines
+    return lines[0]["run_id"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return tmp_path_factory.mktemp("ranks")
+
+
+@pytest.fixture(scope="module")
+def slow_rank_job(store):
+    """4 ranks on a fresh store, rank 2 sleeping 30 ms before each all_reduce."""
+    lines = torchrun(store, 4, "--slow-rank", "2", "--delay-ms", str(DELAY_MS))
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    return lines, client, one_run(lines, 4)
+
+
+def test_every_rank_starts_at_once_and_reports_each_cycle_into_one_run(slow_rank_job, tmp_path):
+    lines, client, run_id = slow_rank_job
+    assert max(line["constructor_s"] for line in lines) < NOT_HELD_UP_S, lines
+    summaries = summaries_in(client, run_id, tmp_path)
+    cycles = sorted(int(p.split("/")[1].removeprefix("step_")) for p in artifact_files(client, run_id, "profiler")
+                    if p.startswith("profiler/step_") and p.endswith("/manifest.json") and "/rank_" not in p)  # fmt: skip
+    sent = {(s["rank"], s["cycle_step"]) for s in summaries}
+    assert cycles and sent == {(r, c) for r in range(4) for c in cycles}, (sorted(sent), cycles, lines[0]["warnings"])
+    assert all(s["world_size"] == 4 and s["host"] for s in summaries)
+    # Other ranks send their summary, not their trace or tables (all_ranks=False).
+    assert not [p for p in artifact_files(client, run_id, "profiler") if "/rank_1/" in p and "manifest" not in p
+                and not p.startswith("profiler/ranks/")]  # fmt: skip
+
+
+def test_the_slow_rank_is_named_and_the_others_waited_for_it(slow_rank_job, tmp_path):
+    _, client, run_id = slow_rank_job
+    report = analyze(summaries_in(client, run_id, tmp_path), expected_world_size=4)
+    assert report.straggler is not None and report.straggler["rank"] == 2, report.sentence
+    waits = report.table.set_index("rank")["wait_us"]
+    others = sorted(waits[r] for r in (0, 1, 3))
+    assert abs(others[1] - DELAY_MS * 1000) <= 0.2 * DELAY_MS * 1000, waits.to_dict()
+    assert waits[2] < 5000, waits.to_dict()
+
+
+def test_without_the_sleep_no_rank_is_named_on_an_existing_store(store, slow_rank_job, tmp_path):
+    lines = torchrun(store, 4)
+    assert max(line["constructor_s"] for line in lines) < NOT_HELD_UP_S, lines
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    report = analyze(summaries_in(client, one_run(lines, 4), tmp_path), expected_world_size=4)
+    assert report.straggler is None and report.missing == [], report.sentence
+
+
+def test_a_rank_that_vanishes_holds_nobody_up_and_is_named_missing(store, slow_rank_job, tmp_path):
+    """Rank 1 of 2 leaves before its first cycle, without close(): rank 0 finishes its cycles
+    (the callback adds no collective after its constructor) and the run names rank 1 missing."""
+    lines = torchrun(store, 2, "--exit-rank", "1", "--exit-at", "3")
+    assert [line["rank"] for line in lines] == [0] and lines[0]["constructor_s"] < NOT_HELD_UP_S, lines
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    summaries = summaries_in(client, lines[0]["run_id"], tmp_path)
+    assert {s["rank"] for s in summaries} == {0} and len(summaries) == 2
+    report = analyze(summaries, expected_world_size=2)
+    assert report.missing == [1] and report.straggler is None, report.sentence
