@@ -98,7 +98,7 @@ class Cloner:
         self.template, self.client = template, MlflowClient(store_uri)
         self.artifact_dir = Path(artifact_dir)  # the folder behind `artifact_uri`
         self.artifact_uri = artifact_uri or self.artifact_dir.as_uri()
-        cycles = sorted(p.name for p in template.files.iterdir() if p.is_dir())
+        cycles = sorted(p.name for p in template.files.iterdir() if p.is_dir() and p.name.startswith("step_"))  # not ranks/
         self.tables = {c: {p.name: pd.read_json(p, orient="split") for p in (template.files / c).glob("*.json")
                            if p.name in _TABLES} for c in cycles}  # fmt: skip
         self.others = {c: [p.name for p in (template.files / c).iterdir() if p.name not in _TABLES] for c in cycles}

@@ -222,6 +222,7 @@ def test_the_cli_exits_4_on_inconclusive_only_when_asked_and_1_still_wins(tracki
     profiles = [run_profile("base", rng, 6, host=QUIET), run_profile("cand", rng, 6, scale=1.6, host=BUSY)]
     monkeypatch.setattr(loading, "resolve_runs", lambda client, names, experiment: names)
     monkeypatch.setattr(loading, "load_profiles", lambda client, names, step=None: profiles)
+    monkeypatch.setattr(loading, "rank_changes", lambda client, names, baseline, step=None: ({}, {}))  # no runs in a store
     argv = ["compare", "--runs", "base", "cand", "--metric", "self_cpu_time_us", "--fail-if-slower", "10"]
     assert cli_main(argv) == 0  # never gated: the gate does not fire on the weather
     out = capsys.readouterr().out
@@ -317,6 +318,7 @@ def test_the_issues_aa_pair_under_load_is_inconclusive_and_the_cli_exits_0_or_4(
     profiles = [chosen_run("base", AA_BASE, LOADED_BASE), chosen_run("cand", AA_CAND, LOADED_CAND)]
     monkeypatch.setattr(loading, "resolve_runs", lambda client, names, experiment: names)
     monkeypatch.setattr(loading, "load_profiles", lambda client, names, step=None: profiles)
+    monkeypatch.setattr(loading, "rank_changes", lambda client, names, baseline, step=None: ({}, {}))  # no runs in a store
     argv = ["compare", "--runs", "base", "cand", "--metric", "self_cpu_time_us", "--fail-if-slower", "10"]
     assert cli_main(argv) == 0
     out = capsys.readouterr().out

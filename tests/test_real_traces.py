@@ -257,7 +257,7 @@ def test_ingest_warns_once_when_device_time_stays_unattributed_and_records_it(tr
     client = MlflowClient()
     for experiment, share, warned in (("fine", 924 / 67681, False), ("weak", 1.0, True)):
         [run] = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
-        [step] = {k.split("/")[1] for k in _artifact_dirs(client, run.info.run_id)}
+        [step] = {k.split("/")[1] for k in _artifact_dirs(client, run.info.run_id)} - {"ranks"}
         manifest = read_json_artifact(client, run.info.run_id, f"profiler/{step}/manifest.json", tmp_path / experiment)
         assert manifest["attribution"]["unattributed_share"] == pytest.approx(share, abs=1e-6)
         assert ("warning" in manifest["attribution"]) == warned

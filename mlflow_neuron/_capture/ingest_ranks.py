@@ -12,6 +12,7 @@ import gzip
 import re
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 from .._delivery.job import CycleJob
@@ -29,7 +30,7 @@ def trace_rank(path: Path) -> tuple[int | None, int | None]:
     where neither says. A file that is not a chrome trace has no rank."""
     try:
         head = _read(path, HEAD_BYTES)
-    except (OSError, EOFError, gzip.BadGzipFile):
+    except (OSError, EOFError, zlib.error):  # BadGzipFile is an OSError; a corrupt stream, zlib.error
         return None, None
     if b'"traceEvents"' not in head and b"distributedInfo" not in head:
         return None, None
