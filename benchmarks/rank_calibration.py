@@ -1,7 +1,7 @@
 """How often `mlflow-neuron ranks` names the right straggler, and how often it names one when no rank
 was slowed: 4-rank `torchrun` jobs (gloo, CPU), one slow rank, its delay a share of the step.
 
-    python benchmarks/rank_calibration.py [--jobs 20] [--delays 0 0.05 0.1 0.3] [--steps 20] [--size 384] [--why]
+    python benchmarks/rank_calibration.py [--jobs 20] [--delays 0 0.05 0.1 0.3] [--steps 20] [--size 1536] [--why]
         [--keep DIR]
     python benchmarks/rank_calibration.py --rejudge DIR      # the kept runs judged again (a changed rule)
 
@@ -132,7 +132,7 @@ def main() -> None:
     parser.add_argument("--delays", type=float, nargs="+", default=[0.0, 0.05, 0.1, 0.3],
                         help="the slow rank's delay, a share of the step (default: %(default)s)")
     parser.add_argument("--slow-rank", type=int, default=2)
-    parser.add_argument("--size", type=int, default=384, help="the matmul's side (default: %(default)s)")
+    parser.add_argument("--size", type=int, default=1536, help="the matmul's side (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=20, help="profiled steps a job, in 2 cycles (default: %(default)s)")
     parser.add_argument("--why", action="store_true", help="print the sentence of each job whose verdict was wrong")
     parser.add_argument("--keep", metavar="DIR", help="keep the jobs' store (and outboxes) in DIR, to judge again")
