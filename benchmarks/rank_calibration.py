@@ -2,11 +2,12 @@
 was slowed: 4-rank `torchrun` jobs (gloo, CPU), one slow rank, its delay a share of the step.
 
     python benchmarks/rank_calibration.py [--jobs 20] [--delays 0 0.05 0.1 0.3] [--steps 20] [--size 1536] [--why]
-        [--keep DIR]
+        [--keep DIR] [--device-ms MS]
     python benchmarks/rank_calibration.py --rejudge DIR      # the kept runs judged again (a changed rule)
 
 Each job is `examples/ranks_straggler.py` under `torchrun --standalone --nproc-per-node 4`: per step
-a matmul of side `--size`, then on `--slow-rank` a sleep (`--delay-ms`), then one `all_reduce`;
+a matmul of side `--size` (and with `--device-ms`, a wait that stands for an accelerator's time:
+the host is free meanwhile, so four ranks on two cores slow each other only in their host work), then on `--slow-rank` a sleep (`--delay-ms`), then one `all_reduce`;
 every rank profiled by the callback's defaults into one run of a sqlite store, `--steps` profiled
 steps in 2 cycles (a straggler needs 6 or more), with 120 s at close to deliver on a busy machine. The delay is a
 share of the step: the median step of the jobs without a delay (run first), times the share. The run is then read as `ranks` reads it
@@ -38,7 +39,7 @@ WORLD = 4
 
 
 def job(work: pathlib.Path, uri: str, delay: float, delay_ms: float, slow_rank: int, size: int, index: int,
-        active: int) -> str:  # fmt: skip
+        active: int, device_ms: float = 0.0) -> str:  # fmt: skip
     """Runs one torchrun job (`delay` of the step, `delay_ms`); returns its run id."""
     outbox = work / f"outbox-{index}"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
@@ -47,6 +48,8 @@ def job(work: pathlib.Path, uri: str, delay: float, delay_ms: float, slow_rank: 
                "--flush-timeout-s", "120"]  # fmt: skip
     if delay:
         command += ["--slow-rank", str(slow_rank), "--delay-ms", f"{delay_ms:.3f}"]
+    if device_ms:
+        command += ["--device-ms", f"{device_ms:g}"]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, cwd=work)
     if done.returncode != 0:
@@ -78,7 +81,7 @@ def run_jobs(work: pathlib.Path, uri: str, args) -> dict[float, list[str]]:
         for index in range(args.jobs if delay in args.delays else 1):
             try:
                 runs[delay].append(job(work, uri, delay, delay * (step_ms or 0.0), args.slow_rank, args.size, index,
-                                       args.steps // 2))  # fmt: skip
+                                       args.steps // 2, args.device_ms))  # fmt: skip
             except RuntimeError as failed:  # a job that failed is said, not counted
                 print(f"  delay {delay:.0%}, job {index}: {str(failed)[-300:]}", flush=True)
         if not delay:
@@ -134,6 +137,9 @@ def main() -> None:
     parser.add_argument("--slow-rank", type=int, default=2)
     parser.add_argument("--size", type=int, default=1536, help="the matmul's side (default: %(default)s)")
     parser.add_argument("--steps", type=int, default=20, help="profiled steps a job, in 2 cycles (default: %(default)s)")
+    parser.add_argument("--device-ms", type=float, default=0.0,
+                        help="each step also waits this long on every rank, standing for an accelerator's time "
+                             "(the host free meanwhile, as on Trainium or a GPU); default: %(default)s, a CPU-bound step")
     parser.add_argument("--why", action="store_true", help="print the sentence of each job whose verdict was wrong")
     parser.add_argument("--keep", metavar="DIR", help="keep the jobs' store (and outboxes) in DIR, to judge again")
     parser.add_argument("--step-ms", type=float, help="the undelayed step, measured before (no delay-0 job is then run "
@@ -146,7 +152,7 @@ def main() -> None:
         report(uri, stored_runs(uri), args.slow_rank, args.why)
         return
     print(f"{WORLD}-rank torchrun jobs (gloo, CPU), {args.jobs} a delay, {args.steps} steps a job, slow rank "
-          f"{args.slow_rank}, matmul {args.size}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the "
+          f"{args.slow_rank}, matmul {args.size}, device wait {args.device_ms:g} ms; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the "
           "start", flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="rank-calibration-") as tmp:
         work = pathlib.Path(args.keep or tmp).resolve()

@@ -3,7 +3,8 @@
     torchrun --nproc-per-node 4 examples/ranks_straggler.py --slow-rank 2 --delay-ms 30
     mlflow-neuron ranks RUN_ID        # rank 2 arrived last; the others waited ~30 ms a step
 
-Each step is a small matmul, then (on `--slow-rank`) a sleep of `--delay-ms` or of `--delay-frac`
+Each step is a small matmul (and, with `--device-ms`, a wait standing for the accelerator's
+time), then (on `--slow-rank`) a sleep of `--delay-ms` or of `--delay-frac`
 of the step's own compute, then one explicit `all_reduce`: the other ranks wait for the slow one
 inside it. torch.distributed is initialized before the callback, so every rank takes rank 0's
 run (one broadcast in the callback's constructor, the callback's only collective). Runs on CPU
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--delay-frac", type=float, default=0.0,
                         help="its sleep a step, as a fraction of the step's compute (measured before profiling)")
     parser.add_argument("--size", type=int, default=256, help="the matmul's side (the step's compute)")
+    parser.add_argument("--device-ms", type=float, default=0.0,
+                        help="every rank also waits this long a step, as a rank waits on its accelerator: the host "
+                             "is free meanwhile, so ranks that share cores do not slow each other")
     parser.add_argument("--cycles", type=int, default=2, help="profiler cycles of --active steps each")
     parser.add_argument("--active", type=int, default=4)
     parser.add_argument("--outbox", default="mlflow-neuron-outbox")
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
                 sys.stdout.flush()
                 os._exit(0)  # no close(), no cleanup
             grad += (x @ w).sum()
+            if args.device_ms:
+                time.sleep(args.device_ms / 1000)
             if slow and delay_s:
                 time.sleep(delay_s)
             if rank in stay:

@@ -13,6 +13,8 @@ from workloads import profile_rmsnorm
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._neuron.devices import neuron_settings
 
+DELIVER_S = 120  # close() waits this long to deliver: beside busy cores the 10 s default can keep a cycle for sync
+
 
 def neuron_files(files, step):
     prefix = f"profiler/step_{step}/neuron/"
@@ -28,7 +30,7 @@ def test_each_cycle_uploads_its_own_session_folder_found_through_the_config(
     )
     exporter = neuron_double.NeuronProfiler(config)
     with mlflow.start_run() as run:
-        callback = MLflowProfilerCallback(exporter.export_trace)  # no profile_output_dir given
+        callback = MLflowProfilerCallback(exporter.export_trace, flush_timeout_s=DELIVER_S)  # no profile_output_dir given
         profile_rmsnorm(callback, steps=8, wait=1, warmup=1, active=2, experimental_config=config)
     client = MlflowClient()
     files = artifact_files(client, run.info.run_id)
@@ -94,7 +96,7 @@ def test_symlinks_are_listed_never_followed_and_other_processes_are_left_alone(
         os.symlink(secret.parent, out / "linked_dir")
 
     with mlflow.start_run() as run:
-        callback = MLflowProfilerCallback(exporter.export_trace, other_rank_and_a_link)
+        callback = MLflowProfilerCallback(exporter.export_trace, other_rank_and_a_link, flush_timeout_s=DELIVER_S)
         profile_rmsnorm(callback, experimental_config=config)
     client = MlflowClient()
     uploaded = neuron_files(artifact_files(client, run.info.run_id), 4)
@@ -145,7 +147,7 @@ def test_a_system_only_session_is_uploaded_in_explorers_layout_and_named_as_a_se
     config = neuron_double.NeuronConfig(modes=[neuron_double.ProfileMode.RUNTIME], profile_output_dir=str(out))
     exporter = neuron_double.NeuronProfiler(config)
     with mlflow.start_run() as run:
-        profile_rmsnorm(MLflowProfilerCallback(exporter.export_trace), experimental_config=config)
+        profile_rmsnorm(MLflowProfilerCallback(exporter.export_trace, flush_timeout_s=DELIVER_S), experimental_config=config)
     client = MlflowClient()
     session = exporter.sessions[0].relative_to(out).as_posix()
     assert set(neuron_files(artifact_files(client, run.info.run_id), 4)) == {
