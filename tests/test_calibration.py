@@ -46,8 +46,12 @@ def test_a_a_on_cpu_in_rotation_gives_the_gate_host_time_to_act_on_and_it_raises
         assert document["metric"] == "self_cpu_time_us", document["fallback"]
         assert document["sample_steps"] == {"base": steps, "same": steps}
         family, wrappers = document["gate_intervals"]["same"]["rows"], set(document["wrappers"])
-        assert "TOTAL" in family and not document["not_gated"], document["not_gated"]  # enough cycles to act on
+        assert not document["not_gated"], document["not_gated"]  # enough cycles to act on
+        # a row whose stalls took whole cycles (busy cores) has no interval at the gate's level: named, never passed
+        short = {line.split("(", 1)[1].split("), too few cycles", 1)[0] for line in report.splitlines()
+                 if line.startswith("NOT CHECKED same: ") and "too few cycles left after outliers" in line}  # fmt: skip
         busy = document["inconclusive"].get("same")
+        assert "TOTAL" in family or busy or "TOTAL" in " ".join(short), report[-2000:]
         assert busy is None or busy.startswith("the host was busy"), busy  # in rotation the loads never differ
         prefix = "REGRESSION same: "  # op names may hold ": " (Torch-Compiled Region: 0/0)
         proven = {line[len(prefix):].rsplit(" median ", 1)[0] for line in report.splitlines()
@@ -55,6 +59,9 @@ def test_a_a_on_cpu_in_rotation_gives_the_gate_host_time_to_act_on_and_it_raises
         for row in document["rows"]:
             if row["op"] in wrappers or row["same/verdict"] == "inconclusive":
                 assert row["op"] not in proven, row  # the weather's rows keep their numbers, never gated
+                continue
+            if row["op"] not in family:  # judged on steps, or short of cycles: the gate cannot act on it
+                assert row["op"] not in proven, row
                 continue
             assert (family[row["op"]][0] > 1.1) == (row["op"] in proven), row  # decided on the family's interval
         assert code == (1 if proven else 0), report[-2000:]

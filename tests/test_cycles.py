@@ -442,3 +442,18 @@ def test_a_busy_host_makes_host_time_inconclusive_even_when_both_runs_saw_the_sa
     assert widened.loc[TOTAL, ("cand", "verdict")] == SLOWER
     # device time is judged on its own whatever the weather
     assert compare(busy_alike, metric=DEVICE_METRIC).loc[TOTAL, ("cand", "verdict")] == SLOWER
+
+
+def test_rows_whose_stalls_took_whole_cycles_are_named_not_checked_never_passed_in_silence():
+    # in rotation, 5 cycles a run (3 rows need 5): two of the candidate's windows stalled through,
+    # and outliers take them whole. aten::mul and the TOTAL keep a 95% interval over 3 cycles, but
+    # none at the gate's level: the gate cannot act on them, and says so.
+    stalled = [[900.0, 950.0, 1000.0, 980.0, 990.0], [910.0, 940.0, 1010.0, 970.0, 995.0]]
+    frame = compare([chosen_run("base", MORE_BASE + AA_BASE), chosen_run("cand", AA_CAND + MORE_CAND[:1] + stalled)],
+                    metric=CPU_METRIC)  # fmt: skip
+    assert not frame.attrs["not_gated"] and set(frame.attrs["gate_intervals"]["cand"]["rows"]) == {"aten::add"}
+    assert frame.loc["aten::mul", ("cand", "ratio_low")] > 2  # what a 95% interval alone would have failed
+    failed, lines = gate_lines(frame, 10)
+    assert not failed
+    assert ("NOT CHECKED cand: 2 row(s) (TOTAL, aten::mul), too few cycles left after outliers for the gate's "
+            "98.33% interval over cycles (needs 5 a run)") in lines, lines

@@ -3,7 +3,9 @@
 A row fails only when the whole interval of run / baseline lies above +`percent` (95%; host time
 over cycles at 1 − 0.05/m, `cycles.family_intervals`): a point estimate over the line is not
 enough, since per-step noise and stalls move it. Rows with too few samples or cycles for an
-interval can never fail; the gate names them instead of passing in silence. Nor can the rows of a
+interval can never fail; the gate names them instead of passing in silence, and so it does for
+host-time rows whose stalls, left out as outliers, took whole cycles and with them the gate's
+interval (`short_of_cycles`). Nor can the rows of a
 run whose verdicts are `inconclusive` (host time, and the host's load differed from the
 baseline's): the gate prints why, and `inconclusive_runs` lets the command line exit 4 for a CI job
 that wants to retry on a quieter host. Nor can the rows of a run whose host-time intervals do not
@@ -22,7 +24,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from .._compare.cycles import MIN_CYCLES
+from .._compare.cycles import CYCLES, MIN_CYCLES
 from .._compare.frame import bare
 from .._compare.model import INCONCLUSIVE, TOTAL, UNJUDGED, Regression
 from .._compare.overview import names
@@ -49,6 +51,11 @@ def gate_lines(frame: pd.DataFrame, percent: float, min_us: float = 0.0) -> tupl
         n, total = frame.attrs["n"], next((r for r in rows if r.op == TOTAL), rows[0])
         lines.append(f"NOT CHECKED {run}: {len(rows)} row(s), {_too_few(frame, run, n[run], n[base])} for a 95% "
                      f"interval ({total.op} point ratio {total.ratio:.2f})")  # fmt: skip
+    for run, rows in short_of_cycles(frame, min_us).items():
+        rows, family = sorted(rows, key=lambda r: r.op != TOTAL), frame.attrs["gate_intervals"][run]
+        lines.append(f"NOT CHECKED {run}: {len(rows)} row(s) ({names([r.op for r in rows])}), too few cycles left "
+                     f"after outliers for the gate's {100 * family['level']:.4g}% interval over cycles (needs "
+                     f"{family['needs']} a run)")  # fmt: skip
     inconclusive = inconclusive_runs(frame)
     for run, why in inconclusive.items():
         lines.append(f"INCONCLUSIVE {run}: {why}; host time not gated (--fail-if-inconclusive: exit 4)")
@@ -146,6 +153,18 @@ def unchecked(frame: pd.DataFrame, min_us: float = 0.0) -> list[Regression]:
     """The rows the gate could not check: too few samples (or cycles) for a 95% interval."""
     return [Regression(run, op, *_row_numbers(frame, run, op))
             for run, op, row in _gated_rows(frame, min_us) if row["verdict"] in UNJUDGED]  # fmt: skip
+
+
+def short_of_cycles(frame: pd.DataFrame, min_us: float = 0.0) -> dict[str, list[Regression]]:
+    """{run: rows} of the gated host-time runs: rows with a 95% interval over cycles but none at the
+    gate's level, because outliers (stalls) took whole cycles. The gate cannot act on them, and says so."""
+    family, left = frame.attrs.get("gate_intervals") or {}, {**not_gated_runs(frame), **inconclusive_runs(frame)}
+    short: dict[str, list[Regression]] = {}
+    for run, op, row in _gated_rows(frame, min_us):
+        if (run in family and run not in left and op not in family[run]["rows"] and row["unit"] == CYCLES
+                and np.isfinite(row["ratio_low"]) and row["verdict"] not in UNJUDGED):  # fmt: skip
+            short.setdefault(run, []).append(Regression(run, op, *_row_numbers(frame, run, op)))
+    return short
 
 
 def inconclusive_runs(frame: pd.DataFrame) -> dict[str, str]:
