@@ -53,7 +53,7 @@ def store_with_runs(work: Path, profiles: list[RunProfile]) -> str:
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
-    from mlflow_neuron._delivery.record import write_table
+    from mlflow_neuron._record.record import write_table
 
     uri = f"sqlite:///{work / 'mlflow.db'}"
     client = MlflowClient(uri)

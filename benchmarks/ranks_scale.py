@@ -43,7 +43,7 @@ from rank_shapes import Job, cycles  # noqa: E402
 from servers import DelayProxy, MlflowServer  # noqa: E402
 
 from mlflow_neuron._delivery.mlflow_io import RunLogger  # noqa: E402
-from mlflow_neuron._delivery.model import Delivery, RunRef  # noqa: E402
+from mlflow_neuron._record.model import Delivery, RunRef  # noqa: E402
 
 
 def write(uri: str, proxy: DelayProxy, run_id: str, logged: list[list[dict]]) -> tuple[float, float]:

@@ -36,7 +36,7 @@ from mlflow.tracking import MlflowClient  # noqa: E402
 from mlflow_neuron import MLflowProfilerCallback  # noqa: E402
 from mlflow_neuron._delivery import outbox as _outbox  # noqa: E402
 from mlflow_neuron._delivery.mlflow_io import RunLogger  # noqa: E402
-from mlflow_neuron._delivery.model import Delivery, RunRef  # noqa: E402
+from mlflow_neuron._record.model import Delivery, RunRef  # noqa: E402
 
 
 def one_cycle(work: Path) -> tuple[Path, dict[str, float]]:

@@ -32,7 +32,7 @@ _HOME = {
     "CycleProfile": "_trace.profile",
     "OpStats": "_trace.profile",
     "extract_cycle": "_trace.function_events",
-    "readable_key": "_delivery.keys",
+    "readable_key": "_record.keys",
     "STRICT_ENV": "_delivery.report",
     "MLflowNeuronWarning": "_delivery.report",
 }

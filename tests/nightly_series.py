@@ -9,7 +9,7 @@ A clone carries everything the callback logged for the template (params, tags, e
 every file under `profiler/`), with its times scaled: by the run's level (1.0, or `slower` from run
 `slower_from` on) times a seeded per-step jitter (±10%, 2% stalls of 3x). Its tables
 (steps.json, step_totals.json, ops.json, region_ops.json) are rewritten with those times and its
-summary metrics computed from them by the delivery's own code (`_delivery.run_summary`). Runs are
+summary metrics computed from them by the delivery's own code (`_record.run_summary`). Runs are
 written straight into the store and the artifact folder that a server started later serves
 (`artifact_root` is the experiment's artifact location, e.g. `mlflow-artifacts:/nightly`), so
 hundreds of runs take seconds. `summaries=False` makes runs as earlier versions logged them (no
@@ -175,7 +175,7 @@ def _scaled(key: str, value: float, level: float) -> float:
 
 def _summary_metrics(tables: dict[str, dict[str, pd.DataFrame]]) -> dict[str, float]:
     """The run's summary metrics from its (rewritten) tables, by the delivery's own code."""
-    from mlflow_neuron._delivery.run_summary import RunSteps
+    from mlflow_neuron._record.run_summary import RunSteps
 
     steps = RunSteps()
     steps.device_profiled = True

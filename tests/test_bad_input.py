@@ -16,7 +16,7 @@ from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._delivery.mlflow_io import RunLogger
-from mlflow_neuron._delivery.model import Delivery, RunRef
+from mlflow_neuron._record.model import Delivery, RunRef
 from mlflow_neuron._trace.steps import split_by_step
 
 

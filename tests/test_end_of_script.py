@@ -417,7 +417,7 @@ def test_a_store_with_its_schema_is_opened_without_the_store_lock(tmp_path, monk
     waited at close behind it. Only a store without its schema (or one not checked) takes it now."""
     from mlflow_neuron._delivery import courier as _courier
     from mlflow_neuron._delivery.courier import Courier, store_ready
-    from mlflow_neuron._delivery.model import RunRef
+    from mlflow_neuron._record.model import RunRef
 
     taken = []
     real = entries.store_lock

@@ -24,11 +24,11 @@ from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._delivery import helper_process as _helper_process
-from mlflow_neuron._delivery import record as _record
+from mlflow_neuron._record import record as _record
 from mlflow_neuron._neuron import devices as _devices
 from mlflow_neuron._trace.device_names import CPU
 from mlflow_neuron._trace.function_events import extract_cycle
-from mlflow_neuron._delivery.keys import OpKeys
+from mlflow_neuron._record.keys import OpKeys
 
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")
 NUMBERS = ["calls", "self_device_time_us", "device_time_us", "self_cpu_time_us", "cpu_time_us"]

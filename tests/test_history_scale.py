@@ -15,7 +15,7 @@ from servers import MlflowServer
 
 from mlflow_neuron._compare import series as _series
 from mlflow_neuron._compare.history import history_runs
-from mlflow_neuron._delivery.run_summary import RunSteps, summary_key
+from mlflow_neuron._record.run_summary import RunSteps, summary_key
 from mlflow_neuron._trace.profile import StepTotal, cycle_profile
 from mlflow_neuron._trace.regions import RegionStep
 from mlflow_neuron._trace.step_summary import summarize
@@ -72,8 +72,8 @@ def test_a_summary_covers_cycles_prepared_by_other_processes():
 def test_a_summary_kept_as_steps_come_is_the_summary_of_every_step_held():
     """The columns `RunSteps` keeps as cycles come (adds, other preparers' steps, a cycle prepared
     again with other regions) give what summarizing every step held from scratch gives."""
-    from mlflow_neuron._delivery.run_summary import MAX_REGIONS, _numbers
-    from mlflow_neuron._delivery.model import REGION_METRICS, STEP_METRICS
+    from mlflow_neuron._record.run_summary import MAX_REGIONS, _numbers
+    from mlflow_neuron._record.model import REGION_METRICS, STEP_METRICS
 
     def from_scratch(held: RunSteps) -> dict:
         steps, found = list(held.steps.values()), {}

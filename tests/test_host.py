@@ -23,7 +23,7 @@ from workloads import inputs, profile_rmsnorm, rms_norm_naive
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._capture import host
-from mlflow_neuron._delivery.model import HOST_VALUES
+from mlflow_neuron._record.model import HOST_VALUES
 from mlflow_neuron.cli import main as cli_main
 
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")

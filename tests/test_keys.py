@@ -5,7 +5,7 @@ import re
 import pytest
 from mlflow.utils.validation import _validate_metric_name
 
-from mlflow_neuron._delivery.keys import MAX_OP_KEY_CHARS, OpKeys, metric_key, readable_key
+from mlflow_neuron._record.keys import MAX_OP_KEY_CHARS, OpKeys, metric_key, readable_key
 
 REAL_NAMES = [
     "aten::mul",

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._delivery.record import summary_metrics
+from mlflow_neuron._record.record import summary_metrics
 from mlflow_neuron._neuron import summary as ns
 from mlflow_neuron._neuron.processed import read_processed
 

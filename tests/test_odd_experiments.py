@@ -14,7 +14,7 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
-from mlflow_neuron._delivery.model import DEVICE_TAG
+from mlflow_neuron._record.model import DEVICE_TAG
 from mlflow_neuron.cli import main as cli_main
 from mlflow_neuron.cli.arguments import EXIT_FAILED, EXIT_INTERNAL, EXIT_OK, EXIT_USAGE
 

@@ -152,7 +152,7 @@ def test_two_processes_preparing_cycles_of_one_run_at_once_lose_neither_ones_ste
     """Each read the run's state before the other wrote: the later write still holds both cycles'
     steps, so the next cycle's summary covers every cycle before it."""
     from mlflow_neuron._delivery import entries
-    from mlflow_neuron._delivery.run_summary import RunSteps, summary_key
+    from mlflow_neuron._record.run_summary import RunSteps, summary_key
     from mlflow_neuron._trace.profile import StepTotal, cycle_profile
 
     def cycle(step: int):

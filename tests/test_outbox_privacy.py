@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlflow_neuron._delivery import outbox as _outbox
-from mlflow_neuron._delivery.model import Delivery, RunRef
+from mlflow_neuron._record.model import Delivery, RunRef
 from mlflow_neuron.cli import exit_code, sync
 
 URI_WITH_PASSWORD = "http://alice:s3cret-pw@127.0.0.1:5000"

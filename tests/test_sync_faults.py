@@ -130,7 +130,7 @@ def test_the_runs_summary_after_sync_covers_every_cycle_whoever_prepared_each(sy
     """Offline, the helper and the training process (at close) prepare the run's cycles at once, so a
     cycle's summary may leave out one prepared beside it. The run's latest summary is the one made
     last, over every cycle: what `history` reads agrees with the run's tables."""
-    from mlflow_neuron._delivery.run_summary import summary_key
+    from mlflow_neuron._record.run_summary import summary_key
 
     for attempt in range(3):  # who prepares which cycle differs from run to run
         outbox = offline_records(tmp_path, name=f"outbox-{attempt}", cycles=4)
@@ -165,7 +165,7 @@ def test_runs_made_for_one_key_at_once_collapse_into_the_first(sync_store):
     import time
 
     from mlflow_neuron._delivery.mlflow_io import RunLogger
-    from mlflow_neuron._delivery.model import RUN_KEY_TAG, RunRef
+    from mlflow_neuron._record.model import RUN_KEY_TAG, RunRef
 
     client = MlflowClient(sync_store)
     earlier_ms = int(time.time() * 1000) - 1000

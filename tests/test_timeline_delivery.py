@@ -18,7 +18,7 @@ from mlflow_neuron import MLflowProfilerCallback, compare_runs, load_timelines, 
 from mlflow_neuron._capture.ingest import ingest
 from mlflow_neuron._delivery.trace_text import TraceDraft
 from mlflow_neuron._delivery.traces import CYCLE_KEY_TAG, marked_steps, mlflow_spans
-from mlflow_neuron._delivery.model import RunRef
+from mlflow_neuron._record.model import RunRef
 from mlflow_neuron._delivery.outbox import load, pending
 from mlflow_neuron._delivery.seal import seal
 from mlflow_neuron.cli import main as cli_main

@@ -21,7 +21,7 @@ import torch
 
 from .._delivery import entries
 from .._delivery.mlflow_io import RunLogger, current_run_ref
-from .._delivery.model import RunRef
+from .._record.model import RunRef
 from .._delivery.outbox import DEFAULT_OUTBOX
 from .._delivery.producer import Producer
 from .._delivery.report import Reporter

@@ -14,7 +14,7 @@ import socket
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .._delivery.model import RunRef
+from .._record.model import RunRef
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A profiled step's host time depends on what else the machine was doing. `HostSampler` takes a
 sample where a window starts (`begin`) and one where its cycle is handed over (`end`), and gives
-the window's values, named as `_delivery.model.HOST_VALUES`:
+the window's values, named as `_record.model.HOST_VALUES`:
 
     other_cpu_cores       CPU seconds the rest of the host used, per wall second: the system's busy
                           time (psutil's `cpu_percent` rule) less the job's (this process's, its
@@ -45,7 +45,7 @@ from typing import Any
 
 import psutil
 
-from .._delivery.model import NEURON_UTILIZATION
+from .._record.model import NEURON_UTILIZATION
 from . import child_processes
 
 MIN_SPAN_S = 1.0  # windows shorter than this read other processes' CPU over the span around them

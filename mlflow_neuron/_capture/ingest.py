@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .._delivery.outbox import human_size, link_or_copy, sent_files
-from .._delivery.job import CycleJob
+from .._record.job import CycleJob
 from .._neuron.manifest import manifest
 from .._delivery.mlflow_io import RunLogger
-from .._delivery.model import SOURCE_TAG, RunRef
+from .._record.model import SOURCE_TAG, RunRef
 from .._delivery.prepare import Preparer
 from .._delivery.report import MLflowNeuronWarning, Reporter
 from .._neuron import layout

@@ -15,7 +15,7 @@ import time
 import zlib
 from pathlib import Path
 
-from .._delivery.job import CycleJob
+from .._record.job import CycleJob
 from .._neuron.manifest import manifest
 
 HEAD_BYTES = 1024**2  # Kineto writes distributedInfo before the events

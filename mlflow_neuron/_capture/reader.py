@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from .._delivery.outbox import link_or_copy
-from .._delivery.job import CycleJob
-from .._delivery.keys import NEURON_SUMMARY_PREFIX
+from .._record.job import CycleJob
+from .._record.keys import NEURON_SUMMARY_PREFIX
 from .._neuron.manifest import manifest
-from .._delivery.model import TRACE
+from .._record.model import TRACE
 from .._neuron import layout
 from .._neuron.devices import device_peak, neuron_settings, profiled_device
 from .._neuron.explorer_run import announce as announce_explorer

@@ -29,7 +29,7 @@ from .._compare.runs import labels, resolve_runs
 from .._compare.samples import step_samples
 from .._compare.series import contradiction, summaries_agree, summary_of
 from .._compare.weather import HOST_BUSY_SHARE, HOST_LOAD_THRESHOLD_CORES
-from .._delivery.model import DEVICE_TIME_TAG
+from .._record.model import DEVICE_TIME_TAG
 from .._trace.profile import PRESENT
 from .._trace.step_summary import StepSummary, summarize
 

@@ -19,7 +19,7 @@ as "each run's only NEFF".
 
 from __future__ import annotations
 
-from .._delivery.keys import NEURON_SUMMARY_PREFIX
+from .._record.keys import NEURON_SUMMARY_PREFIX
 from .._trace.neuron_fields import BYTES, COUNT, METADATA_TAGS, SECONDS, VERSION_TAG_PREFIX, compared_rows
 
 ONLY_NEFF = "each run's only NEFF"

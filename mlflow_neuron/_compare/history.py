@@ -31,7 +31,7 @@ from .._compare.model import CPU_METRIC, DEFAULT_NOISE_PCT, DEVICE_METRIC, TOTAL
 from .._compare.rank_history import WAIT_METRIC, WaitSeries, straggler_line, stragglers
 from .._compare.runs import RunNotFound, _experiment_id
 from .._compare.series import Series, search_series
-from .._delivery.model import DEVICE_TIME_TAG
+from .._record.model import DEVICE_TIME_TAG
 from .._trace.profile import PRESENT
 from .._trace.step_summary import StepSummary, median_interval  # noqa: F401 - median_interval: callers' name
 

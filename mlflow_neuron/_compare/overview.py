@@ -8,7 +8,7 @@ Example::
     chosen.detailed          # labels whose per-step samples are loaded and compared in detail
 
 `compare` of more than `BULK_ABOVE` runs reads each run's summary metrics first (`StepSummary`:
-the median per step over all its cycles, its 95% interval, n; `_delivery.run_summary`), from the
+the median per step over all its cycles, its 95% interval, n; `_record.run_summary`), from the
 search that found the runs. A row's `ratio` is its median over the baseline's median, and its
 interval joins the two medians' 95% intervals (run low / baseline high, run high / baseline low):
 wider than the per-step interval of the detailed table, and labelled as a ratio of medians.

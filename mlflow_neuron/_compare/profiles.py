@@ -36,8 +36,8 @@ from .._compare.model import (
 from .._compare.region import REGION_COLUMNS, REGION_OP_COLUMNS
 from .._compare.runs import RunNotFound, labels
 from .._compare.timeline_svg import StepTimeline, representative_step, step_durations_us
-from .._delivery.keys import NEURON_SUMMARY_PREFIX, PREFIX, readable_key
-from .._delivery.model import (
+from .._record.keys import NEURON_SUMMARY_PREFIX, PREFIX, readable_key
+from .._record.model import (
     DEVICE_TAG,
     DEVICE_TIME_TAG,
     HOST_COLUMN_PREFIX,

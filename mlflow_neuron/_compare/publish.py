@@ -26,8 +26,8 @@ from .._compare.model import CPU_METRIC, DEVICE_METRIC, TOTAL, RunProfile
 from .._compare.profiles import load_profile
 from .._compare.verdict import short_names
 from .._delivery.mlflow_io import RunLogger
-from .._delivery.model import Delivery, RunRef
-from .._delivery.record import write_table
+from .._record.model import Delivery, RunRef
+from .._record.record import write_table
 
 BEGIN, END = "<!-- mlflow-neuron:perf -->", "<!-- /mlflow-neuron:perf -->"
 MAX_DESCRIPTION_CHARS = 5000  # Postgres/MySQL registry backends

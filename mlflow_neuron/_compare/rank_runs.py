@@ -32,7 +32,7 @@ from mlflow.tracking import MlflowClient
 from .._compare.runs import RunNotFound, labels
 from .._trace.collectives import FORMAT, VERSION
 
-RANKS_FOLDER = "profiler/ranks"  # every rank's folder of summaries (`_delivery.model.RANK_SUMMARY`)
+RANKS_FOLDER = "profiler/ranks"  # every rank's folder of summaries (`_record.model.RANK_SUMMARY`)
 _FILE = re.compile(r"^rank_(\d+)/cycle_(\d+)\.json$")
 STRAGGLER_METRIC = "profiler/ranks/straggler"  # the straggler's rank; NO_STRAGGLER where none stands out
 SKEW_METRIC = "profiler/ranks/step_time_skew_pct"
@@ -263,7 +263,7 @@ def log_ranks(tracking_uri: str, run_id: str, report: dict, files: list[Path]) -
     """Logs the run-level metrics, the straggler's host as a tag, and `files` under `ranks/` of
     `run_id` (replacing an earlier call's); returns the metrics."""
     from .._delivery.mlflow_io import RunLogger
-    from .._delivery.model import Delivery, RunRef
+    from .._record.model import Delivery, RunRef
 
     metrics = run_metrics(report)
     host = (report.get("straggler") or {}).get("host")

@@ -18,7 +18,7 @@ from mlflow.entities import Run
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from .._delivery.model import DEVICE_TAG, MANIFEST
+from .._record.model import DEVICE_TAG, MANIFEST
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 DEFAULT_DEST = "mlflow-neuron-open"

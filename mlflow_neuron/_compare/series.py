@@ -8,7 +8,7 @@ Example::
     series.levels(), series.numbers(0), series.profile(7)     # tables of run 7, loaded once
 
 Each run's numbers (n, median and its interval, the level that change points are placed on) come
-from its `profiler/summary/...` metrics (`_delivery.run_summary`), which `search_runs` returns with
+from its `profiler/summary/...` metrics (`_record.run_summary`), which `search_runs` returns with
 the run. A run without them (logged before they existed, or `--op`, or peak memory, which have
 none) is read from its tables, the slow path, and counted (`slow`). Tables are also read for the
 runs next to a change-point candidate, to confirm it (`changes.confirmed`): where a run's summary
@@ -30,8 +30,8 @@ from .._compare.profiles import load_many, load_profile
 from .._compare.region import in_region
 from .._compare.runs import _quote
 from .._compare.samples import step_samples
-from .._delivery.model import DEVICE_TAG, REGION_METRICS, STEP_METRICS
-from .._delivery.run_summary import STATS, summary_key
+from .._record.model import DEVICE_TAG, REGION_METRICS, STEP_METRICS
+from .._record.run_summary import STATS, summary_key
 from .._trace.step_summary import StepSummary, summarize
 
 PAGE_SIZE = 1000  # runs per search request; a progress line per page after the first

@@ -25,7 +25,7 @@ import pandas as pd
 from .._compare.model import RunProfile
 
 SHOWN_OPS = 3
-UNCOVERED = "pct_device_time_without_bytes"  # ops.json's column (`_delivery.roofline`)
+UNCOVERED = "pct_device_time_without_bytes"  # ops.json's column (`_trace.roofline`)
 FIELDS = ("achieved_gbps", "achieved_gflops", "pct_of_peak_bandwidth", "pct_of_peak_flops", "bound")
 
 

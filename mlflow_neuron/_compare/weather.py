@@ -37,7 +37,7 @@ import math
 
 import pandas as pd
 
-from .._delivery.model import HOST_VALUES, NEURON_UTILIZATION
+from .._record.model import HOST_VALUES, NEURON_UTILIZATION
 
 HOST_LOAD_THRESHOLD_CORES = 0.5
 HOST_BUSY_SHARE = 0.25  # of the host's CPUs busy elsewhere: beyond it, host time is not judged (calibrated: docs/figures.md, the gate's matrix)

@@ -24,7 +24,7 @@ from . import entries
 from . import outbox as _outbox
 from .entries import TRIED
 from .http_budget import gated, retry_after_s
-from .model import Delivery, RunRef
+from .._record.model import Delivery, RunRef
 
 
 # The send lock keeps the drains of one outbox from sending at once (one server, one queue). A

@@ -30,8 +30,8 @@ from .entries import END, FILES, JOB, TRIED, Held
 from .failures import is_permanent, is_unreachable, reason
 from .outbox import sent_files
 from .http_budget import remember_retry_after
-from .job import CycleJob
-from .model import MANIFEST, Delivery, RunRef
+from .._record.job import CycleJob
+from .._record.model import MANIFEST, Delivery, RunRef
 from .report import WAIT_IN_OUTBOX, report_delivery
 from .seal import DamagedRecord
 

@@ -24,7 +24,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_LOGGED_ARTIFACTS
 from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
 
 from . import uploads
-from .model import DEVICE_TAG, MANIFEST, RUN_KEY_TAG, Delivery, RunRef
+from .._record.model import DEVICE_TAG, MANIFEST, RUN_KEY_TAG, Delivery, RunRef
 from .failures import check_reachable
 
 

@@ -30,7 +30,7 @@ import urllib.parse
 from dataclasses import asdict
 from pathlib import Path
 
-from .model import Delivery, RunRef
+from .._record.model import Delivery, RunRef
 from .seal import CHECKS, DamagedRecord, check_files, check_shape, seal
 
 DEFAULT_OUTBOX = "mlflow-neuron-outbox"

@@ -23,10 +23,10 @@ from .._trace.device_names import MISSING_DEVICE_TIME_HINT
 from .._trace.profile import MISSING, PRESENT, CycleProfile
 from .._trace.summarize import CycleSettings, CycleSummary, empty_summary
 from .outbox import gzip_file
-from .job import CycleJob
-from .keys import OpKeys
-from .model import DEVICE_TAG, DEVICE_TIME_TAG, KEY_AVERAGES, MANIFEST, OPS_TABLE, TIMELINE, TRACE, TRACE_SPANS, Delivery
-from .record import (
+from .._record.job import CycleJob
+from .._record.keys import OpKeys
+from .._record.model import DEVICE_TAG, DEVICE_TIME_TAG, KEY_AVERAGES, MANIFEST, OPS_TABLE, TIMELINE, TRACE, TRACE_SPANS, Delivery
+from .._record.record import (
     cycle_metrics,
     host_metrics,
     ops_table,
@@ -36,8 +36,8 @@ from .record import (
     summary_metrics,
     write_table,
 )
-from .rank_summary import write_rank_summary
-from .run_summary import RunSteps
+from .._record.rank_summary import write_rank_summary
+from .._record.run_summary import RunSteps
 from .trace_text import TraceDraft, TraceText
 
 

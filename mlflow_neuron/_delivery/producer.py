@@ -32,8 +32,8 @@ from . import outbox as _outbox
 from .drain import BUSY, DELIVERED, SETTLED, Drain, Pass
 from .entries import END, FILES, JOB, Held
 from .helper_process import STOP_WAIT_S, HelperLauncher
-from .job import CycleJob
-from .model import RunRef
+from .._record.job import CycleJob
+from .._record.model import RunRef
 from .report import one_line
 
 PROGRESS_AFTER_S = 2.0  # a wait longer than this prints one progress line on stderr

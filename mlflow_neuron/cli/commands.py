@@ -132,7 +132,7 @@ def ingest(args: argparse.Namespace, out=None) -> int:
     from mlflow.tracking import MlflowClient
 
     from .._capture.ingest import ingest as ingest_path
-    from .._delivery.model import RunRef
+    from .._record.model import RunRef
 
     uri = args.tracking_uri or mlflow.get_tracking_uri()
 
