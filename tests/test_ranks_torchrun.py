@@ -26,10 +26,12 @@ DELAY_MS = 30.0
 NOT_HELD_UP_S = 30.0
 
 
-# 2 cycles of 8 steps: the rule names a rank later than the others in at least 13 of 16 steps (a
-# sign test at 2%), so one step where another rank was held up on busy cores does not hide it;
-# with 8 steps it would need all 8 (seen once: 7 of 8, rank 2 31 ms late a step, not named)
-STEPS = ("--active", "8")
+# The step of the calibrated device-like job (benchmarks/rank_calibration.py --device-ms 100
+# --size 384, docs/figures.md: no rank named in 20 of 20 jobs without a delay, rank 2 in 20 of 20
+# from 5%): a 384x384 matmul, then 100 ms standing for the accelerator's time with the host free,
+# 2 cycles of 10 steps. A step of a few ms of CPU on four ranks sharing two cores is the
+# scheduler's: there one rank came out later in 13 of 16 steps with no sleep at all.
+STEPS = ("--size", "384", "--device-ms", "100", "--active", "10")
 
 
 def torchrun(store, ranks: int, *args: str) -> list[dict]:
