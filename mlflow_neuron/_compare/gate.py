@@ -132,8 +132,7 @@ def _level(frame: pd.DataFrame, r: Regression) -> str:
 def _levels(frame: pd.DataFrame) -> str:
     """`95% interval`, or `95% interval; host time 99.6% over cycles` when a gated run's host time
     was judged on its family-wise intervals: the level the all-clear line stands on."""
-    family, left = frame.attrs.get("gate_intervals") or {}, {**not_gated_runs(frame), **inconclusive_runs(frame)}
-    levels = sorted({f"{100 * f['level']:.4g}%" for run, f in family.items() if run not in left})
+    levels = sorted({f"{100 * f['level']:.4g}%" for f in _gated_families(frame).values()})
     return "95% interval" + (f"; host time {', '.join(levels)} over cycles" if levels else "")
 
 
@@ -158,13 +157,20 @@ def unchecked(frame: pd.DataFrame, min_us: float = 0.0) -> list[Regression]:
 def short_of_cycles(frame: pd.DataFrame, min_us: float = 0.0) -> dict[str, list[Regression]]:
     """{run: rows} of the gated host-time runs: rows with a 95% interval over cycles but none at the
     gate's level, because outliers (stalls) took whole cycles. The gate cannot act on them, and says so."""
-    family, left = frame.attrs.get("gate_intervals") or {}, {**not_gated_runs(frame), **inconclusive_runs(frame)}
+    family = _gated_families(frame)
     short: dict[str, list[Regression]] = {}
     for run, op, row in _gated_rows(frame, min_us):
-        if (run in family and run not in left and op not in family[run]["rows"] and row["unit"] == CYCLES
+        if (run in family and op not in family[run]["rows"] and row["unit"] == CYCLES
                 and np.isfinite(row["ratio_low"]) and row["verdict"] not in UNJUDGED):  # fmt: skip
             short.setdefault(run, []).append(Regression(run, op, *_row_numbers(frame, run, op)))
     return short
+
+
+def _gated_families(frame: pd.DataFrame) -> dict[str, dict]:
+    """{run: its family-wise intervals} of the runs whose host time the gate acts on: neither not
+    gated (`cycles.window_rule`) nor inconclusive (the weather)."""
+    left = {**not_gated_runs(frame), **inconclusive_runs(frame)}
+    return {run: f for run, f in (frame.attrs.get("gate_intervals") or {}).items() if run not in left}
 
 
 def inconclusive_runs(frame: pd.DataFrame) -> dict[str, str]:
