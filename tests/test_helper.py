@@ -315,7 +315,7 @@ def test_a_callback_dropped_without_close_lets_its_helper_go(tracking_uri):
 
 
 def test_op_keys_and_the_device_time_flag_go_on_across_helpers():
-    from mlflow_neuron._delivery.prepare import Preparer
+    from mlflow_neuron._record.prepare import Preparer
 
     class Quiet:
         def problem(self, *args):

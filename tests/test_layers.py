@@ -4,8 +4,9 @@ The layers, lowest first, and what each may import (the order is written here an
 
     _trace      pure reading of a profiler cycle: events, readers, tree, aggregate, timeline
     _neuron     device specifics, the Neuron output layout, Neuron tools' output, the run-tag plugin
-    _record     the MLflow shape of a cycle: the job, names, metric keys, tables, run and rank summaries
-    _delivery   how a cycle is sent: preparation, the outbox, its consumer, the helper, MLflow writes
+    _record     the MLflow shape of a cycle: the job, names, metric keys, tables, the record prepared
+                from a job, its trace text, run and rank summaries
+    _delivery   how a cycle is sent: the outbox (the queue), its one consumer, the helper, MLflow writes
     _capture    the training side: the callback, profiler hooks, frameworks' steps, ingest
     _compare    reading runs back: samples, statistics, verdicts, reports, annotations
 

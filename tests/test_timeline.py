@@ -353,7 +353,7 @@ def test_the_trace_text_written_a_template_per_span_shape_is_the_text_written_va
     the same text, and MLflow reads each value back."""
     from mlflow.entities import Span
 
-    from mlflow_neuron._delivery.trace_text import TraceDraft, _json_string, _span_text, trace_data_text
+    from mlflow_neuron._record.trace_text import TraceDraft, _json_string, _span_text, trace_data_text
     from mlflow_neuron._delivery.traces import trace_id_for
 
     timeline, _, _ = profile_cpu_cycle(steps=2, record_shapes=True)

@@ -16,7 +16,7 @@ from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowProfilerCallback, compare_runs, load_timelines, render
 from mlflow_neuron._capture.ingest import ingest
-from mlflow_neuron._delivery.trace_text import TraceDraft
+from mlflow_neuron._record.trace_text import TraceDraft
 from mlflow_neuron._delivery.traces import CYCLE_KEY_TAG, marked_steps, mlflow_spans
 from mlflow_neuron._record.model import RunRef
 from mlflow_neuron._delivery.outbox import load, pending

@@ -28,7 +28,7 @@ from .._record.job import CycleJob
 from .._neuron.manifest import manifest
 from .._delivery.mlflow_io import RunLogger
 from .._record.model import SOURCE_TAG, RunRef
-from .._delivery.prepare import Preparer
+from .._record.prepare import Preparer
 from .._delivery.report import MLflowNeuronWarning, Reporter
 from .._neuron import layout
 from .._neuron.output_files import TOO_LARGE, UPLOAD, FoundFile

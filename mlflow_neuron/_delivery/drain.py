@@ -235,7 +235,7 @@ class Drain:
         """Turns a held entry's job into its record (queued -> prepared): the cycle read, its files
         written into `files/`, record.json sealed, job.json removed. The op keys of a run are shared
         by every process that prepares its cycles (`.keys-<run>.json` in the outbox)."""
-        from .prepare import Preparer
+        from .._record.prepare import Preparer
 
         key = (_key(run), tuple(sorted(settings.items())))
         preparer = self._preparers.get(key)

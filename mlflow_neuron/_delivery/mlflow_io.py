@@ -189,7 +189,7 @@ class RunLogger:
         """The cycles' traces, last: everything else is in when one says `complete`. Idempotent.
         A timeline file gone or damaged is added to its cycle's `vanished` (no trace then;
         retrying cannot help)."""
-        from .trace_text import TraceDraft, TraceText
+        from .._record.trace_text import TraceDraft, TraceText
         from .traces import log_timelines  # MLflow's tracing client: only for cycles with a timeline
 
         timelines = {}  # device tag -> timelines (one run: one device, but the tag is per cycle)

@@ -6,7 +6,7 @@ half record that sync would trust. Files are hard-linked where possible (no copy
 files above the copy cap are kept as paths to where the profiler left them. Each record is sealed
 (`seal`: the size and SHA-256 of its files); one that fails its seal is set aside in `damaged/`
 with a reason, never sent. `put` writes a whole record elsewhere in one go (tests, benchmarks).
-A cycle's files are placed without holding them in memory (`link_or_copy`, `gzip_file`).
+A cycle's files are placed without holding them in memory (`link_or_copy`).
 
 The outbox is private: on a shared Trainium host other users must neither read records nor plant
 them. The folder is created 0700 and its files 0600; an existing folder that is a symlink or
@@ -18,7 +18,6 @@ supplies credentials again at sync.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import itertools
 import json
 import os
@@ -299,7 +298,7 @@ def _make_private(record_dir: Path) -> None:
                 os.chmod(path, 0o600)
 
 
-# -- a cycle's files, without holding them in memory: links, copies, gzip --------------------------------
+# -- a cycle's files, without holding them in memory: links, copies --------------------------------------
 
 
 def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
@@ -308,15 +307,6 @@ def link_or_copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
         os.link(source, target)
     except OSError:
         shutil.copy2(source, target)
-
-
-def gzip_file(source: Path, target: Path) -> None:
-    """Streams `source` into gzip `target` (constant memory); copies a file already gzipped."""
-    if source.suffix == ".gz":
-        shutil.copyfile(source, target)
-        return
-    with open(source, "rb") as fin, gzip.open(target, "wb", compresslevel=1) as fout:
-        shutil.copyfileobj(fin, fout, 1024 * 1024)
 
 
 def sent_files(delivery: Delivery, vanished: list[str] = ()) -> dict[str, int]:

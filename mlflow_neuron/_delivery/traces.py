@@ -40,7 +40,7 @@ from mlflow.tracing.utils.artifact_utils import get_artifact_uri_for_trace
 
 from .._trace.json_text import parse
 from .._trace.timeline import Timeline
-from .trace_text import TraceDraft, TraceText, span_count, trace_data_text
+from .._record.trace_text import TraceDraft, TraceText, span_count, trace_data_text
 
 Cycle = Timeline | TraceDraft | TraceText  # what a cycle's trace is written from
 

@@ -10,10 +10,13 @@ process each hold one; `export` / `absorb` carry that state from one to the othe
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -22,11 +25,10 @@ from .._neuron import session_summary
 from .._trace.device_names import MISSING_DEVICE_TIME_HINT
 from .._trace.profile import MISSING, PRESENT, CycleProfile
 from .._trace.summarize import CycleSettings, CycleSummary, empty_summary
-from .outbox import gzip_file
-from .._record.job import CycleJob
-from .._record.keys import OpKeys
-from .._record.model import DEVICE_TAG, DEVICE_TIME_TAG, KEY_AVERAGES, MANIFEST, OPS_TABLE, TIMELINE, TRACE, TRACE_SPANS, Delivery
-from .._record.record import (
+from .job import CycleJob
+from .keys import OpKeys
+from .model import DEVICE_TAG, DEVICE_TIME_TAG, KEY_AVERAGES, MANIFEST, OPS_TABLE, TIMELINE, TRACE, TRACE_SPANS, Delivery
+from .record import (
     cycle_metrics,
     host_metrics,
     ops_table,
@@ -36,8 +38,8 @@ from .._record.record import (
     summary_metrics,
     write_table,
 )
-from .._record.rank_summary import write_rank_summary
-from .._record.run_summary import RunSteps
+from .rank_summary import write_rank_summary
+from .run_summary import RunSteps
 from .trace_text import TraceDraft, TraceText
 
 
@@ -202,3 +204,12 @@ class Preparer:
             job.problems.append(("neuron_summary", str(error)))
             return {}, found.tags
         return split_non_finite(metrics)[0], found.tags
+
+
+def gzip_file(source: Path, target: Path) -> None:
+    """Streams `source` into gzip `target` (constant memory); copies a file already gzipped."""
+    if source.suffix == ".gz":
+        shutil.copyfile(source, target)
+        return
+    with open(source, "rb") as fin, gzip.open(target, "wb", compresslevel=1) as fout:
+        shutil.copyfileobj(fin, fout, 1024 * 1024)
