@@ -1,21 +1,17 @@
-"""Sending prepared entries to their runs: one request at a time per outbox, a refusal's Retry-After
-heeded by every process, and a run the callback creates made once.
+"""Sending prepared entries to their runs: a refusal's Retry-After heeded by whoever drains next, and
+a run the callback creates made once.
 
 The drain (`drain`) decides what to send and settles each entry; this is the part that talks to the
-server. Every attempt holds the outbox's send lock (`entries.SEND_LOCK`): the helper and the
-training process prepare cycles side by side, but send in turn. Each HTTP request a drain makes
-holds the request lock (`entries.REQUEST_LOCK`, through `Courier.turn`): a server that asked to
-wait (`Retry-After`, kept in the outbox as a wall-clock time the moment it is read) gets nothing
-from any drain before then, even from one that found the send lock held past its patience. A run
-known by its key is created under the store lock, and its id kept in the outbox (`.run-<key>.id`)
-for the other processes and the callback.
+server. It runs inside one drain's pass, under the outbox's consumer lock: nothing else sends from
+this outbox meanwhile. A server that asked to wait (`Retry-After`, kept in the outbox as a
+wall-clock time, `entries.QUIET`) gets nothing before then, from this drain or the next one (the
+helper refused, then the training process at close). A run known by its key is created under the
+store lock, and its id kept in the outbox (`.run-<key>.id`) for the other processes and the callback.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import sqlite3
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,17 +19,8 @@ from pathlib import Path
 from . import entries
 from . import outbox as _outbox
 from .entries import TRIED
-from .http_budget import gated, retry_after_s
+from .http_budget import retry_after_s
 from .._record.model import Delivery, RunRef
-
-
-# The send lock keeps the drains of one outbox from sending at once (one server, one queue). A
-# drain that waited this long for it sends anyway: a helper starved of CPU beside busy cores held
-# it through a whole delivery, and the training process, draining at close, sent nothing (0 of 12
-# cycles in 10 s). Retry-After is still heeded: each request waits for the request lock (as long,
-# at most), then reads the outbox's quiet time. Reading it once before a batch was not enough: a
-# drain sending without the send lock wrote 0.08 s after the lock's holder was refused.
-SEND_LOCK_PATIENCE_S = 2.0
 
 
 class Courier:
@@ -45,57 +32,17 @@ class Courier:
         self.progress = progress
         self.wrote = False  # something was written to a server
         self._loggers: dict[tuple, object] = {}
-        self._stop, self._deadline = None, None  # of the pass whose requests are gated (`gated`)
 
     def deliver(self, entries_sent: list[Path], deliveries: list[Delivery], run: RunRef, stop,
                 deadline: float | None) -> list[tuple[dict, list[str]]]:  # fmt: skip
-        """One attempt, holding the outbox's send lock where it comes within `SEND_LOCK_PATIENCE_S`;
-        nothing goes out before a refusal's Retry-After has passed, for any entry and from any
-        process draining this outbox (the helper, and training while it waits)."""
-        held = self._lock(entries.SEND_LOCK, deadline)
-        try:
-            self._wait_quiet(stop, deadline)
-            return self._deliver_held(entries_sent, deliveries, run)  # each request in turn: `Drain.once` is gated
-        finally:
-            if held is not None:
-                held.release()
-
-    @contextlib.contextmanager
-    def gated(self, stop, deadline):
-        """Every HTTP request this thread makes inside waits its turn (`turn`)."""
-        outer = self._stop, self._deadline
-        self._stop, self._deadline = stop, deadline
-        try:
-            with gated(self):
-                yield
-        finally:
-            self._stop, self._deadline = outer
-
-    @contextlib.contextmanager
-    def turn(self):
-        """One request: with the request lock (or without it, past `SEND_LOCK_PATIENCE_S`), after
-        the quiet time a refusal asked for."""
-        held = self._lock(entries.REQUEST_LOCK, self._deadline)
-        try:
-            self._wait_quiet(self._stop, self._deadline)
-            yield
-        finally:
-            if held is not None:
-                held.release()
+        """One attempt, once a refusal's Retry-After has passed (InterruptedError: not within the time left)."""
+        self._wait_quiet(stop, deadline)
+        return self._deliver_held(entries_sent, deliveries, run)
 
     def refused(self, seconds: float) -> None:
-        """A refusal asked for `seconds` of quiet: kept in the outbox for every drain, at once."""
+        """A refusal asked for `seconds` of quiet: kept in the outbox for whoever drains next."""
         with contextlib.suppress(OSError):
             (self.outbox / entries.QUIET).write_text(f"{time.time() + seconds:.3f}", encoding="ascii")
-
-    def _lock(self, name: str, deadline: float | None):
-        """The outbox's lock `name`, waited for up to `SEND_LOCK_PATIENCE_S`; None past it."""
-        left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        patience = SEND_LOCK_PATIENCE_S if left is None else min(left, SEND_LOCK_PATIENCE_S)
-        held = entries.lock_file(self.outbox / name, blocking=True, timeout=patience)
-        if held is None and left is not None and left <= patience:
-            raise InterruptedError("another process was sending from this outbox until the time ran out")
-        return held
 
     def _wait_quiet(self, stop, deadline) -> None:
         quiet = self._quiet_until() - time.time()
@@ -146,11 +93,7 @@ class Courier:
         logger = self._loggers.get(key)
         if logger is None:
             check_reachable(run.tracking_uri)
-            # A fresh sqlite store creates its schema here (MLflow's client makes it): one process
-            # at a time. A store that has its schema is opened without the lock: a helper starved
-            # beside busy cores, opening it under the lock, kept the training process's own drain
-            # waiting at close (0 of 12 cycles arrived).
-            with contextlib.nullcontext() if store_ready(run.tracking_uri) else entries.store_lock(self.outbox):
+            with entries.store_lock(self.outbox):  # a fresh sqlite store makes its schema here: one process at a time
                 logger = RunLogger(run, progress=self.progress)
                 logger.warm()
             self._loggers[key] = logger
@@ -174,23 +117,3 @@ class Courier:
     def server(self, run: RunRef) -> str:
         """The server a run is sent to, as named in messages (without credentials)."""
         return _outbox.without_credentials(self.uri(run))
-
-
-def store_ready(tracking_uri: str) -> bool:
-    """Whether opening this store creates nothing: a tracking server (it made its own schema), or a
-    sqlite file whose schema is at MLflow's latest revision. Another database: False (not checked)."""
-    if tracking_uri.startswith(("http://", "https://")):
-        return True
-    if not tracking_uri.startswith("sqlite:///"):
-        return False
-    path = tracking_uri[len("sqlite:///"):].split("?", 1)[0]
-    if not path or not os.path.isfile(path):
-        return False
-    try:
-        from mlflow.store.db.utils import _get_latest_schema_revision
-
-        with contextlib.closing(sqlite3.connect(f"{Path(path).absolute().as_uri()}?mode=ro", uri=True, timeout=1.0)) as db:
-            row = db.execute("SELECT version_num FROM alembic_version").fetchone()
-        return row is not None and row[0] == _get_latest_schema_revision()
-    except Exception:  # noqa: BLE001 - anything unsure: take the lock
-        return False

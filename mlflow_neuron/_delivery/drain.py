@@ -6,10 +6,10 @@
     writing, left by a process that died before it was queued (a kill, a container's end) --> cut short (removed)
     end.json: once no earlier entry of its run is left, the run is ended (FINISHED): here only.
 
-The helper process runs it (`follow`), the training process while it waits at a flush or close,
-`mlflow-neuron sync` once: the same code, the only two routes to MLflow (the helper, or the process
-that waits). Each entry is claimed with a lock the kernel releases (`entries`): two drains never
-work on one entry, one that dies leaves it whole. Sending an entry twice leaves its data once.
+The helper process runs it (`follow`), the training process while it waits at a stop or at close,
+`mlflow-neuron sync` once: the same code. Each pass holds the outbox's consumer lock (`entries`), a
+lock the kernel releases: one drain of an outbox at a time, and one that dies leaves its entry
+whole for the next. Sending an entry twice leaves its data once.
 """
 
 from __future__ import annotations
@@ -29,18 +29,14 @@ from .courier import Courier
 from .entries import END, FILES, JOB, TRIED, Held
 from .failures import is_permanent, is_unreachable, reason
 from .outbox import sent_files
-from .http_budget import remember_retry_after
 from .._record.job import CycleJob
 from .._record.model import MANIFEST, Delivery, RunRef
 from .report import WAIT_IN_OUTBOX, report_delivery
 from .seal import DamagedRecord
 
 BATCH = 16  # prepared entries of one run sent together at most (one log_batch, one artifact pass)
-# A batch goes once its first entry was held this long: a starved helper must not hold entries the
-# training process could send at close; a drain with a core fills its batches (a batch of 5 cost 20% more).
-BATCH_HOLD_S = 2.0
 DELIVERED, REJECTED, DAMAGED, KEPT, ENDED = "delivered", "rejected", "damaged", "kept", "ended"
-BUSY = "busy"  # another process holds it (the training thread writing it, or another drain)
+BUSY = "busy"  # the training thread of some process is writing it
 CUT = "cut short"  # its writer died before it was queued: the one cycle a kill can take; removed
 SETTLED = (DELIVERED, REJECTED, DAMAGED, ENDED, CUT)
 
@@ -65,7 +61,8 @@ class Pass:
     """One pass over the queue."""
 
     outcomes: list[Outcome] = field(default_factory=list)
-    busy: int = 0  # entries another process held (or the training thread is still writing)
+    busy: int = 0  # entries a training thread is still writing, or an end waiting for its run's cycles
+    other: bool = False  # another consumer held the outbox: nothing was done
     unreachable: dict[str, str] = field(default_factory=dict)  # tracking URI -> why
 
     def count(self, state: str) -> int:
@@ -84,7 +81,7 @@ class Drain:
 
     def __init__(self, outbox: str | os.PathLike, reporter, *, credentials: dict[str, str] | None = None,
                  tracking_uri: str | None = None, run_id: str | None = None, progress=None, retries: int = 2,
-                 retry_wait_s: float = 0.5, rejected: bool = False, sending: threading.Event | None = None,
+                 retry_wait_s: float = 0.5, rejected: bool = False,
                  copy_max_bytes: int = _outbox.DEFAULT_COPY_MAX_BYTES) -> None:  # fmt: skip
         self.outbox = Path(outbox).absolute()
         self.folder = self.outbox / _outbox.REJECTED if rejected else self.outbox
@@ -93,70 +90,73 @@ class Drain:
                                progress=progress)  # fmt: skip
         self.retries, self.retry_wait_s = retries, retry_wait_s
         self.copy_max_bytes = copy_max_bytes
-        self.sending = sending  # while unset (the helper importing MLflow), entries are prepared, not sent
         self.last_profile = None  # the latest cycle this process prepared
         self.memory: dict[Path, object] = {}  # entry -> its cycle's numbers held in this process (read first)
         self._preparers: dict[tuple, object] = {}
         self._state = entries.SharedState()  # each run's state in the outbox, as this drain last saw it
-        self._lock = threading.Lock()  # one pass at a time in this process
-        remember_retry_after()
+        self._lock = threading.Lock()  # one pass at a time in this process (the consumer lock is per open file)
 
     # -- a pass --------------------------------------------------------------------------------------
 
     def once(self, *, stop: threading.Event | None = None, deadline: float | None = None,
-             on_outcome: Callable[[Outcome], None] | None = None) -> Pass:  # fmt: skip
-        """Works through every entry there is now, in order; stops early at `stop` or `deadline`."""
-        done = Pass()
-        with self._lock, self.courier.gated(stop, deadline):  # every request of the pass in turn
-            ready: list[_Ready] = []
-            since = 0.0  # when the batch's first entry was claimed
+             on_outcome: Callable[[Outcome], None] | None = None, wait_s: float = 0.0,
+             before: Callable[[], object] = lambda: None) -> Pass:  # fmt: skip
+        """Works through every entry there is now, in order, holding the outbox's consumer lock
+        (`before` runs first, under it); stops early at `stop` or `deadline`. Another consumer
+        holding the lock past `wait_s`: nothing done, `Pass.other`."""
+        with self._lock:
             try:
-                for entry in entries.listed(self.folder):
-                    if _over(stop, deadline):
-                        break
-                    if ready and time.monotonic() - since > BATCH_HOLD_S:
-                        self._send(ready, done, on_outcome, stop, deadline)
-                        ready = []
-                    send = self.sending is None or self.sending.is_set()
-                    if not send and entries.state(entry) != entries.QUEUED:  # unclaimed: for the drain that sends
+                held = entries.lock_file(self.outbox / entries.CONSUMER_LOCK, blocking=wait_s > 0, timeout=wait_s)
+            except FileNotFoundError:  # the outbox is gone (a close() removed it): nothing to drain
+                return Pass()
+            if held is None:
+                return Pass(other=True)
+            try:
+                entries.mark_holder(held)
+                before()
+                return self._pass(stop, deadline, on_outcome)
+            finally:
+                held.release()
+
+    def _pass(self, stop, deadline, on_outcome) -> Pass:
+        done = Pass()
+        ready: list[_Ready] = []
+        try:
+            for entry in entries.listed(self.folder):
+                if _over(stop, deadline):
+                    break
+                held = entries.try_claim(entry)
+                if held is None:
+                    if entry.exists():
                         done.busy += 1
-                        continue
-                    claimed = time.monotonic()
-                    held = entries.try_claim(entry)
-                    if held is None:
-                        if entry.exists():
-                            done.busy += 1
-                            self._outcome(done, on_outcome, Outcome(entry, BUSY, "another process is sending it"))
-                        continue
-                    if ready and entries.state(entry) == entries.ENDING:  # the cycles before it go first
-                        self._send(ready, done, on_outcome, stop, deadline)
-                        ready = []
-                    item = self._take(held, done, on_outcome, send)
-                    if item is None:
-                        held.release()
-                        continue
-                    if ready and (len(ready) >= BATCH or _key(ready[0].run) != _key(item.run)):
-                        self._send(ready, done, on_outcome, stop, deadline)
-                        ready = []
-                    if not ready:
-                        since = claimed
-                    ready.append(item)
-                if ready:
+                        self._outcome(done, on_outcome, Outcome(entry, BUSY, "a training process is writing it"))
+                    continue
+                if ready and entries.state(entry) == entries.ENDING:  # the cycles before it go first
                     self._send(ready, done, on_outcome, stop, deadline)
                     ready = []
-            finally:
-                for item in ready:
-                    item.held.release()
+                item = self._take(held, done, on_outcome)
+                if item is None:
+                    held.release()
+                    continue
+                if ready and (len(ready) >= BATCH or _key(ready[0].run) != _key(item.run)):
+                    self._send(ready, done, on_outcome, stop, deadline)
+                    ready = []
+                ready.append(item)
+            if ready:
+                self._send(ready, done, on_outcome, stop, deadline)
+                ready = []
+        finally:
+            for item in ready:
+                item.held.release()
         return done
 
-    def follow(self, stop: threading.Event, wake: threading.Event, poll_s: float = 0.05,
+    def follow(self, stop: threading.Event, poll_s: float = 0.05,
                on_pass: Callable[[Pass], object] = lambda done: None) -> None:  # fmt: skip
-        """Drains until `stop` (which sets `wake` too): new entries at once when `wake` is set, else at the
-        folder's next change (every `poll_s`); kept ones with a growing wait (to 30 s) while unsent."""
+        """Drains until `stop`: a pass at each change of the folder (looked at every `poll_s`), or
+        while another consumer has it; kept entries again with a growing wait (to 30 s)."""
         backoff = 0.0
         while not stop.is_set():
             mtime = _mtime(self.folder)
-            wake.clear()  # a nudge from now on: another pass
             done = self.once(stop=stop)
             on_pass(done)
             if done.count(KEPT) or done.unreachable:
@@ -164,21 +164,12 @@ class Drain:
                 stop.wait(max(backoff, self.courier.quiet_s()))
                 continue
             backoff = 0.0
-            while not wake.wait(poll_s) and not done.busy and _mtime(self.folder) == mtime:
+            while not stop.wait(poll_s) and not (done.busy or done.other) and _mtime(self.folder) == mtime:
                 pass
-
-    def end_held(self, held: Held, *, stop: threading.Event | None = None, deadline: float | None = None) -> Pass:
-        """Ends the run of an end entry this process holds, once no earlier cycle of the run is left.
-        The training process holds its run's end entry while close() waits, so that a helper
-        starved of CPU (nice 10 beside busy cores) cannot take it and leave the run RUNNING."""
-        done = Pass()
-        with self._lock, self.courier.gated(stop, deadline):
-            self._end(held.path, done, None)
-        return done
 
     # -- one entry -------------------------------------------------------------------------------------
 
-    def _take(self, held: Held, done: Pass, on_outcome, send: bool = True) -> _Ready | None:
+    def _take(self, held: Held, done: Pass, on_outcome) -> _Ready | None:
         """The held entry ready to send, prepared first if queued; None: settled, set aside, or waits."""
         state = entries.state(held.path)
         if state == entries.WRITING:  # nobody holds it, and it has none of the three files
@@ -192,7 +183,7 @@ class Drain:
             self.reporter.problem("cut", f"outbox entry {held.name} was {why}")
             self._outcome(done, on_outcome, Outcome(held.path, CUT, why))
             return None
-        if state == entries.ENDING:  # not while `send` is off: `once` leaves it unclaimed then
+        if state == entries.ENDING:
             self._end(held.path, done, on_outcome)
             return None
         if state == entries.QUEUED:
@@ -204,9 +195,6 @@ class Drain:
                                       f"({reason(refused)}); it stays queued")  # fmt: skip
                 self._kept(held.path, refused, done, on_outcome)
                 return None
-        if not send:  # prepared: sent by a later pass, or by the training process's drain
-            done.busy += 1
-            return None
         try:
             delivery, run = _outbox.load(held.path, check_seal=state != entries.QUEUED)
         except DamagedRecord as damage:

@@ -20,13 +20,11 @@ said to be cut short.
 Ownership is never decided by pid liveness, which breaks across PID namespaces and pid reuse.
 
 Lock files in the outbox (each taken with `lock_file`):
-- `.consumer.lock`: the one consumer that follows the outbox (the helper process, or a `sync`);
+- `.consumer.lock`: whoever drains holds it, for one pass (`Drain.once`): the helper, the training
+  process while it waits at a stop or at close(), or `sync`. One drain of an outbox at a time;
+- `.helper.lock`: the helper process, for its life: one helper per outbox (the ranks of a node share it);
 - `.mlflow-neuron-<uid>-<outbox's hash>.store.lock`, in the temp folder: one process at a time opens
-  a fresh store or creates a run;
-- `.send.lock`: one delivery at a time goes to the server from this outbox (the helper and training
-  prepare cycles side by side, but send in turn);
-- `.request.lock`: one HTTP request at a time, each after a refusal's Retry-After (`.quiet-until`),
-  whichever drain sends it.
+  a store or creates a run.
 """
 
 from __future__ import annotations
@@ -56,8 +54,10 @@ except ImportError:  # pragma: no cover - Windows: no locks, one process per out
 JOB, RECORD, END = _outbox.JOB, _outbox.RECORD, _outbox.END
 FILES = "files"  # the cycle's files: the trace Kineto saved, then the tables made from it
 TRIED = ".tried"  # a delivery was attempted: the next one searches before writing the trace
-CONSUMER_LOCK, STORE_LOCK, SEND_LOCK, REQUEST_LOCK = ".consumer.lock", ".store.lock", ".send.lock", ".request.lock"
-QUIET = ".quiet-until"  # a refusal's Retry-After, as a wall-clock time: every drain of the outbox heeds it
+CONSUMER_LOCK, HELPER_LOCK, STORE_LOCK = ".consumer.lock", ".helper.lock", ".store.lock"
+QUIET = ".quiet-until"  # a refusal's Retry-After, as a wall-clock time: whoever drains next heeds it
+# Lock files of earlier versions (a send lock, a request lock): an outbox holding only these is idle.
+_RETIRED_LOCKS = {".send.lock", ".request.lock"}
 FORMAT = 2
 QUEUED, PREPARED, ENDING, WRITING = "queued", "prepared", "end", "writing"
 
@@ -308,9 +308,9 @@ def store_lock(outbox: Path, timeout: float = 60.0) -> Iterator[None]:
             held.release()
 
 
-def consumer_running(outbox: Path) -> bool:
-    """Whether a consumer follows the outbox now (it holds `.consumer.lock`)."""
-    path = outbox / CONSUMER_LOCK
+def helper_running(outbox: Path) -> bool:
+    """Whether a helper process follows the outbox now (it holds `.helper.lock`)."""
+    path = outbox / HELPER_LOCK
     if fcntl is None or not path.exists():
         return False
     held = lock_file(path, blocking=False)
@@ -321,15 +321,22 @@ def consumer_running(outbox: Path) -> bool:
 
 
 def remove_if_idle(outbox: Path) -> None:
-    """Removes an outbox that holds nothing but its lock files, when no consumer follows it."""
-    held = None
+    """Removes an outbox that holds nothing but its lock files, when nobody drains it and no helper
+    follows it."""
+    held = []
     with contextlib.suppress(OSError):
-        held = lock_file(outbox / CONSUMER_LOCK, blocking=False)
-    if held is None:
+        for name in (HELPER_LOCK, CONSUMER_LOCK):
+            lock = lock_file(outbox / name, blocking=False)
+            if lock is None:
+                break
+            held.append(lock)
+    if len(held) < 2:
+        for lock in held:
+            lock.release()
         return
     try:
         names = set(os.listdir(outbox))
-        locks = {CONSUMER_LOCK, STORE_LOCK, SEND_LOCK, REQUEST_LOCK, QUIET}
+        locks = {CONSUMER_LOCK, HELPER_LOCK, STORE_LOCK, QUIET, *_RETIRED_LOCKS}
         if not names - locks - _run_files(names) - _unborn(outbox, names):
             for name in names:
                 with contextlib.suppress(OSError):
@@ -342,7 +349,8 @@ def remove_if_idle(outbox: Path) -> None:
     except OSError:
         pass
     finally:
-        held.release()
+        for lock in held:
+            lock.release()
 
 
 def _unborn(outbox: Path, names: set[str]) -> set[str]:

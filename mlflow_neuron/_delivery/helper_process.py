@@ -1,17 +1,16 @@
 """Starting the helper process and hearing from it, on the training side.
 
-`HelperLauncher.ensure()` starts a helper when no consumer follows the outbox (the ranks of a node
+`HelperLauncher.ensure()` starts a helper when no helper follows the outbox (the ranks of a node
 share one), at most once every `RESPAWN_S`, and not again after `MAX_FAILURES` helpers of this
 process died unasked: the training process then drains by itself. Its stderr goes to /dev/null,
 its stdout is a pipe that only this process reads: what it says reaches the user through this
 process's reporter. `stop()` closes its input and waits a moment for it to exit (then kills it):
-no process of ours outlives the script.
+no process of ours outlives the script, and close() drains what is left without it.
 """
 
 from __future__ import annotations
 
 import builtins
-import contextlib
 import json
 import os
 import signal
@@ -19,7 +18,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from . import entries
@@ -51,18 +49,17 @@ class HelperLauncher:
         self._stopping = False
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
-        self.on_settled: Callable[[], None] | None = None  # the helper settled entries: a waiting close() looks now
 
     @property
     def usable(self) -> bool:
         return self.failures < MAX_FAILURES
 
     def ensure(self) -> None:
-        """Starts a helper unless one runs (ours, or another process's consumer of this outbox)."""
+        """Starts a helper unless one runs (ours, or another process's helper of this outbox)."""
         with self._lock:
             if self._stopping or not self.usable or (self.proc is not None and self.proc.poll() is None):
                 return
-            if time.monotonic() - self._started_at < RESPAWN_S or entries.consumer_running(self.outbox):
+            if time.monotonic() - self._started_at < RESPAWN_S or entries.helper_running(self.outbox):
                 return
             self._started_at = time.monotonic()
             try:
@@ -74,7 +71,7 @@ class HelperLauncher:
 
     def wait_ready(self, timeout: float | None) -> bool:
         self.ensure()
-        return self.ready.wait(timeout) or entries.consumer_running(self.outbox)
+        return self.ready.wait(timeout) or entries.helper_running(self.outbox)
 
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """Closes its input (it stops after the entry in hand) and waits for it; kills it after `wait_s`."""
@@ -87,14 +84,6 @@ class HelperLauncher:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-
-    def nudge(self) -> None:
-        """Says "there is work" (a byte on its input): it looks at the outbox now, not at its next poll.
-        Never blocks: a helper that reads nothing has a full pipe, and the poll finds the work anyway."""
-        proc = self.proc
-        if proc is not None and not self._stopping:
-            with contextlib.suppress(OSError, ValueError):  # BlockingIOError, BrokenPipeError; a closed pipe
-                write_input(proc.stdin.fileno(), b"\n")
 
     def release(self) -> None:
         """Closes its input without waiting: it stops after the entry in hand (its callback is gone)."""
@@ -126,7 +115,6 @@ class HelperLauncher:
         self.proc, self.ready = proc, threading.Event()
         try:
             write_input(proc.stdin.fileno(), (json.dumps(self.settings) + "\n").encode())
-            os.set_blocking(proc.stdin.fileno(), False)  # `nudge` never waits on it
         except OSError:
             pass  # it exited already (another consumer holds the outbox): the reader sees it
         threading.Thread(target=self._read, args=(proc, time.monotonic()), name="mlflow-neuron-helper-reader",
@@ -146,9 +134,6 @@ class HelperLauncher:
                 self.ready.set()
             elif kind == "busy":
                 busy = True
-            elif kind == "settled":
-                if self.on_settled is not None:
-                    self.on_settled()
             elif kind == "progress":
                 _log.info("%s", message.get("line", ""))
             elif kind == "problem":

@@ -8,19 +8,14 @@ HTTP request with a bounded timeout, and the sender's own loop does the retrying
 server asked for (`Retry-After`, capped) or its own backoff, and stops waiting the moment the
 callback closes, when the cycle is kept in the outbox.
 
-The training process's environment is the user's and is left alone: there MLflow's retries apply
-(a Retry-After is still read, once they are spent), and the exit budget is kept by `close`
-storing whatever was not sent in time.
-
-A drain also takes each HTTP request its thread makes in turn with the other drains of its outbox
-(`gated`): one request at a time, none before a refusal's Retry-After, and a refusal recorded the
-moment it is read, before the next request of any process can go out. Requests of other threads
-(the user's own MLflow calls) pass untouched.
+The training process's environment and libraries are the user's and are left alone: nothing here
+runs there. MLflow's own retries apply when it drains at a stop or at close, and the exit budget is
+kept by `close` storing whatever was not sent in time. A Retry-After the helper was given is kept in
+the outbox (`courier`), and the training process's drain heeds it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 
@@ -46,30 +41,16 @@ def retry_after_s() -> float | None:
     return seconds
 
 
-@contextlib.contextmanager
-def gated(gate):
-    """Every HTTP request this thread makes inside is made within `gate.turn()`, and a refusal's
-    Retry-After is handed to `gate.refused(seconds)` as soon as it is read."""
-    remember_retry_after()
-    outer, _seen.gate = getattr(_seen, "gate", None), gate
-    try:
-        yield
-    finally:
-        _seen.gate = outer
-
-
 def remember_retry_after() -> None:
-    """Lets `retry_after_s` see what a refusal asked for, and takes a gated thread's requests in
-    turn (`gated`); changes no other request (any process may call it)."""
+    """Lets `retry_after_s` see what a refusal asked for. Only for a process of this library's own
+    (the helper, `sync`): it patches urllib3."""
     # urllib3 drops the response once its retries are spent (0 here): its Retry.increment is the
-    # one place that sees the answer's headers before the error is raised. requests' HTTPAdapter.send
-    # is where each of MLflow's requests goes out (its retries happen within it).
-    from requests.adapters import HTTPAdapter
+    # one place that sees the answer's headers before the error is raised.
     from urllib3.util.retry import Retry
 
     if getattr(Retry.increment, "_remembers_retry_after", False):
         return
-    increment, send = Retry.increment, HTTPAdapter.send
+    increment = Retry.increment
 
     def remembering(self, method=None, url=None, response=None, *args, **kwargs):
         header = response.headers.get("Retry-After") if response is not None else None
@@ -78,17 +59,7 @@ def remember_retry_after() -> None:
                 _seen.seconds = min(self.parse_retry_after(header), MAX_RETRY_AFTER_S)
             except Exception:  # noqa: BLE001 - a malformed header is the server's; our backoff applies
                 _seen.seconds = None
-            gate = getattr(_seen, "gate", None)
-            if gate is not None and _seen.seconds:
-                gate.refused(_seen.seconds)
         return increment(self, method, url, response, *args, **kwargs)
 
-    def in_turn(self, request, *args, **kwargs):
-        gate = getattr(_seen, "gate", None)
-        if gate is None:
-            return send(self, request, *args, **kwargs)
-        with gate.turn():
-            return send(self, request, *args, **kwargs)
-
     remembering._remembers_retry_after = True
-    Retry.increment, HTTPAdapter.send = remembering, in_turn
+    Retry.increment = remembering

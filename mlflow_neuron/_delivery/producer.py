@@ -1,14 +1,15 @@
 """The training side of delivery: each cycle made durable in the outbox, and nothing slower.
 
 The training thread writes a cycle into an outbox entry (Kineto saves the trace there, then
-`job.json` is renamed in) and goes on. Everything after that is the drain's (`drain`): the helper
-process runs it while training runs, and this process runs the same code while it waits at a
-flush or close, so a helper starved beside busy cores does not decide how long the wait is.
+`job.json` is renamed in) and goes on. Everything after that is the drain's (`drain`), one at a
+time under the outbox's consumer lock: the helper process while training runs, and this process,
+with the same code, while it waits at a stop or at close.
 
-    submit  -> the entry is queued; the helper is started if no consumer follows the outbox
-    flush   -> waits until each of this process's entries is settled, draining here too
-    close   -> queues the run's end (a run the callback created), flushes within the budget, stops
-               the helper, and says in one warning what is left, where, and the `sync` command
+    submit  -> the entry is queued; the helper is started if none follows the outbox
+    flush   -> waits until each of this process's entries is settled, draining here when the lock is free
+    close   -> stops the helper (so a starved or hung one cannot decide how close ends), queues the
+               run's end (a run the callback created), drains here within the budget, and says in
+               one warning what is left, where, and the `sync` command
 
 Settled has one meaning: the entry is no longer in the queue (`entries.where`). The counts the
 callback shows (`delivered`, `stored`, `rejected`) are read from the outbox itself. Where the outbox
@@ -61,10 +62,8 @@ class Producer:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None
-        self._ending: Held | None = None  # the run's end entry, held by close() while it waits
         self._last: Pass | None = None  # the latest pass this process made
         if self.helper is not None:
-            self.helper.on_settled = self._notify
             self.helper.ensure()  # now: its imports take a second or two, before the first cycle
 
     # -- the training thread ------------------------------------------------------------------------
@@ -150,7 +149,6 @@ class Producer:
             self._drain_here(None)
         elif self.helper is not None and self.helper.usable:
             self.helper.ensure()
-            self.helper.nudge()
         else:
             self._kick()
 
@@ -216,7 +214,11 @@ class Producer:
             if left is not None and left <= 0:
                 break
             if not self.background:
-                self._drain_here(deadline)
+                done = self._drain_here(deadline)
+                if done is None:
+                    break
+                if not _progress(done):  # a training thread writes an entry, or another consumer drains
+                    self._stop.wait(0.05 if left is None else min(left, 0.05))
                 continue
             self._kick(deadline)
             if not said and time.monotonic() - started >= PROGRESS_AFTER_S:
@@ -228,19 +230,17 @@ class Producer:
         return not self._unsettled()
 
     def close(self, timeout: float | None, *, end_run: bool) -> None:
-        """Queues the run's end (`end_run`: a run the callback created, ended once its cycles are
-        in), flushes within `timeout`, stops the helper, and says once what is left and how to send it."""
+        """Stops the helper, queues the run's end (`end_run`: a run the callback created, ended once
+        its cycles are in), drains here within `timeout`, and says once what is left and how to send it."""
+        started = time.monotonic()
+        if self.helper is not None:  # it leaves the entry in hand whole; killed past the wait
+            self.helper.stop(STOP_WAIT_S if timeout is None else min(max(timeout, 0.1), STOP_WAIT_S))
         if end_run and (self.mine or self.run.run_id):
             self._queue_end()
-        started = time.monotonic()
-        self.flush(timeout, progress=True)
+        self.flush(None if timeout is None else max(timeout - (time.monotonic() - started), 0.0), progress=True)
         self._stop.set()
-        self._let_end_go()
         for drain in self.drains.values():
             drain.memory.clear()  # what is left is read from its entry by whoever drains it next
-        if self.helper is not None:  # within the budget: one killed mid-delivery leaves its entry whole
-            left = STOP_WAIT_S if timeout is None else timeout - (time.monotonic() - started)
-            self.helper.stop(min(max(left, 0.1), STOP_WAIT_S))
         self._say_left()  # names the server found dead, where it was, as the reason: one warning
         self.unreachable.release(say=False)
         self.say_refused()
@@ -273,21 +273,18 @@ class Producer:
     def _work(self, deadline: float | None) -> None:
         while self._unsettled() and not self._stop.is_set():
             done = self._drain_here(deadline)
-            if done is None or (not _progress(done) and not done.busy):
+            if done is None or not (_progress(done) or done.busy or done.other):
                 return
             if not _progress(done):
-                time.sleep(0.05)  # another process holds an entry: look again shortly
+                time.sleep(0.05)  # a training thread writes an entry, or another consumer drains: look again shortly
 
     def _drain_here(self, deadline: float | None) -> Pass | None:
         """One pass over each folder that holds a cycle of this process (their outcomes together),
-        then the run's end if close() holds it."""
+        each under that folder's consumer lock."""
         done = Pass()
         try:
             for folder in {entry.parent for entry, _ in self._unsettled()} or {self.outbox}:
                 _merge(done, self._drain_for(folder).once(stop=self._stop, deadline=deadline))
-            ending = self._ending
-            if ending is not None and ending.fd >= 0:
-                _merge(done, self._drain_for(ending.path.parent).end_held(ending, stop=self._stop, deadline=deadline))
         except BaseException as error:  # noqa: BLE001 - strict mode: raised on the training thread
             self.errors.append(error)
             return None
@@ -296,24 +293,15 @@ class Producer:
             self._cond.notify_all()
         return done
 
-    def _notify(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
-
     def _unreachable(self) -> bool:
-        """The latest pass found this run's server not answering, and no other process is working
-        (the run's end entry that close() holds here is not another's: waiting on it waited out the
-        whole budget against a dead server)."""
-        done, ending = self._last, self._ending
-        return done is not None and bool(done.unreachable) and not any(
-            o.state == BUSY and (ending is None or o.entry != ending.path) for o in done.outcomes)
+        """The latest pass found this run's server not answering, and no entry was still being written."""
+        done = self._last
+        return done is not None and bool(done.unreachable) and not any(o.state == BUSY for o in done.outcomes)
 
     # -- the end ------------------------------------------------------------------------------------------
 
     def _queue_end(self) -> None:
-        """Queues the run's end and holds it: this process ends the run once its cycles are in (no
-        other drain can take it meanwhile), and lets it go to the helper or `sync` at the end of
-        close() if it could not."""
+        """Queues the run's end: whoever drains ends the run once its cycles are in (here, or `sync`)."""
         try:
             held = entries.create(self.outbox)
         except OSError as error:
@@ -324,16 +312,10 @@ class Producer:
             entries.write_json(held.path / END, {"format": entries.FORMAT, "run": run})
         except BaseException:
             entries.remove(held.path)
-            held.release()
             raise
+        finally:
+            held.release()
         self.mine.append((held.path, None))
-        self._ending = held
-
-    def _let_end_go(self) -> None:
-        with self._cond:
-            ending, self._ending = self._ending, None
-        if ending is not None:
-            ending.release()
 
     def _say_progress(self, left: float | None) -> bool:
         return closing.progress(self, left)
@@ -378,6 +360,7 @@ def _move_paths(job: CycleJob, old: Path, new: Path) -> None:
 def _merge(into: Pass, one: Pass) -> None:
     into.outcomes += one.outcomes
     into.busy += one.busy
+    into.other = into.other or one.other
     into.unreachable.update(one.unreachable)
 
 

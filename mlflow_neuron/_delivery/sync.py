@@ -3,9 +3,9 @@
 It runs the same code as the helper process (`drain`): queued cycles are prepared from their
 saved traces, prepared ones are delivered, refused ones go to `rejected/`, unreadable ones to
 `damaged/`, and a run's end entry ends the run once its cycles are in. It holds the outbox's
-consumer lock (`entries`): a lock the kernel releases, so a sync after a container or a kill -9
-takes the outbox at once, from any PID namespace, and a second sync (or a live helper) is named and
-left alone. Sending an entry twice leaves its data once, so a sync that is cut off can run again.
+consumer lock (`entries`) for its pass: a lock the kernel releases, so a sync after a container or
+a kill -9 takes the outbox at once, from any PID namespace, and a drain that holds it past
+`BUSY_WAIT_S` (a training job's helper or close(), another sync) is named and left alone. Sending an entry twice leaves its data once, so a sync that is cut off can run again.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .drain import BUSY, CUT, DAMAGED, DELIVERED, ENDED, KEPT, REJECTED, Drain, 
 from .outbox import human_size
 from .report import RedactingStream
 
-BUSY_WAIT_S = 3.0  # a helper whose training process just ended lets go within about a second
+BUSY_WAIT_S = 3.0  # a pass of a helper whose training process just ended stops within about a second
 
 
 class OutboxBusy(RuntimeError):
@@ -28,7 +28,8 @@ class OutboxBusy(RuntimeError):
 
     def __init__(self, folder: Path, pid: int | None) -> None:
         who = f"another process (pid {pid})" if pid else "another process"
-        super().__init__(f"{who} is delivering the outbox {folder} (a training job's helper, or another sync); "
+        super().__init__(f"{who} is delivering the outbox {folder} (a training job's helper or close(), or another "
+                         "sync); "
                          "run sync again once it has ended")  # fmt: skip
         self.pid = pid
 
@@ -65,15 +66,7 @@ def sync_outbox(folder: str, tracking_uri: str | None = None, out=None, *, retry
     try:
         if Path(folder).is_dir():
             outbox.check_private(Path(folder))  # a link or another user's folder: never read
-            lock = Path(folder) / entries.CONSUMER_LOCK
-            held = entries.lock_file(lock, blocking=True, timeout=BUSY_WAIT_S)
-            if held is None:
-                raise OutboxBusy(Path(folder), entries.holder_pid(lock))
-            try:
-                entries.mark_holder(held)
-                _sync_held(folder, tracking_uri, out, err, result, retry_rejected, retry_damaged, run_id)
-            finally:
-                held.release()
+            _sync_held(folder, tracking_uri, out, err, result, retry_rejected, retry_damaged, run_id)
         else:
             _summary(result, 0, folder, retry_rejected, out)
     except outbox.OutboxRefused as refused:
@@ -87,23 +80,28 @@ def sync_outbox(folder: str, tracking_uri: str | None = None, out=None, *, retry
 
 def _sync_held(folder: str, tracking_uri: str | None, out, err, result: SyncResult, retry_rejected: bool,
                retry_damaged: bool, run_id: str | None) -> None:  # fmt: skip
-    if retry_damaged:
-        for record in outbox.damaged(folder):
-            outbox.restore(record)
     drain = Drain(folder, _Notes(out), tracking_uri=tracking_uri, run_id=run_id, rejected=retry_rejected,
                   progress=lambda line: print(f"  {line}", file=out, flush=True))  # fmt: skip
-    total = sum(entries.state(entry) != entries.ENDING for entry in entries.listed(drain.folder))  # cycles
     seen: list[Outcome] = []
+    total = [0]  # cycles in the queue when the pass began
+
+    def first() -> None:
+        if retry_damaged:
+            for record in outbox.damaged(folder):
+                outbox.restore(record)
+        total[0] = sum(entries.state(entry) != entries.ENDING for entry in entries.listed(drain.folder))
 
     def say(done: Outcome) -> None:
         if done.state != ENDED:
             seen.append(done)
-        _say(done, f"[{len(seen)}/{total}] {done.entry.name}" if done.state != ENDED else done.entry.name, folder,
+        _say(done, f"[{len(seen)}/{total[0]}] {done.entry.name}" if done.state != ENDED else done.entry.name, folder,
              result, out, err)  # fmt: skip
 
-    drain.once(on_outcome=say)
+    if drain.once(on_outcome=say, wait_s=BUSY_WAIT_S, before=first).other:
+        lock = Path(folder) / entries.CONSUMER_LOCK
+        raise OutboxBusy(Path(folder), entries.holder_pid(lock))
     result.changed = drain.courier.wrote
-    _summary(result, total, folder, retry_rejected, out)
+    _summary(result, total[0], folder, retry_rejected, out)
 
 
 def _say(done: Outcome, prefix: str, folder: str, result: SyncResult, out, err) -> None:
@@ -127,7 +125,7 @@ def _say(done: Outcome, prefix: str, folder: str, result: SyncResult, out, err) 
         print(f"{prefix}: rejected, not retried ({done.why})", file=out, flush=True)
     elif done.state == BUSY:
         result.kept += 1
-        print(f"{prefix}: kept, {done.why} (a training process writing or delivering it)", file=out, flush=True)
+        print(f"{prefix}: kept, {done.why}", file=out, flush=True)
     elif done.state == KEPT:
         result.kept += 1
         uri = outbox.without_credentials(done.run.tracking_uri) if done.run else None

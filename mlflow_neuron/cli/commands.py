@@ -48,6 +48,9 @@ def sync_command(args: argparse.Namespace, out=None) -> int:
     if args.outbox is None and not Path(outbox).is_dir():
         print(f"nothing to sync: no outbox at ./{outbox}", file=out or sys.stdout)
         return EXIT_OK
+    from .._delivery.http_budget import remember_retry_after
+
+    remember_retry_after()  # the command's own process: a refusal's Retry-After is kept for the next drain
     result = sync(outbox, args.tracking_uri, out, retry_rejected=args.retry_rejected,
                   retry_damaged=args.retry_damaged, run_id=args.run_id)  # fmt: skip
     return exit_code(result)
