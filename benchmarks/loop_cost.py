@@ -14,15 +14,17 @@ their ratio; with `--hogs 2`, two busy Python processes run beside it all. Besid
 cycles were not yet delivered when the loop's last step was done (the profile's stop then waits
 for them), and the helper's start-up: a fresh interpreter doing what the helper does before it can
 send (its imports, MLflow's, the store opened); a loop shorter than that leaves every cycle to the
-stop.
+stop. A schedule whose runs kept a cycle prints FAIL instead of a ratio: its time is not a time to
+data. The LOOP lines: the loop's own time, from the profile's start until its last step is done
+(before the stop), with each handler, and their ratio: what the callback costs the training steps.
 
 Then, with the helper warm and training idle between cycles, how long a cycle takes from its
-queueing until it is readable, and `close()` after the last one: as the training process tells the
-helper (a nudge per cycle, "settled" back), and on polls alone (50 ms each side), side by side.
+queueing until it is readable (the helper finds it at its 50 ms look at the outbox), and `close()`
+after the last one.
 
 Last, the consumer's CPU per cycle: the outbox's drain (the helper's code) run in this process over
-`--cpu-cycles` queued 3,000-op cycles, after one cycle that opens the store, split as the helper
-splits it (preparing every cycle first, as while it imports MLflow, then sending); and the same after
+`--cpu-cycles` queued 3,000-op cycles, after one cycle that opens the store, split into preparing
+and sending; and the same after
 `--earlier` cycles of the run (each a step with 10 `record_function` regions, put into the run's
 state in the outbox): a run's summary covers every cycle before it, so a long run's cycles cost more;
 and, side by side, with `log_timeline=False`, what the cycle's MLflow trace costs.
@@ -37,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -64,15 +65,16 @@ def loop(ops: int, steps: int, period: int, handler, at_end=lambda: None) -> Non
         at_end()  # the last step is done; the profile's stop (and the callback's flush) is next
 
 
-def with_tensorboard(work: Path, ops: int, steps: int, period: int) -> float:
-    start = time.perf_counter()
-    loop(ops, steps, period, tensorboard_trace_handler(str(work / "tb")))
-    return time.perf_counter() - start
+def with_tensorboard(work: Path, ops: int, steps: int, period: int) -> tuple[float, float]:
+    """(seconds until the files are on disk, seconds of the loop itself)."""
+    start, ended = time.perf_counter(), []
+    loop(ops, steps, period, tensorboard_trace_handler(str(work / "tb")), lambda: ended.append(time.perf_counter()))
+    return time.perf_counter() - start, ended[0] - start
 
 
-def with_callback(work: Path, ops: int, steps: int, period: int, lead_s: float = 0.0) -> tuple[float, int, int]:
+def with_callback(work: Path, ops: int, steps: int, period: int, lead_s: float = 0.0) -> tuple[float, int, int, float]:
     """(seconds until every cycle was readable, cycles kept in the outbox, cycles not yet delivered
-    when the loop's last step was done). `lead_s`: the callback is made this long before the
+    when the loop's last step was done, seconds of the loop itself). `lead_s`: the callback is made this long before the
     profile starts (a script that loads its model meanwhile), and the time counts from the start."""
     uri = f"sqlite:///{work / 'mlflow.db'}"
     client = mlflow.MlflowClient(uri)
@@ -82,21 +84,23 @@ def with_callback(work: Path, ops: int, steps: int, period: int, lead_s: float =
     if lead_s:
         time.sleep(lead_s)
         start = time.perf_counter()
-    left = []
-    loop(ops, steps, period, callback, lambda: left.append(len(entries.listed(work / "outbox"))))
+    left, ended = [], []
+    loop(ops, steps, period, callback, lambda: (ended.append(time.perf_counter()),
+                                                left.append(len(entries.listed(work / "outbox")))))  # fmt: skip
     callback.close()
     took = time.perf_counter() - start
     cycles = steps // period
     logged = len(client.get_metric_history(run_id, "profiler/total/self_cpu_time_us"))
-    return took, cycles - logged, left[0]
+    return took, cycles - logged, left[0], ended[0] - start
 
 
 STARTUP = """
-import os, sys, threading
+import os, sys
 os.nice(10)
-from mlflow_neuron._delivery import helper
+from mlflow_neuron._delivery import helper, mlflow_io
 from mlflow_neuron._delivery.drain import Drain
-helper._open_stores({sys.argv[1]: sys.argv[1]}, threading.Event())
+from mlflow.tracking import MlflowClient
+MlflowClient(sys.argv[1])._tracking_client.store
 os._exit(0)
 """
 
@@ -141,29 +145,31 @@ def consumer_cpu_per_cycle(work: Path, cycles: int, earlier: int = 0, **options)
                 "total": [0.0, 20000.0 + cycle % 7], "regions": {f"layer_{k}": [0.0, 1000.0 + k] for k in range(10)}}
         state.write_text(json.dumps(known))
     gc.freeze()  # as the helper does once its imports are done: they are out of the cycle collector's sight
-    drain.sending = threading.Event()  # first prepared only, as the helper does while it imports MLflow
+    preparing, prepare = [0.0], drain.prepare
+
+    def timed_prepare(*args, **kwargs):
+        before = time.process_time()
+        try:
+            return prepare(*args, **kwargs)
+        finally:
+            preparing[0] += time.process_time() - before
+
+    drain.prepare = timed_prepare
     started = time.process_time()
-    held_back = drain.once().busy
-    prepared = time.process_time()
-    drain.sending.set()
     done = drain.once()
-    sent = time.process_time()
+    total = time.process_time() - started
     count = max(done.count("delivered"), 1)
-    assert held_back == count == cycles, (held_back, done.count("delivered"), cycles)
-    return (prepared - started) / count, (sent - prepared) / count
+    assert done.count("delivered") == cycles, (done.count("delivered"), cycles)
+    return preparing[0] / count, (total - preparing[0]) / count
 
 
-def warm_helper(work: Path, cycles: int, told: bool) -> tuple[float, float]:
+def warm_helper(work: Path, cycles: int) -> tuple[float, float]:
     """With the helper warm (MLflow imported, the store open) and the training process idle between
     cycles: (median seconds from a cycle's queueing until it is out of the outbox, i.e. readable;
-    seconds `close()` takes just after the last cycle is queued). `told`: the training process
-    nudges the helper for each cycle, and hears when it settled some; else both wait on polls."""
+    seconds `close()` takes just after the last cycle is queued)."""
     uri = f"sqlite:///{work / 'warm.db'}"
     run_id = mlflow.MlflowClient(uri).create_run("0").info.run_id
     callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=work / "outbox")
-    if not told:
-        callback._producer.helper.nudge = lambda: None
-        callback._producer.helper.on_settled = None
     x, y, taken = torch.zeros(64), torch.ones(64), []
     with profile(activities=[ProfilerActivity.CPU], on_trace_ready=callback,
                  schedule=schedule(wait=0, warmup=1, active=1)) as prof:  # fmt: skip
@@ -212,32 +218,38 @@ def main() -> int:
                          "cycles of the run (comma-separated; empty: none)")
     args = options.parse_args()
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
-    rows = []
+    rows, loops = [], []
     try:
         for spec in [s for s in args.schedules.split(",") if s.strip()]:
             ops, steps, period = map(int, spec.split(":"))
-            tb, ours, kept, unsent = [], [], [], []
+            tb, ours, kept, unsent, tb_loop, our_loop = [], [], [], [], [], []
             for _ in range(args.repeats):
                 with tempfile.TemporaryDirectory() as scratch:
-                    tb.append(with_tensorboard(Path(scratch), ops, steps, period))
+                    took, looped = with_tensorboard(Path(scratch), ops, steps, period)
+                    tb.append(took)
+                    tb_loop.append(looped)
                 with tempfile.TemporaryDirectory() as scratch:
-                    took, left, at_end = with_callback(Path(scratch), ops, steps, period, args.lead)
+                    took, left, at_end, looped = with_callback(Path(scratch), ops, steps, period, args.lead)
                     ours.append(took)
                     kept.append(left)
                     unsent.append(at_end)
+                    our_loop.append(looped)
             ratio = statistics.median(ours) / statistics.median(tb)
-            rows.append((f"{ops:,} ops x {steps} steps, a cycle every {period}", f"{statistics.median(tb):.2f}",
-                         f"{statistics.median(ours):.2f}", f"{ratio:.2f}x",
+            shape = f"{ops:,} ops x {steps} steps, a cycle every {period}"
+            rows.append((shape, f"{statistics.median(tb):.2f}", f"{statistics.median(ours):.2f}",
+                         f"{ratio:.2f}x" if max(kept) == 0 else f"FAIL: {max(kept)} kept",
                          f"{statistics.median(unsent):.0f} of {steps // period}", f"{max(kept)}"))  # fmt: skip
+            loops.append(f"LOOP {shape}: tensorboard {statistics.median(tb_loop):.2f} s, mlflow-neuron "
+                         f"{statistics.median(our_loop):.2f} s: "
+                         f"{statistics.median(our_loop) / statistics.median(tb_loop):.2f}x")  # fmt: skip
         startup = []
         for _ in range(args.repeats):
             with tempfile.TemporaryDirectory() as scratch:
                 startup.append(helper_startup(Path(scratch)))
-        warm = {True: [], False: []}
+        warm = []
         for _ in range(args.repeats if args.warm_cycles else 0):
-            for told in warm:  # side by side, alternating
-                with tempfile.TemporaryDirectory() as scratch:
-                    warm[told].append(warm_helper(Path(scratch), args.warm_cycles, told))
+            with tempfile.TemporaryDirectory() as scratch:
+                warm.append(warm_helper(Path(scratch), args.warm_cycles))
         cpu, untraced, later = [], [], {n: [] for n in args.earlier}
         for _ in range(args.repeats):  # one figure swings by a third on this shared machine: the median
             for earlier, found, options in [(0, cpu, {}), (0, untraced, {"log_timeline": False}),
@@ -259,7 +271,10 @@ def main() -> int:
 
     print(f"\nthe helper's start-up, a fresh interpreter until it can send (its imports at nice 10, MLflow's, the "
           f"store opened): {statistics.median(startup):.2f} s (median of {len(startup)}: {min(startup):.2f}-"
-          f"{max(startup):.2f}); until then the cycles are prepared, not sent")
+          f"{max(startup):.2f}); until then the cycles wait in the outbox, and a stop drains them itself")
+
+    for line in loops:
+        print(line)
 
     def ms(found: list[tuple[float, float]]) -> str:
         total = [a + b for a, b in found]
@@ -267,14 +282,10 @@ def main() -> int:
                 f"{max(total) * 1000:.0f}; preparing {statistics.median(a for a, _ in found) * 1000:.0f} ms, "
                 f"sending {statistics.median(b for _, b in found) * 1000:.0f} ms)")
 
-    def warm_ms(told: bool, k: int) -> float:
-        return statistics.median(r[k] for r in warm[told]) * 1000
-
     if args.warm_cycles:
         print(f"\na warm helper, training idle between {args.warm_cycles} cycles of 3,000 ops (median of {args.repeats}):")
         for k, what in enumerate(("a cycle, from queued until readable", "close(), from the last cycle queued")):
-            print(f"  {what}: {warm_ms(True, k):.0f} ms told (a nudge per cycle, and 'settled' back) vs "
-                  f"{warm_ms(False, k):.0f} ms on polls alone: {warm_ms(True, k) / warm_ms(False, k):.2f}x")
+            print(f"  {what}: {statistics.median(r[k] for r in warm) * 1000:.0f} ms")
     print(f"\nthe consumer's CPU per 3,000-op cycle, over {args.cpu_cycles} cycles: {ms(cpu)}")
     print(f"  with log_timeline=False (no MLflow trace a cycle): {ms(untraced)}")
     for earlier, found in later.items():

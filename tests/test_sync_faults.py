@@ -7,6 +7,7 @@ sqlite store (their behaviour does not depend on the network)."""
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import warnings
 from pathlib import Path
 
 import pytest
-from conftest import profile_offline
+from conftest import ROOT, profile_offline
 from mlflow.entities import RunStatus
 from mlflow.exceptions import RestException
 from mlflow.tracking import MlflowClient
@@ -29,6 +30,8 @@ from mlflow_neuron._delivery import outbox as _outbox
 from mlflow_neuron._delivery.failures import is_permanent, is_unreachable
 from mlflow_neuron.cli import main as cli_main
 from mlflow_neuron.cli.arguments import EXIT_BUSY, EXIT_FAILED, EXIT_OK
+
+FIXTURES = ROOT / "tests" / "fixtures"
 
 STEPS = [4, 8, 12]  # profile_offline's three cycles
 
@@ -232,8 +235,6 @@ def test_a_damaged_record_is_set_aside_by_name_and_the_others_go_on(sync_store, 
     outbox = offline_records(tmp_path)
     broken = _outbox.pending(outbox)[0]
     backup = tmp_path / "backup"
-    import shutil
-
     shutil.copytree(broken, backup)
     why = damage(broken)
 
@@ -455,3 +456,22 @@ def test_a_kill_while_sending_to_a_hung_server_loses_nothing(sync_store, tmp_pat
     [(_, steps)] = cycles_in(MlflowClient(sync_store), "0").items()
     assert steps == STEPS
     matrix_row(len(STEPS), len(STEPS), len(STEPS), 0, 0)
+
+
+def test_an_outbox_written_before_one_consumer_still_syncs_whole(sync_store, tmp_path):
+    """An outbox written by 3ddfbdc (`tests/fixtures/outbox-3ddfbdc`: two prepared records and their
+    run's end, a queued job and its run's end, the send lock file of that version) syncs whole:
+    records already written in today's format are read as they are."""
+    outbox = tmp_path / "outbox"
+    shutil.copytree(FIXTURES / "outbox-3ddfbdc", outbox)
+    for folder in [outbox, *(p for p in outbox.rglob("*") if p.is_dir())]:
+        os.chmod(folder, 0o700)  # a checkout's folders are 0755; an outbox is private
+    assert cli_main(["sync", "--outbox", str(outbox), "--tracking-uri", sync_store]) == EXIT_OK
+    client = MlflowClient(sync_store)
+    runs = {run.info.run_name: run for run in client.search_runs(["0"])}
+    assert sorted(runs) == ["from-3ddfbdc", "from-3ddfbdc-queued"]
+    steps = cycles_in(client, "0")
+    assert sorted(steps[runs["from-3ddfbdc"].info.run_id]) == [4, 8]
+    assert steps[runs["from-3ddfbdc-queued"].info.run_id] == [4]
+    assert {run.info.status for run in runs.values()} == {"FINISHED"}  # each run ended once its cycles were in
+    assert entries.listed(outbox) == [] and _outbox.rejected(outbox) == [] and _outbox.damaged(outbox) == []

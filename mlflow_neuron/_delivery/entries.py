@@ -7,9 +7,10 @@
     <outbox>/rejected/<name>/          refused for good by the server, with a `reason` file
     <outbox>/damaged/<name>/           unreadable, or its files fail their seal, with a `reason` file
 
-A cycle is in one of six states: writing (the training thread holds it and none of the three
-files is there yet), queued, prepared, delivered (gone), rejected, damaged. `docs/layout.md` draws
-the transitions; `drain` makes every one after the first.
+An entry is in one of seven states: writing (the training thread holds it and none of the three
+files is there yet), queued, prepared, end, gone (delivered, ended or cut short), rejected,
+damaged. Settled: no longer in the queue (`where`). `docs/layout.md` has the table; `drain` makes
+every transition after the first.
 
 Whoever works on an entry holds `flock` on its folder: the training thread while it writes it, a
 consumer while it prepares or delivers it. The kernel drops the lock when the process ends, however
