@@ -159,7 +159,7 @@ def kineto_path(prof, args, log_into) -> dict[str, float]:
     from mlflow_neuron._trace.kineto import raw_events_from_kineto
     from mlflow_neuron._trace.kineto import _inputs_from_events
 
-    _, _, device, _ = log_into
+    _, _, device = log_into
     clock = Clock()
     raw = raw_events_from_kineto(prof)
     clock.lap("read")
@@ -180,7 +180,7 @@ def chrome_path(trace_file: pathlib.Path, args, log_into) -> dict[str, float]:
     from mlflow_neuron._trace.chrome import read_chrome_file
     from mlflow_neuron._trace.event_tree import event_tree
 
-    _, _, device, _ = log_into
+    _, _, device = log_into
     clock = Clock()
     clock.lap("parse")  # parsed in pieces, while read: both are in "read"
     cycle = read_chrome_file(trace_file)
