@@ -60,9 +60,9 @@ class MLflowProfilerCallback:
 
     The training process only saves the cycle's trace into the outbox (Kineto's C++ writer, as
     ``tensorboard_trace_handler`` does); a helper process parses it, writes the files and talks to
-    MLflow. ``close()`` (also called at interpreter exit) waits, within ``flush_timeout_s``, until
-    every cycle is in MLflow, delivering from the training process too; what is left stays in the
-    outbox, and one warning gives the ``mlflow-neuron sync`` command that sends it.
+    MLflow. ``close()`` (also called at interpreter exit) stops the helper and delivers the rest
+    from the training process, within ``flush_timeout_s``; what is left stays in the outbox, and
+    one warning gives the ``mlflow-neuron sync`` command that sends it.
 
     Args:
         *handlers: other ``on_trace_ready`` handlers (``NeuronProfiler.export_trace``,
@@ -238,8 +238,8 @@ class MLflowProfilerCallback:
         return self.flush(timeout)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Waits until this callback's cycles are settled, delivering from this process too; False
-        if `timeout` ran out first or the server did not answer (they stay in the outbox)."""
+        """Waits until this callback's cycles are settled, delivering from this process when no other
+        drains; False if `timeout` ran out or the server did not answer (they stay in the outbox)."""
         try:
             return self._producer.flush(timeout)
         except Exception as error:  # noqa: BLE001
@@ -247,7 +247,7 @@ class MLflowProfilerCallback:
             return False
 
     def close(self, timeout: float | None = None) -> None:
-        """Delivers what is left within `timeout` (delivering from this process too), ends the run if
+        """Stops the helper, delivers what is left within `timeout` from this process, ends the run if
         this callback created it, and says in one warning what stays in the outbox and the
         ``mlflow-neuron sync`` command that sends it.
 

@@ -201,7 +201,7 @@ class Producer:
     # -- waiting ----------------------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None, *, progress: bool = False) -> bool:
-        """Waits until each of this process's cycles is settled, draining here too; False when
+        """Waits until each of this process's cycles is settled, draining here when no other drains; False when
         `timeout` ran out or the server did not answer (what is left stays queued)."""
         started = time.monotonic()
         deadline = None if timeout is None else started + timeout
