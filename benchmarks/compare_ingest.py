@@ -23,7 +23,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from mlflow_neuron import compare
-from mlflow_neuron._compare.model import RunProfile
+from mlflow_neuron._analysis.model import RunProfile
 
 
 def median_time(fn, repeat: int = 3) -> float:

@@ -29,8 +29,8 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from mlflow_neuron._compare.changes import PENALTY, change_points, confirmed  # noqa: E402
-from mlflow_neuron._compare.history import WINDOW  # noqa: E402
+from mlflow_neuron._analysis.changes import PENALTY, change_points, confirmed  # noqa: E402
+from mlflow_neuron._report.history import WINDOW  # noqa: E402
 from mlflow_neuron._trace.step_summary import level  # noqa: E402
 from synthetic_steps import Noise, steps  # noqa: E402
 

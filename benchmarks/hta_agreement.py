@@ -110,7 +110,7 @@ def ours(files: dict[int, str], include_last: bool) -> dict[str, dict]:
 
 
 def our_waits(files: dict[int, str]) -> tuple[int | None, dict[str, float]]:
-    from mlflow_neuron._compare.ranks import analyze
+    from mlflow_neuron._analysis.ranks.analysis import analyze
     from mlflow_neuron._trace.collectives import rank_summary_from_chrome
 
     report = analyze([rank_summary_from_chrome(FIXTURES / f) for f in files.values()])

@@ -62,7 +62,7 @@ def job(work: pathlib.Path, uri: str, delay: float, delay_ms: float, slow_rank: 
 
 def judged(uri: str, run_id: str) -> dict:
     """What `ranks` finds in the run: the straggler, the others' wait, the step, who arrived last."""
-    from mlflow_neuron._compare.rank_runs import read_ranks
+    from mlflow_neuron._readback.ranks import read_ranks
 
     report = read_ranks(run_id, uri).report
     table = report.table

@@ -68,7 +68,7 @@ def write(uri: str, proxy: DelayProxy, run_id: str, logged: list[list[dict]]) ->
 def imports() -> float:
     """Seconds a fresh process takes to import what `ranks` imports (MLflow, pandas), for scale."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import mlflow_neuron.cli, mlflow.tracking, pandas, mlflow_neuron._compare.ranks"],
+    subprocess.run([sys.executable, "-c", "import mlflow_neuron.cli, mlflow.tracking, pandas, mlflow_neuron._analysis.ranks.analysis"],
                    env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, timeout=600)  # fmt: skip
     return time.perf_counter() - started
 
@@ -86,7 +86,7 @@ def ranks_command(uri: str, run_id: str) -> tuple[float, dict]:
 
 def in_process(uri: str, run_id: str) -> float:
     """Seconds `ranks` spends reading and analysing, its imports done (this process)."""
-    from mlflow_neuron._compare.rank_runs import read_ranks
+    from mlflow_neuron._readback.ranks import read_ranks
 
     started = time.perf_counter()
     read_ranks(run_id, uri).report_json

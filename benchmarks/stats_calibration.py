@@ -45,9 +45,9 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from mlflow_neuron._compare.frame import compare  # noqa: E402
-from mlflow_neuron._compare.gate import regressions  # noqa: E402
-from mlflow_neuron._compare.model import RunProfile  # noqa: E402
+from mlflow_neuron._analysis.frame import compare  # noqa: E402
+from mlflow_neuron._analysis.gate import regressions  # noqa: E402
+from mlflow_neuron._analysis.model import RunProfile  # noqa: E402
 from synthetic_steps import Noise, cycle_rates, cycle_steps, rates  # noqa: E402
 
 
@@ -103,7 +103,7 @@ def gate_rates(pairs: int, seed: int) -> None:
 
 def step_level_coverage(seed: int, pairs: int, n_cycles: int, steps: int, shift: float, scale: float) -> float:
     """Coverage of the step-level interval alone on runs whose cycles carry shifts."""
-    from mlflow_neuron._compare.stats import without_outliers, ratio_interval
+    from mlflow_neuron._analysis.stats import without_outliers, ratio_interval
 
     rng = np.random.default_rng(seed)
     covered = given = 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlflow_neuron._compare.stats import ratio_interval, without_outliers
+from mlflow_neuron._analysis.stats import ratio_interval, without_outliers
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class CycleRates:
 def cycle_rates(seed: int, pairs: int, noise: Noise, n_cycles: int, steps: int, shift: float, scale: float = 1.0,
                 gate_pct: float = 10.0) -> CycleRates:  # fmt: skip
     """`rates` for runs whose cycles carry shifts, judged as compare() judges them (`cycles.judge`)."""
-    from mlflow_neuron._compare.cycles import CYCLES, judge
+    from mlflow_neuron._analysis.cycles import CYCLES, judge
 
     rng = np.random.default_rng(seed)
     covered = given = fired = few = on_cycles = 0

@@ -13,11 +13,11 @@ from workloads import profile_rmsnorm
 
 from mlflow_neuron import compare, compare_runs, regressions, render
 from mlflow_neuron.cli.arguments import EXIT_USAGE
-from mlflow_neuron._compare.gate import unchecked
-from mlflow_neuron._compare.model import TOTAL, RunProfile
-from mlflow_neuron._compare.publish import top_ops
-from mlflow_neuron._compare.samples import is_wrapper, wrapper_names
-from mlflow_neuron._compare.verdict import short_name
+from mlflow_neuron._analysis.gate import unchecked
+from mlflow_neuron._analysis.model import TOTAL, RunProfile
+from mlflow_neuron._report.publish import top_ops
+from mlflow_neuron._analysis.samples import is_wrapper, wrapper_names
+from mlflow_neuron._analysis.verdict import short_name
 from mlflow_neuron.cli import main as cli_main
 
 
@@ -239,7 +239,7 @@ def test_renderings_are_self_contained_and_show_samples_and_outliers(tmp_path):
 def test_the_chart_gives_each_op_the_rows_of_its_runs_its_label_between_them_and_keeps_points_in_its_band():
     import matplotlib.pyplot as plt
 
-    from mlflow_neuron._compare import chart
+    from mlflow_neuron._report import chart
 
     def scaled(scale, stall_step=None):
         return [scale * j * (40 if k == stall_step else 1) for k, j in enumerate(JITTER)]
@@ -316,7 +316,7 @@ def test_bad_values_are_usage_errors(argv, message, capsys):
 
 def test_the_cli_gate_prints_the_interval_and_exits_1_on_a_proven_regression(tracking_uri, monkeypatch, capsys):
     # tracking_uri: the client the command makes opens a store in tmp_path, not ./mlflow.db
-    import mlflow_neuron._compare.comparison as loading
+    import mlflow_neuron._report.comparison as loading
 
     profiles = [jittery("base"), jittery("slow", 1.5)]
     monkeypatch.setattr(loading, "resolve_runs", lambda client, names, experiment: names)
@@ -365,7 +365,7 @@ def variants(tracking_uri):
 
 
 def test_a_mistyped_experiment_name_gets_the_closest_names_as_a_hint(tracking_uri):
-    from mlflow_neuron._compare.runs import RunNotFound
+    from mlflow_neuron._readback.runs import RunNotFound
 
     for name in ("rmsnorm-variants", "rmsnorm-sweep", "layernorm-variants", "unrelated"):
         mlflow.create_experiment(name)
@@ -462,7 +462,7 @@ def test_model_versions_carry_idempotent_performance_annotations(variants, capsy
 
 
 def test_the_description_stays_under_the_backend_limit():
-    from mlflow_neuron._compare.publish import BEGIN, END, with_block
+    from mlflow_neuron._report.publish import BEGIN, END, with_block
 
     block = "\n".join([BEGIN, "title", "", "| op | t | calls |", "|---|---:|---:|"] + [f"| `op{i}` | 1 | 1 |" for i in range(500)] + [END])
     text = with_block("u" * 4000, block)
@@ -480,7 +480,7 @@ def test_the_format_option_says_what_each_format_is_for(command, capsys):
 
 def test_the_bandwidth_lines_say_why_a_run_has_no_figure():
     """compare's "achieved bandwidth" names every run: with its GB/s, or with the reason it has none."""
-    from mlflow_neuron._compare.throughput import throughput, throughput_lines, throughput_missing
+    from mlflow_neuron._analysis.throughput import throughput, throughput_lines, throughput_missing
 
     def region_row(gbps, nbytes):
         return pd.DataFrame({"name": ["aten::mul", "rmsnorm"], "kind": ["op", "region"], "achieved_gbps": [1.0, gbps],

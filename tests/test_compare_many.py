@@ -10,8 +10,8 @@ import pytest
 from nightly_series import Cloner, make_template
 
 from mlflow_neuron import compare_runs, render
-from mlflow_neuron._compare.model import SLOWER, TOO_FEW_CYCLES, TOTAL
-from mlflow_neuron._compare.overview import BULK_ABOVE, DETAIL_AT_MOST, choose, overview_rows
+from mlflow_neuron._analysis.model import SLOWER, TOO_FEW_CYCLES, TOTAL
+from mlflow_neuron._analysis.overview import BULK_ABOVE, DETAIL_AT_MOST, choose, overview_rows
 from mlflow_neuron._trace.step_summary import StepSummary
 from mlflow_neuron.cli import main as cli_main
 

@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mlflow_neuron._compare import cycles
-from mlflow_neuron._compare.frame import compare
-from mlflow_neuron._compare.gate import gate_lines, inconclusive_runs, regressions
-from mlflow_neuron._compare.model import (
+from mlflow_neuron._analysis import cycles
+from mlflow_neuron._analysis.frame import compare
+from mlflow_neuron._analysis.gate import gate_lines, inconclusive_runs, regressions
+from mlflow_neuron._analysis.model import (
     CPU_METRIC,
     DEVICE_METRIC,
     FASTER,
@@ -23,8 +23,8 @@ from mlflow_neuron._compare.model import (
     TOTAL,
     RunProfile,
 )
-from mlflow_neuron._compare.stats import ratio_interval
-from mlflow_neuron._compare.weather import run_host
+from mlflow_neuron._analysis.stats import ratio_interval
+from mlflow_neuron._analysis.weather import run_host
 from synthetic_steps import Noise, cycle_rates, cycle_steps
 
 
@@ -132,7 +132,7 @@ def test_device_time_is_judged_on_its_own_and_the_host_load_is_shown_beside_it()
     cand = run_profile("cand", rng, 4, scale=0.5, host=BUSY)
     frame = compare([base, cand], metric=DEVICE_METRIC)
     assert frame.loc[TOTAL, ("cand", "verdict")] == FASTER and not inconclusive_runs(frame)
-    from mlflow_neuron._compare.render import html_page, text
+    from mlflow_neuron._report.render import html_page, text
 
     host = "host while profiled: base 0.1 cores busy elsewhere (load 0.3 on 2 CPUs), cand 1.9 cores busy elsewhere"
     assert host in text(frame) and host in html_page(frame)
@@ -190,7 +190,7 @@ def test_the_jobs_own_processes_are_the_job_not_the_weather():
     base, cand = run_profile("base", rng, 4, host=JOB_BUSY), run_profile("cand", rng, 4, scale=1.6, host=JOB_BUSY)
     frame = compare([base, cand], metric=CPU_METRIC)
     assert frame.loc[TOTAL, ("cand", "verdict")] == SLOWER and not inconclusive_runs(frame)
-    from mlflow_neuron._compare.render import text
+    from mlflow_neuron._report.render import text
 
     assert ("base 0.1 cores busy elsewhere (load 1.0 on 2 CPUs; the job's own processes used 0.7 cores: its child "
             "processes, such as compile or DataLoader workers, counted as the job)") in text(frame)  # fmt: skip
@@ -208,14 +208,14 @@ def test_figures_read_before_their_windows_say_so_in_the_host_line_and_the_verdi
                     metric=CPU_METRIC)  # fmt: skip
     said = "the host's load read with up to 1.3 s before each window of 8 ms: its counters tick every 10 ms"
     assert inconclusive_runs(frame)["cand"] == f"the host was busy (base 1.2 of 2 CPUs busy elsewhere, over 25%; {said})"
-    from mlflow_neuron._compare.render import text
+    from mlflow_neuron._report.render import text
 
     assert f"cand 0.1 cores busy elsewhere (load 0.3 on 2 CPUs); {said}" in text(frame)
 
 
 def test_the_cli_exits_4_on_inconclusive_only_when_asked_and_1_still_wins(tracking_uri, monkeypatch, capsys):
     # tracking_uri: the client the command makes opens a store in tmp_path, not ./mlflow.db
-    import mlflow_neuron._compare.comparison as loading
+    import mlflow_neuron._report.comparison as loading
     from mlflow_neuron.cli import main as cli_main
 
     rng = np.random.default_rng(18)
@@ -306,13 +306,13 @@ def test_host_time_from_two_windows_a_run_gets_its_numbers_and_a_verdict_but_nev
     [line] = [line for line in lines if line.startswith("NOT GATED")]
     assert line.startswith(f"NOT GATED cand: host time, {NOT_GATED} (aten::mul ratio 3.")
     assert line.endswith(": above +10% but not proven)") and "TOTAL ratio" in line
-    from mlflow_neuron._compare.render import text
+    from mlflow_neuron._report.render import text
 
     assert "slower (not gated)" in text(frame)
 
 
 def test_the_issues_aa_pair_under_load_is_inconclusive_and_the_cli_exits_0_or_4(tracking_uri, monkeypatch, capsys):
-    import mlflow_neuron._compare.comparison as loading
+    import mlflow_neuron._report.comparison as loading
     from mlflow_neuron.cli import main as cli_main
 
     profiles = [chosen_run("base", AA_BASE, LOADED_BASE), chosen_run("cand", AA_CAND, LOADED_CAND)]

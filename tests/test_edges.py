@@ -22,7 +22,7 @@ from workloads import profile_rmsnorm
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._delivery import outbox as _outbox
 from mlflow_neuron.cli.arguments import EXIT_UNREACHABLE, EXIT_USAGE
-from mlflow_neuron._neuron.devices import pick_device
+from mlflow_neuron._device.devices import pick_device
 from mlflow_neuron._record.model import Delivery, RunRef
 from mlflow_neuron.cli import _exit_for
 from mlflow_neuron.cli import main as cli_main

@@ -3,7 +3,7 @@ versions (pure: metrics and tags as a cycle logs them; stand-in values)."""
 
 import pytest
 
-from mlflow_neuron._compare.explorer import ONLY_NEFF, summary_deltas, summary_lines, version_changes
+from mlflow_neuron._analysis.explorer import ONLY_NEFF, summary_deltas, summary_lines, version_changes
 from mlflow_neuron._trace.neuron_fields import DEVICE_COLLECTIVE_FIELDS, SUMMARY_ROWS, VERSION_TAG_PREFIX
 
 from doubles.neuron_explorer import FUTURE, SCHEMA_7_4, SHAPE_2_34

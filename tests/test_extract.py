@@ -145,7 +145,7 @@ def test_pure_layers_import_without_mlflow():
     code = (
         "import sys; sys.modules['mlflow'] = None\n"
         "import mlflow_neuron, mlflow_neuron._trace.function_events, mlflow_neuron._record.record, mlflow_neuron._neuron.output_files, "
-        "mlflow_neuron._capture.settings, mlflow_neuron._record.keys, mlflow_neuron._neuron.devices\n"
+        "mlflow_neuron._capture.settings, mlflow_neuron._record.keys, mlflow_neuron._device.devices, mlflow_neuron._neuron.torch_neuronx\n"
         "assert 'mlflow.tracking' not in sys.modules\n"
         "try:\n    mlflow_neuron.MLflowProfilerCallback\nexcept ImportError:\n    print('callback needs mlflow')\n"
     )

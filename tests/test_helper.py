@@ -25,7 +25,7 @@ from workloads import profile_rmsnorm
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._delivery import helper_process as _helper_process
 from mlflow_neuron._record import record as _record
-from mlflow_neuron._neuron import devices as _devices
+from mlflow_neuron._device import devices as _devices
 from mlflow_neuron._trace.device_names import CPU
 from mlflow_neuron._trace.function_events import extract_cycle
 from mlflow_neuron._record.keys import OpKeys

@@ -14,9 +14,9 @@ from conftest import run_python
 from mlflow.tracking import MlflowClient
 from synthetic_steps import Noise, steps
 
-from mlflow_neuron._compare.changes import change_points, pelt_l2, search_changes
-from mlflow_neuron._compare.history import environment_changes, median_interval
-from mlflow_neuron._compare.history_report import no_change_line
+from mlflow_neuron._analysis.changes import change_points, pelt_l2, search_changes
+from mlflow_neuron._report.history import environment_changes, median_interval
+from mlflow_neuron._report.history_text import no_change_line
 from mlflow_neuron.cli import main as cli_main
 
 

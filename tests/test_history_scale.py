@@ -13,8 +13,8 @@ import pytest
 from nightly_series import ROOT, TESTS, Cloner, make_template
 from servers import MlflowServer
 
-from mlflow_neuron._compare import series as _series
-from mlflow_neuron._compare.history import history_runs
+from mlflow_neuron._readback import series as _series
+from mlflow_neuron._report.history import history_runs
 from mlflow_neuron._record.run_summary import RunSteps, summary_key
 from mlflow_neuron._trace.profile import StepTotal, cycle_profile
 from mlflow_neuron._trace.regions import RegionStep

@@ -13,7 +13,7 @@ from torch.profiler import tensorboard_trace_handler
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowProfilerCallback
-from mlflow_neuron._compare.ranks import analyze
+from mlflow_neuron._analysis.ranks.analysis import analyze
 from mlflow_neuron.cli import main as cli_main
 
 NUMBERS = ["calls", "self_device_time_us", "device_time_us", "self_cpu_time_us", "cpu_time_us"]

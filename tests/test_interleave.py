@@ -55,7 +55,7 @@ def test_variants_are_profiled_in_rotation_each_into_a_run_of_its_own(tracking_u
     assert frame.attrs["n"] == {"a": 3 * ACTIVE, "b": 3 * ACTIVE, "c": 3 * ACTIVE}
     assert {tuple(key)[0] for key in frame.attrs["sample_steps"]["b"]} == {LENGTH, 2 * LENGTH, 3 * LENGTH}
     # one mark for the runs of one rotation, read back with them: compare gates their host time from 2 cycles
-    from mlflow_neuron._compare.profiles import load_profile
+    from mlflow_neuron._readback.profiles import load_profile
 
     assert len(rotations) == 1 and load_profile(client, client.get_run(runs.run_ids["b"])).extra["rotation"] in rotations
 

@@ -1,23 +1,32 @@
-"""The house rules, read off the source: six layers, imports that run one way, small rooms.
+"""The house rules, read off the source: nine layers, imports that run one way, small rooms.
 
 The layers, lowest first, and what each may import (the order is written here and nowhere else):
 
     _trace      pure reading of a profiler cycle: events, readers, tree, aggregate, timeline
-    _neuron     device specifics, the Neuron output layout, Neuron tools' output, the run-tag plugin
+    _neuron     Neuron specifics: TorchNeuron's profiling API, the Neuron output layout, Neuron tools'
+                output, the run-tag plugin
+    _device     what differs between Neuron, CUDA and CPU for a live profiler (one module: `devices`)
     _record     the MLflow shape of a cycle: the job, names, metric keys, tables, the record prepared
                 from a job, its trace text, run and rank summaries
     _delivery   how a cycle is sent: the outbox (the queue), its one consumer, the helper, MLflow writes
     _capture    the training side: the callback, profiler hooks, frameworks' steps, ingest
-    _compare    reading runs back: samples, statistics, verdicts, reports, annotations
+    _analysis   pure judgement of runs read back: samples, statistics, cycles, verdicts, the gate's rule,
+                change points, rank matching and the straggler rule. No mlflow, no matplotlib
+    _readback   reads MLflow, and nothing else: finding runs, loading profiles and cycles, series in
+                bulk, rank summaries
+    _report     what the user asks for, put together and said: the comparison, the history, the ranks as
+                words, tables, JSON, charts and HTML, and written back to MLflow through _delivery
 
 The public modules (`__init__`, the `cli` package, `lightning`, `transformers`) sit on top and
-may import any layer. Every import counts, also the ones deferred into functions: a deferred import still ties
+may import any layer; `exceptions` (the public warning, strict mode) sits under every layer and imports
+nothing of the package. Every import counts, also the ones deferred into functions: a deferred import still ties
 two modules together. Run this file to print the graph: `python tests/test_layers.py [PACKAGE]`.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,18 +36,25 @@ NAME = "mlflow_neuron"
 LAYERS = {  # layer: the layers it may import, besides itself
     "_trace": (),
     "_neuron": ("_trace",),
+    "_device": ("_trace", "_neuron"),
     "_record": ("_trace", "_neuron"),
     "_delivery": ("_trace", "_neuron", "_record"),
-    "_capture": ("_trace", "_neuron", "_record", "_delivery"),
-    "_compare": ("_trace", "_record", "_delivery"),
+    "_capture": ("_trace", "_neuron", "_device", "_record", "_delivery"),
+    "_analysis": ("_trace", "_record"),
+    "_readback": ("_trace", "_record", "_analysis"),
+    "_report": ("_trace", "_record", "_delivery", "_analysis", "_readback"),
 }
+READ_SIDE = ("_analysis", "_readback", "_report")
 ORDER = list(LAYERS)
 PUBLIC_PACKAGES = {"cli"}  # folders of public modules, on top of the layers
+# Public modules under every layer: each imports nothing of the package, and every layer may import it.
+PUBLIC_LEAVES = {"exceptions"}
 # The only modules that import torch. The helper process imports none of them, so it never maps libtorch.
 TORCH_MODULES = {
     "_trace.kineto",  # every touch of torch's private profiler API
     "_trace.function_events",  # the prof.events() fallback, on torch's own event objects
-    "_neuron.devices",  # activities, synchronize, the torch_neuronx setup
+    "_device.devices",  # activities, synchronize, which device, each device's profiling setup
+    "_neuron.torch_neuronx",  # TorchNeuron's profiling API, feature-detected
     "_capture.interleave",  # profiles variants in rotation (torch.profiler's public API)
     "_capture.callback",
     "_capture.hooks",
@@ -150,6 +166,8 @@ def wrong_way(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
             continue
         for target in targets:
             other = layer_of(target)
+            if target in PUBLIC_LEAVES:
+                continue
             if other is None or (other != layer and other not in LAYERS[layer]):
                 bad.append((module, target))
     return sorted(bad)
@@ -207,6 +225,11 @@ def test_imports_run_one_way():
     assert wrong_way(import_graph()) == []
 
 
+def test_the_public_leaves_import_nothing_of_the_package():
+    graph = import_graph()
+    assert {leaf: graph[leaf] for leaf in PUBLIC_LEAVES} == {leaf: set() for leaf in PUBLIC_LEAVES}
+
+
 def test_only_the_named_modules_import_torch():
     assert torch_importers() <= TORCH_MODULES
 
@@ -220,7 +243,20 @@ def test_the_helper_process_and_the_delivery_layer_import_no_torch_module():
 def test_the_training_path_imports_no_comparison_code():
     graph = import_graph()
     for module in [m for m in graph if layer_of(m) in ("_record", "_delivery", "_capture")]:
-        assert not any(layer_of(t) == "_compare" for t in reachable(graph, module)), module
+        assert not any(layer_of(t) in READ_SIDE for t in reachable(graph, module)), module
+
+
+def test_the_analysis_layer_imports_without_mlflow_and_matplotlib():
+    """`_analysis` is pure: every module of it imports in a process where mlflow and matplotlib
+    cannot be imported, and loads neither."""
+    names = sorted(f"{NAME}.{m}" for m in modules() if layer_of(m) == "_analysis")
+    assert len(names) > 10, names
+    code = ("import sys\nfor blocked in ('mlflow', 'matplotlib'):\n    sys.modules[blocked] = None\n"
+            f"import importlib\nfor name in {names!r}:\n    importlib.import_module(name)\n"
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('mlflow', 'matplotlib') and sys.modules[m])\n"
+            "assert not loaded, loaded\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_modules_and_functions_stay_small():

@@ -16,7 +16,7 @@ from workloads import inputs, profile_rmsnorm, rms_norm_naive
 
 from mlflow_neuron import MLflowProfilerCallback, profiling_setup
 from mlflow_neuron._neuron.layout import is_framework_trace
-from mlflow_neuron._neuron.devices import neuron_settings
+from mlflow_neuron._neuron.torch_neuronx import neuron_settings
 from mlflow_neuron.cli import main as cli_main
 
 

@@ -11,7 +11,7 @@ from torch._C._profiler import _ExperimentalConfig
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._neuron.devices import neuron_settings
+from mlflow_neuron._neuron.torch_neuronx import neuron_settings
 
 DELIVER_S = 120  # close() waits this long to deliver: beside busy cores the 10 s default can keep a cycle for sync
 

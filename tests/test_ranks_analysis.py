@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mlflow_neuron._compare import ranks
-from mlflow_neuron._compare.ranks import analyze, explain_change
+from mlflow_neuron._analysis.ranks import analysis as ranks
+from mlflow_neuron._analysis.ranks.analysis import analyze, explain_change
 from mlflow_neuron._trace.collectives import FORMAT, VERSION, rank_summary_from_chrome
 
 FIXTURES = Path(__file__).parent / "fixtures"

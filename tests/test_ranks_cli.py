@@ -90,8 +90,8 @@ def test_log_to_attaches_the_picture_and_the_run_metrics(tracking_uri, capsys, t
 
 
 def test_the_picture_splits_each_step_into_parts_that_add_up_to_it(tracking_uri):
-    from mlflow_neuron._compare.rank_chart import PARTS, figure, step_split
-    from mlflow_neuron._compare.rank_runs import read_ranks
+    from mlflow_neuron._report.ranks.chart import PARTS, figure, step_split
+    from mlflow_neuron._readback.ranks import read_ranks
 
     read = read_ranks(new_run(MlflowClient(), Job(**{**SLOW.__dict__, "idle_us": 5_000.0})))
     split = step_split(read.report.steps)

@@ -16,7 +16,7 @@ from conftest import ROOT, artifact_files, read_json_artifact
 from mlflow.tracking import MlflowClient
 from servers import free_port
 
-from mlflow_neuron._compare.ranks import analyze
+from mlflow_neuron._analysis.ranks.analysis import analyze
 
 EXAMPLE = ROOT / "examples" / "ranks_straggler.py"
 DELAY_MS = 30.0

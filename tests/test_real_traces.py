@@ -35,7 +35,7 @@ from mlflow_neuron._trace.chrome_links import CORRELATION, EXTERNAL_ID
 from mlflow_neuron._trace.chrome import read_chrome_trace
 from mlflow_neuron._trace.profile import PRESENT
 from mlflow_neuron._trace.aggregate import aggregate
-from mlflow_neuron._delivery.report import MLflowNeuronWarning
+from mlflow_neuron import MLflowNeuronWarning
 from mlflow_neuron.cli import main as cli_main
 
 REAL = Path(__file__).parent / "fixtures" / "real_traces"

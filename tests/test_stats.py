@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from mlflow_neuron._compare.frame import compare
-from mlflow_neuron._compare.gate import regressions
-from mlflow_neuron._compare.model import TOTAL, RunProfile
-from mlflow_neuron._compare.stats import _u_counts, moses_rank, outlier_mask, ratio_interval
+from mlflow_neuron._analysis.frame import compare
+from mlflow_neuron._analysis.gate import regressions
+from mlflow_neuron._analysis.model import TOTAL, RunProfile
+from mlflow_neuron._analysis.stats import _u_counts, moses_rank, outlier_mask, ratio_interval
 from synthetic_steps import Noise, rates, steps
 
 

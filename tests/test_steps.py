@@ -18,8 +18,8 @@ from mlflow.tracking import MlflowClient
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowProfilerCallback
-from mlflow_neuron._compare.model import SAMPLES_FROM_CYCLES, SAMPLES_FROM_METRICS, SAMPLES_FROM_STEPS
-from mlflow_neuron._compare.profiles import load_profile
+from mlflow_neuron._analysis.model import SAMPLES_FROM_CYCLES, SAMPLES_FROM_METRICS, SAMPLES_FROM_STEPS
+from mlflow_neuron._readback.profiles import load_profile
 
 pytestmark = pytest.mark.filterwarnings("ignore:Warning. Profiler clears events:UserWarning")  # repeat=2
 SCHEDULE = dict(wait=1, warmup=1, active=3, repeat=2)  # active steps 2-4 and 7-9; cycles at 5 and 10

@@ -23,6 +23,7 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from workloads import inputs, rms_norm_naive
 
+from mlflow_neuron._record.model import cycle_dir
 from mlflow_neuron._trace.chrome import raw_events_from_chrome_trace
 from mlflow_neuron._trace.kineto import raw_events_from_kineto
 from mlflow_neuron._trace.events import HOST
@@ -58,7 +59,8 @@ def profile_cpu_cycle(steps: int = 2, **kwargs):
     def on_cycle(prof):
         raw = raw_events_from_kineto(prof)
         timeline_inputs = timeline_inputs_from_kineto(prof, raw)
-        seen["timeline"] = build_timeline(raw, cycle_step=prof.step_num, inputs=timeline_inputs)
+        seen["timeline"] = build_timeline(raw, cycle_step=prof.step_num, inputs=timeline_inputs,
+                                          root_name=cycle_dir(prof.step_num))  # as the callback names it
         seen["events"] = list(prof.events())
         seen["origin"] = timeline_inputs.origin_ns
 
@@ -291,14 +293,16 @@ def test_a_100k_op_cycle_stays_within_the_cap():
 def test_cap_and_empty_cycles():
     with pytest.raises(ValueError, match="max_spans"):
         build_timeline(raw_events_from_chrome_trace({"traceEvents": []}), cycle_step=1, max_spans=0)
-    empty = build_timeline(raw_events_from_chrome_trace({"traceEvents": []}), cycle_step=7)
+    empty = build_timeline(raw_events_from_chrome_trace({"traceEvents": []}), cycle_step=7, root_name="profiler/step_7")
     assert [s.name for s in empty.spans] == ["profiler/step_7"]
+    unnamed = build_timeline(raw_events_from_chrome_trace({"traceEvents": []}), cycle_step=7)
+    assert [s.name for s in unnamed.spans] == ["cycle 7"]  # the product always names it (`_record.model.cycle_dir`)
 
 
 def test_timeline_imports_without_mlflow():
     code = ("import sys; sys.modules['mlflow'] = None\n"
             "import mlflow_neuron._trace.timeline, mlflow_neuron._trace.span_tree, mlflow_neuron._trace.summarize, "
-            "mlflow_neuron._compare.timeline_svg\n")
+            "mlflow_neuron._report.timeline_svg\n")
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -478,7 +482,7 @@ def test_a_timeline_without_an_epoch_origin_ends_at_logging_time(tracking_uri):
 
 
 def test_representative_step_is_the_one_closest_to_the_median():
-    from mlflow_neuron._compare.timeline_svg import representative_step
+    from mlflow_neuron._analysis.timeline_step import representative_step
 
     assert representative_step({1: 10.0, 2: 50.0, 3: 11.0, 4: 12.0, 5: 13.0}) == 4
     assert representative_step({7: 10.0, 8: 20.0}) == 7  # median 15: a tie, the lower step
@@ -490,7 +494,8 @@ def test_representative_step_is_the_one_closest_to_the_median():
 def test_svg_of_a_step_draws_its_ops_and_kernels_self_contained(fake_profiler, tmp_path):
     import xml.etree.ElementTree as ET
 
-    from mlflow_neuron._compare.timeline_svg import representative_step, step_durations_us, timeline_svg
+    from mlflow_neuron._analysis.timeline_step import representative_step, step_durations_us
+    from mlflow_neuron._report.timeline_svg import timeline_svg
 
     [timeline], _, _ = fake_device_cycle(fake_profiler, tmp_path)
     durations = step_durations_us(timeline)

@@ -27,9 +27,10 @@ from .._delivery.outbox import human_size, link_or_copy, sent_files
 from .._record.job import CycleJob
 from .._neuron.manifest import manifest
 from .._delivery.mlflow_io import RunLogger
-from .._record.model import SOURCE_TAG, RunRef
+from .._record.model import SOURCE_TAG, RunRef, cycle_dir
 from .._record.prepare import Preparer
-from .._delivery.report import MLflowNeuronWarning, Reporter
+from .._delivery.report import Reporter
+from ..exceptions import MLflowNeuronWarning
 from .._neuron import layout
 from .._neuron.output_files import TOO_LARGE, UPLOAD, FoundFile
 from .._trace.chrome import read_chrome_file
@@ -98,7 +99,7 @@ def read_cycle(trace_file: Path, index: int, *, log_timeline: bool = True,
     # The step the callback would have logged this cycle at: the last ProfilerStep + 1.
     step = cycle.last_step + 1 if cycle.last_step is not None else index
     settings = CycleSettings(cycle.device, cycle.device_profiled, default_step=max(step - 1, 0), max_spans=max_spans,
-                             timeline_step=step if log_timeline else None)  # fmt: skip
+                             timeline_step=step if log_timeline else None, timeline_root=cycle_dir(step))  # fmt: skip
     summary = summarize(cycle.raw, settings, cycle.inputs)
     if not summary.profile.ops:
         raise ValueError(f"{trace_file}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
@@ -171,7 +172,7 @@ def _send(job: CycleJob, preparer: Preparer, logger: RunLogger, reporter: Report
 
 def _job_for(cycle: TraceCycle, summary: CycleSummary, step: int, max_file_bytes: int | None, first: bool,
              attribution: dict) -> CycleJob:  # fmt: skip
-    step_dir = f"profiler/step_{step}"
+    step_dir = cycle_dir(step)
     found = []
     for file in cycle.files:
         size = file.stat().st_size

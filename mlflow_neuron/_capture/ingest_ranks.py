@@ -16,6 +16,7 @@ import zlib
 from pathlib import Path
 
 from .._record.job import CycleJob
+from .._record.model import cycle_dir, neuron_dir
 from .._neuron.manifest import manifest
 
 HEAD_BYTES = 1024**2  # Kineto writes distributedInfo before the events
@@ -70,11 +71,11 @@ def summary_job(trace: Path, world_size: int) -> CycleJob:
     spec = summary_spec(trace, world_size)
     steps = [int(n) for n in _STEP.findall(_read(trace))]
     step = max(steps) + 1 if steps else 1
-    step_dir = f"profiler/step_{step}/rank_{spec['rank']}"
+    step_dir = cycle_dir(step, spec['rank'])
     job = CycleJob(step=step, timestamp_ms=int(time.time() * 1000), artifact_dir=step_dir,
                    staged_dir=Path(tempfile.mkdtemp(prefix="mlflow-neuron-ingest-")), rank_summary=spec,
                    upload_trace=False)  # fmt: skip
-    job.manifest = manifest([], neuron_dir=f"profiler/step_{step}/neuron", output_dir="", trace_source=str(trace),
+    job.manifest = manifest([], neuron_dir=neuron_dir(step), output_dir="", trace_source=str(trace),
                             max_file_bytes=None, rank=spec["rank"])  # fmt: skip
     return job
 

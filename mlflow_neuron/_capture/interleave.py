@@ -24,8 +24,8 @@ from mlflow.tracking.context import registry as context_tags
 from torch.profiler import profile, schedule
 
 from .._record.model import ROTATION_TAG
-from .._delivery.report import MLflowNeuronWarning, strict_from_env
-from .._neuron.devices import ProfilingSetup, pick_device, profiling_setup, synchronize
+from ..exceptions import MLflowNeuronWarning, strict_from_env
+from .._device.devices import ProfilingSetup, pick_device, profiling_setup, synchronize
 from .callback import MLflowProfilerCallback
 
 PARENT_TAG = "mlflow.parentRunId"

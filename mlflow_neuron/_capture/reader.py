@@ -26,9 +26,11 @@ from .._delivery.outbox import link_or_copy
 from .._record.job import CycleJob
 from .._record.keys import NEURON_SUMMARY_PREFIX
 from .._neuron.manifest import manifest
-from .._record.model import TRACE
+from .._record.model import TRACE, cycle_dir
+from .._record.model import neuron_dir as neuron_dir_of
 from .._neuron import layout
-from .._neuron.devices import device_peak, neuron_settings, profiled_device
+from .._device.devices import device_peak, profiled_device
+from .._neuron.torch_neuronx import neuron_settings
 from .._neuron.explorer_run import announce as announce_explorer
 from .._neuron.output_files import UPLOAD, FoundFile, OutputFolderWatcher
 from .._trace.device_names import CPU
@@ -69,9 +71,8 @@ class CycleReader:
         """The cycle as a job; `hand_off`: another process may read it, so save its trace now (into
         `staged_dir`, its entry's folder in the outbox; default: a temporary folder)."""
         step = int(getattr(prof, "step_num", 0))
-        step_dir = f"profiler/step_{step}"
         job = CycleJob(step=step, timestamp_ms=int(time.time() * 1000),
-                       artifact_dir=step_dir if self.rank.is_primary else f"{step_dir}/rank_{self.rank.rank}",
+                       artifact_dir=cycle_dir(step) if self.rank.is_primary else cycle_dir(step, self.rank.rank),
                        staged_dir=staged_dir or Path(tempfile.mkdtemp(prefix="mlflow-neuron-")),
                        register_table=self.rank.is_primary)  # fmt: skip
         return self._fill(job, prof, exported, hand_off)
@@ -82,14 +83,15 @@ class CycleReader:
         output_dir = self.profile_output_dir or neuron_settings(getattr(prof, "experimental_config", None)).get(
             "profile_output_dir")  # fmt: skip
         primary, logs_metrics = self.rank.is_primary, self.rank.is_primary or self.all_ranks
-        neuron_dir = f"profiler/step_{step}/neuron"  # every rank's files: the Neuron layout separates them by pid
+        neuron_dir = neuron_dir_of(step)  # every rank's files: the Neuron layout separates them by pid
         found = self._new_output_files(output_dir)
         job.uploads = tuple((str(f.path), _parent(f"{neuron_dir}/{f.relative_path}")) for f in found
                             if f.decision == UPLOAD)  # fmt: skip
         trace_source = None
         if logs_metrics:
             settings = CycleSettings(device, device != CPU, default_step=max(step - 1, 0), max_spans=self.timeline_max_spans,
-                                     timeline_step=step if self.log_timeline and primary else None)  # fmt: skip
+                                     timeline_step=step if self.log_timeline and primary else None,
+                                     timeline_root=cycle_dir(step))  # fmt: skip
             if hand_off:
                 trace_source = self._stage_trace(prof, job, found, exported, neuron_dir)
                 job.source = self._saved_trace(job, found, settings)

@@ -15,7 +15,7 @@ from torch.profiler import ProfilerAction, profile, schedule
 
 from .callback import MLflowProfilerCallback
 from .distributed import primary_run
-from .._neuron.devices import profiling_setup, synchronize
+from .._device.devices import profiling_setup, synchronize
 from .._delivery.report import Reporter
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._neuron.devices import activity_names, neuron_settings, package_versions
+from .._device.devices import activity_names, package_versions
+from .._neuron.torch_neuronx import neuron_settings
 from .._trace.kineto import schedule_of
 
 _PROFILER_FLAGS = (

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import warnings
 
-STRICT_ENV = "MLFLOW_NEURON_STRICT"
+from ..exceptions import MLflowNeuronWarning, strict_from_env
+
 WAIT_IN_OUTBOX = "; the cycles wait in the outbox"  # after the reason, in the "not reachable" warning
 
 logger = logging.getLogger("mlflow_neuron")
@@ -36,14 +36,6 @@ class RedactingStream:
 
     def __getattr__(self, name: str):  # encoding, isatty, fileno: the stream's own
         return getattr(self.stream, name)
-
-
-class MLflowNeuronWarning(UserWarning):
-    """Something in profiling or logging went wrong; training went on."""
-
-
-def strict_from_env() -> bool:
-    return os.environ.get(STRICT_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 class Reporter:

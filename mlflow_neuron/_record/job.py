@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .._trace.summarize import ChromeTraceFile, CycleSettings
-from .model import Delivery
+from .model import Delivery, cycle_dir
 from .keys import NEURON_SUMMARY_PREFIX
 
 
@@ -72,7 +72,10 @@ class CycleJob:
         data = dict(message)
         source = data.pop("source", None)
         if source is not None:
-            source = ChromeTraceFile(source["path"], CycleSettings(**source["settings"]), source.get("fallback"))
+            settings = dict(source["settings"])
+            if settings.get("timeline_step") is not None:  # a job queued before the root's name travelled with it
+                settings.setdefault("timeline_root", cycle_dir(settings["timeline_step"]))
+            source = ChromeTraceFile(source["path"], CycleSettings(**settings), source.get("fallback"))
         data.update(staged_dir=Path(data["staged_dir"]), raw_trace=Path(data["raw_trace"]) if data.get("raw_trace")
                     else None, uploads=tuple(tuple(u) for u in data.get("uploads", ())),
                     summary_sessions=tuple(data.get("summary_sessions", ())))  # fmt: skip

@@ -7,6 +7,7 @@ leaves the same data once.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 # Run tags.
@@ -17,7 +18,13 @@ SOURCE_TAG = "mlflow_neuron.source"  # "ingest" for runs logged from traces made
 # the variants of one `interleaved()` call share this tag (a random id): their cycles ran in rotation
 ROTATION_TAG = "mlflow_neuron.rotation"
 
-# Files of a cycle, under profiler/step_<N>/ (rank 0) or profiler/step_<N>/rank_<r>/.
+# Where a cycle's files go: the only spelling of these folders (`cycle_dir`, `neuron_dir`, `cycle_of_dir`).
+PROFILER_FOLDER = "profiler"  # everything a cycle logs as files lies below it
+CYCLE_DIR = PROFILER_FOLDER + "/step_{step}"  # rank 0's files; another rank's under CYCLE_DIR/rank_<r>
+NEURON_DIR = "neuron"  # the Neuron session folders of every rank, under CYCLE_DIR, their layout kept
+_CYCLE_DIR_RE = re.compile("^" + re.escape(CYCLE_DIR).replace(re.escape("{step}"), r"(\d+)") + "$")
+
+# Files of a cycle, under CYCLE_DIR (rank 0) or CYCLE_DIR/rank_<r>/.
 OPS_TABLE = "ops.json"  # every op: the log_table layout, a sortable table in the UI
 STEPS_TABLE = "steps.json"  # per-step samples: one row per (profiler step, op)
 STEP_TOTALS_TABLE = "step_totals.json"  # one row per profiler step: its totals and top-level ATen calls
@@ -30,8 +37,19 @@ TRACE = "trace.json.gz"  # the framework trace, when no Neuron session folder ho
 MANIFEST = "manifest.json"  # every file found, where it went, its checksum; NTFFs with their NEFFs
 # Every rank's compact summary of each cycle (`_trace.collectives`), one file per rank per cycle,
 # at this artifact path; in the cycle's files it lies as RANK_SUMMARY_FILE until it is sent.
-RANK_SUMMARY = "profiler/ranks/rank_{rank}/cycle_{step}.json"
+RANKS_FOLDER = PROFILER_FOLDER + "/ranks"
+RANK_SUMMARY_NAME = "rank_{rank}/cycle_{step}.json"  # under RANKS_FOLDER
+RANK_SUMMARY = f"{RANKS_FOLDER}/{RANK_SUMMARY_NAME}"
 RANK_SUMMARY_FILE = "rank_summary.json"
+_RANK_SUMMARY_RE = re.compile("^" + re.escape(RANK_SUMMARY_NAME).replace(re.escape("{rank}"), r"(\d+)")
+                              .replace(re.escape("{step}"), r"(\d+)") + "$")  # fmt: skip
+# What `mlflow-neuron ranks --log-to` writes on a run: metrics, a tag, files under RANKS_LOGGED_FOLDER.
+RANKS_STRAGGLER_METRIC = "profiler/ranks/straggler"  # the straggler's rank; NO_STRAGGLER where none stands out
+RANKS_SKEW_METRIC = "profiler/ranks/step_time_skew_pct"
+RANKS_WAIT_METRIC = "profiler/ranks/median_wait_us"
+NO_STRAGGLER = -1
+STRAGGLER_HOST_TAG = "mlflow_neuron.ranks.straggler_host"
+RANKS_LOGGED_FOLDER = "ranks"
 
 # The host during each profiled window (`CycleJob.host`, by these names): logged as
 # `system/profile/<name>` at the cycle's step and as `host_<name>` columns of step_totals.json.
@@ -41,14 +59,37 @@ HOST_VALUES = ("other_cpu_cores", "other_cpu_s", "child_processes_cpu_cores", "c
                "reach_back_s", "load_average_1m", "cpu_count", "cpu_frequency_mhz", "torch_threads", "window_s")  # fmt: skip
 NEURON_UTILIZATION = "neuron_utilization_percentage"  # only where neuron-monitor ran during the window
 
-PER_OP_METRICS = ("self_device_time_us", "self_cpu_time_us", "calls")  # profiler/<metric>/<op>
-STEP_METRICS = ("self_device_time_us", "self_cpu_time_us")  # profiler/step/<metric>, one point per step
+SELF_DEVICE_TIME, SELF_CPU_TIME = "self_device_time_us", "self_cpu_time_us"  # metric names, table columns
+PER_OP_METRICS = (SELF_DEVICE_TIME, SELF_CPU_TIME, "calls")  # profiler/<metric>/<op>
+STEP_METRICS = (SELF_DEVICE_TIME, SELF_CPU_TIME)  # profiler/step/<metric>, one point per step
 # profiler/<metric>/<region>: a record_function range's inclusive time, summed over the cycle's steps
 REGION_METRICS = ("region_device_time_us", "region_cpu_time_us")
 REGION = "region"  # the kind of a region's rows in ops.json and steps.json
 # profile_memory=True: profiler/step/peak_memory_bytes/<device> per step, and step_totals.json's
 # peak_memory_bytes_<device> columns (bytes above the step's starting level: `_trace.memory`)
 PEAK_MEMORY = "peak_memory_bytes"
+
+
+def cycle_dir(step: int, rank: int | None = None) -> str:
+    """The artifact folder of the cycle logged at `step` (rank 0's), or `rank`'s own folder below it."""
+    return CYCLE_DIR.format(step=step) + (f"/rank_{rank}" if rank is not None else "")
+
+
+def neuron_dir(step: int) -> str:
+    """The artifact folder of the cycle's Neuron session folders."""
+    return f"{cycle_dir(step)}/{NEURON_DIR}"
+
+
+def cycle_of_dir(path: str) -> int | None:
+    """The step of a cycle's artifact folder (`cycle_dir`), or None for any other path."""
+    found = _CYCLE_DIR_RE.match(path)
+    return int(found.group(1)) if found else None
+
+
+def rank_summary_of(name: str) -> tuple[int, int] | None:
+    """(rank, step) of a path under RANKS_FOLDER named as RANK_SUMMARY_NAME, or None."""
+    found = _RANK_SUMMARY_RE.match(name)
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 @dataclass(frozen=True)

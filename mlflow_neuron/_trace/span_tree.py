@@ -49,12 +49,15 @@ def build_timeline(
     max_spans: int = DEFAULT_MAX_SPANS,
     inputs: TimelineInputs | None = None,
     tree: EventTree | None = None,
+    root_name: str | None = None,
 ) -> Timeline:
     """The span tree of one cycle (see the module docstring).
 
     Args:
         raw: the cycle's events (`raw_events_from_kineto` or `read_chrome_file(...).raw`).
-        cycle_step: the step the cycle is logged at; names the root `profiler/step_<N>`.
+        cycle_step: the step the cycle is logged at.
+        root_name: the root span's name (the product names it after the cycle's artifact folder,
+            `_record.model.cycle_dir`); default "cycle <cycle_step>".
         max_spans: the cap (at least 1).
         inputs: from `read_kineto_cycle` / `read_chrome_file` (`.inputs`): the
             epoch origin (without one, times stay trace-relative), the device streams (without
@@ -69,7 +72,7 @@ def build_timeline(
         raise ValueError(f"max_spans must be at least 1, got {max_spans}")
     inputs = inputs or TimelineInputs()
     origin_ns, lanes, input_shapes = inputs.origin_ns or 0, inputs.lanes, inputs.input_shapes
-    root_name = f"profiler/step_{cycle_step}"
+    root_name = root_name or f"cycle {cycle_step}"
     n = len(raw)
     if n == 0:
         root = TimelineSpan(root_name, CYCLE, origin_ns, origin_ns, -1, {"step": cycle_step})

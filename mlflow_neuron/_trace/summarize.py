@@ -41,6 +41,7 @@ class CycleSettings:
     device_profiled: bool  # device activity was recorded (else device time is "not_profiled")
     default_step: int = 0  # the cycle's last active step: numbers steps whose ranges lost theirs
     timeline_step: int | None = None  # the step the cycle is logged at, when its timeline is wanted
+    timeline_root: str | None = None  # the timeline's root span's name (`build_timeline`'s root_name)
     max_spans: int = DEFAULT_MAX_SPANS
 
 
@@ -65,7 +66,7 @@ def summarize(raw: RawEvents, settings: CycleSettings, inputs: TimelineInputs | 
     if settings.timeline_step is not None:
         try:
             timeline = build_timeline(raw, cycle_step=settings.timeline_step, max_spans=settings.max_spans,
-                                      inputs=inputs, tree=tree)  # fmt: skip
+                                      inputs=inputs, tree=tree, root_name=settings.timeline_root)  # fmt: skip
         except Exception as problem:  # noqa: BLE001 - the cycle's numbers and files still go
             error = problem
     return CycleSummary(profile, cycle_table(profile), timeline, error)

@@ -5,12 +5,15 @@
     mlflow-neuron ingest PATH [--run-id ID | --experiment NAME --run-name NAME]
     mlflow-neuron sync [--outbox DIR] [--tracking-uri URI] [--retry-rejected [--run-id ID] | --retry-damaged]
     mlflow-neuron open RUN_ID [--step N] [--dest DIR] [--no-launch]
+    mlflow-neuron history --experiment NAME [--run-name NAME] [--metric M] [--fail-on-change PCT] ...
+    mlflow-neuron ranks RUN_ID [--step N] [--format table|markdown|json] [--log-to RUN_ID]
 
-Exit codes: 0 done; 1 the gate failed (compare) or records were kept or found damaged (sync); 2
-usage error (bad arguments, or a run, experiment, model version or folder that does not exist); 3
-the tracking server is down, refuses connections, or does not answer in time, and nothing was
-changed; 4 inconclusive (compare --fail-if-inconclusive); 5 another sync holds the outbox (sync);
-70 an error of mlflow-neuron itself (a bug: one line, the traceback with -v), never read as 1.
+Exit codes: 0 done; 1 the gate failed (compare, history --fail-on-change) or records were kept or
+found damaged (sync); 2 usage error (bad arguments, or a run, experiment, model version or folder
+that does not exist); 3 the tracking server is down, refuses connections, or does not answer in
+time, and nothing was changed; 4 inconclusive (compare --fail-if-inconclusive); 5 another sync
+holds the outbox (sync); 70 an error of mlflow-neuron itself (a bug: one line, the traceback with
+-v), never read as 1.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ def _exit_for(error: BaseException) -> tuple[int | None, str]:
         return EXIT_UNREACHABLE, str(error)
     from mlflow.exceptions import MlflowException
 
-    from .._compare.runs import RunNotFound
+    from .._readback.runs import RunNotFound
 
     if is_unreachable(error):
         return EXIT_UNREACHABLE, f"the tracking server did not answer ({reason(error)})"

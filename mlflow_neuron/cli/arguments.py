@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import __version__
 from .._delivery.outbox import DEFAULT_OUTBOX
+from .._record.model import NO_STRAGGLER, RANKS_SKEW_METRIC, RANKS_STRAGGLER_METRIC, RANKS_WAIT_METRIC, neuron_dir
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 EXIT_OK = 0
@@ -195,7 +196,7 @@ def parser() -> CommandParser:
     opn = commands.add_parser(
         "open",
         help="download a cycle's Neuron session folder and open it in Neuron Explorer",
-        description="Download a profiled cycle's Neuron files (profiler/step_<N>/neuron/, layout kept) and run\n"
+        description=f"Download a profiled cycle's Neuron files ({neuron_dir('<N>')}/, layout kept) and run\n"
         "`neuron-explorer view -d <session>`; without neuron-explorer installed, print that command.\n\n"
         "example: mlflow-neuron open 0123abcd... --step 4",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -305,5 +306,6 @@ def _ranks_parser(commands) -> None:
                      help="table (default) or markdown for people; json for programs (times in microseconds)")
     rks.add_argument("--log-to", metavar="RUN_ID", type=run_id,
                      help="attach ranks/ranks.png and ranks.json to this run, and log the run-level metrics "
-                     "profiler/ranks/straggler (-1: none), step_time_skew_pct and median_wait_us")
+                     f"{RANKS_STRAGGLER_METRIC} ({NO_STRAGGLER}: none), {RANKS_SKEW_METRIC.rsplit('/', 1)[-1]} and "
+                     f"{RANKS_WAIT_METRIC.rsplit('/', 1)[-1]}")
     rks.add_argument("--tracking-uri", help=TRACKING_URI_HELP)

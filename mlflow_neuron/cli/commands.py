@@ -61,10 +61,10 @@ def compare(args: argparse.Namespace, out=None) -> int:
 
     import mlflow
 
-    from .._compare import render as _render
-    from .._compare.comparison import compare_runs
-    from .._compare.profiles import load_timelines
-    from .._compare.publish import attach_comparison
+    from .._report import render as _render
+    from .._report.comparison import compare_runs
+    from .._readback.profiles import load_timelines
+    from .._report.publish import attach_comparison
 
     out = out or sys.stdout
     frame = compare_runs(args.runs or [], args.baseline, args.metric, args.step, experiment=args.experiment,
@@ -97,7 +97,7 @@ def compare(args: argparse.Namespace, out=None) -> int:
 
 def _gate(frame, percent: float, min_us: float, out) -> int:
     """Exit 1 only for a row whose whole interval (`gate.gate_lines`) lies above +percent; print that interval."""
-    from .._compare.gate import gate_lines
+    from .._analysis.gate import gate_lines
 
     failed, lines = gate_lines(frame, percent, min_us)
     for line in lines:
@@ -107,7 +107,7 @@ def _gate(frame, percent: float, min_us: float, out) -> int:
 
 def _inconclusive(frame, print_lines: bool, out) -> int:
     """Exit 4 when some run's host time was not judged (the gate has printed why, if it ran)."""
-    from .._compare.gate import inconclusive_runs
+    from .._analysis.gate import inconclusive_runs
 
     found = inconclusive_runs(frame)
     if print_lines:
@@ -117,7 +117,7 @@ def _inconclusive(frame, print_lines: bool, out) -> int:
 
 
 def annotate(args: argparse.Namespace, out=None) -> int:
-    from .._compare.publish import annotate_model_version
+    from .._report.publish import annotate_model_version
 
     out = out or sys.stdout
 
@@ -157,7 +157,7 @@ def ingest(args: argparse.Namespace, out=None) -> int:
 
 def open_session(args: argparse.Namespace, out=None) -> int:
     """Downloads a cycle's Neuron session folder and opens it in Neuron Explorer (or prints how)."""
-    from .._compare.runs import download_neuron_files
+    from .._readback.runs import download_neuron_files
     from .._neuron.explorer import open_in_explorer, opened_profile
 
     step, neuron_dir = download_neuron_files(args.run, args.step, args.dest, args.tracking_uri)
@@ -170,8 +170,8 @@ def history(args: argparse.Namespace, out=None) -> int:
 
     import mlflow
 
-    from .._compare import history_report as report
-    from .._compare.history import history_runs
+    from .._report import history_text as report
+    from .._report.history import history_runs
 
     out = out or sys.stdout
     frame = history_runs(args.experiment, run_name=args.run_name, filter_string=args.filter, metric=args.metric,
@@ -181,7 +181,7 @@ def history(args: argparse.Namespace, out=None) -> int:
                 "json": report.as_json}[args.format](frame)  # fmt: skip
     print(rendered, file=out)
     if args.log_to:
-        from .._compare.publish import attach_files
+        from .._report.publish import attach_files
 
         with tempfile.TemporaryDirectory() as tmp:
             chart = report.png(frame, Path(tmp, "history.png"))
@@ -211,15 +211,17 @@ def ranks(args: argparse.Namespace, out=None) -> int:
 
     import mlflow
 
-    from .._compare import rank_text
-    from .._compare.rank_runs import log_ranks, rank_picture, read_ranks
+    from .._readback.ranks import read_ranks
+    from .._report.ranks import text as rank_text
+    from .._report.ranks.chart import rank_picture
+    from .._report.ranks.publish import log_ranks
 
     out = out or sys.stdout
     uri = args.tracking_uri or mlflow.get_tracking_uri()
     read = read_ranks(args.run, uri, args.step)
     report = read.report_json
-    rendered = {"table": lambda: rank_text.text(report, args.run, read.closing_lines()),
-                "markdown": lambda: rank_text.markdown(report, args.run, read.closing_lines()),
+    rendered = {"table": lambda: rank_text.text(report, args.run, rank_text.closing_lines_of(read)),
+                "markdown": lambda: rank_text.markdown(report, args.run, rank_text.closing_lines_of(read)),
                 "json": lambda: json.dumps(report, indent=1)}[args.format]()  # fmt: skip
     print(rendered, file=out)
     if args.log_to:
