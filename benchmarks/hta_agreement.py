@@ -16,7 +16,7 @@ changed; its other collectives (barrier) it would leave out anyway.
 
 Without `--write` it prints, per trace set and rank, HTA's idle / compute / non-compute shares and
 the overlap beside ours (each from `rank_summary_from_chrome`'s steps, summed), and TraceLens's
-straggler and total wait beside ours (from `_compare.ranks.analyze`).
+straggler and total wait beside ours (from `_analysis.ranks.analysis.analyze`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rank summaries and the analysis across ranks: `_trace.collectives` and `_compare.ranks`.
+"""Rank summaries and the analysis across ranks: `_trace.collectives` and `_analysis.ranks`.
 
 Pure tests with chosen numbers; real traces: a 4-rank gloo job recorded under torchrun (with and
 without a slow rank) and HolisticTraceAnalysis's public 2-rank NCCL pair, against the figures

@@ -3,7 +3,7 @@ the callback holds no rank up, at its start or when a rank vanishes.
 
 The job is `examples/ranks_straggler.py`: a matmul, then one explicit `all_reduce` a step, with
 torch.distributed initialized before the callback (the documented path). What is checked is read
-back from MLflow, and the waits and the straggler come from `_compare.ranks.analyze` on it.
+back from MLflow, and the waits and the straggler come from `_analysis.ranks.analysis.analyze` on it.
 """
 
 import json

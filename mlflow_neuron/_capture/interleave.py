@@ -3,7 +3,7 @@
 Profiled one after another (all of naive, then all of fused), any drift in the host's load lands
 on one variant and reads as a difference between them. In rotation (naive, fused, compiled,
 naive, fused, ...) drift falls on every variant alike, and it shows as a difference between one
-variant's cycles, which the comparison then treats as the unit of replication (`_compare.cycles`).
+variant's cycles, which the comparison then treats as the unit of replication (`_analysis.cycles`).
 This is for comparing code; a training job keeps one profile and one callback.
 """
 

@@ -1,7 +1,7 @@
 """Writing a cycle into its MLflow run: `RunLogger.deliver(delivery)`, and finding that run.
 
 Every delivery goes through here; large files through `uploads`, the cycle's trace through
-`traces`. (Reading runs back is `_compare`'s, Neuron system metrics are `system_metrics`'.)
+`traces`. (Reading runs back is the read side's, Neuron system metrics are `system_metrics`'.)
 Every call goes through one `MlflowClient` and an explicit run id: a profiler callback may run on
 any thread, and MLflow's fluent API is thread-local (it would silently open a second run).
 Sending a delivery twice leaves its data once: metric points are keyed by (key, step, timestamp,

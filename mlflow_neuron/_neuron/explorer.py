@@ -1,6 +1,6 @@
 """`mlflow-neuron open`'s last step: a cycle's downloaded Neuron files opened in Neuron Explorer.
 
-`_compare.runs.download_neuron_files` brings `profiler/step_<N>/neuron/` (layout kept) and the
+`_readback.runs.download_neuron_files` brings `profiler/step_<N>/neuron/` (layout kept) and the
 cycle's `manifest.json`; here `neuron-explorer view -d <session>` runs when the tool is installed,
 and otherwise its command line is printed.
 """

@@ -5,7 +5,7 @@ collectives, exposed communication, idle time, copies, and each collective's sta
 off the training thread from the trace the training thread saved, and logged at
 `model.RANK_SUMMARY` in the job's one run. The trace of a rank that logs no metrics of its own
 serves this file only and is not uploaded, so each rank costs MLflow one small file a cycle.
-Reading the summaries back across ranks (waits, the straggler) is `_compare`'s.
+Reading the summaries back across ranks (waits, the straggler) is the read side's (`_readback.ranks`, `_analysis.ranks`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A run's per-step summary over every cycle delivered so far, logged as run metrics.
 
 `mlflow-neuron history` reads these from one paged `search_runs` instead of each run's tables
-(`_compare.history`). For the step's TOTAL (`self_device_time_us`, `self_cpu_time_us`) and for
+(`_report.history`). For the step's TOTAL (`self_device_time_us`, `self_cpu_time_us`) and for
 each `record_function` region (`region_device_time_us`, `region_cpu_time_us`), under
 `profiler/summary/`:
 

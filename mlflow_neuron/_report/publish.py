@@ -1,4 +1,4 @@
-"""What a comparison writes back to MLflow (the only `_compare` module that writes).
+"""What a comparison writes back to MLflow (with `ranks.publish`, the only read-side modules that write).
 
 `attach_comparison` logs a comparison's table and rendered files under a run's `comparison/` and
 `describe_run` puts its verdicts in words into the run's description. `annotate_model_version`

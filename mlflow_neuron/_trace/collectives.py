@@ -6,7 +6,7 @@ Example::
     summary["steps"][0]      # {"step": 7, "step_us": 81234.5, "collective_us": 31020.0, "idle_us": ...}
     summary["collectives"]   # [{"name": "all_reduce", "group": None, "seq": None, "step": 7, ...}, ...]
 
-`_compare.ranks` matches the collectives of every rank's summary to find the wait and the straggler;
+`_analysis.ranks` matches the collectives of every rank's summary to find the wait and the straggler;
 this module reads one rank. The format (`FORMAT`, `VERSION`) is documented in `docs/ranks.md`.
 
 **Which events are collectives** (feature-detected; a name is what the trace wrote):

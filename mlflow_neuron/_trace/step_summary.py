@@ -9,13 +9,13 @@ Example::
   k and n + 1 - k, k from the binomial (n, 1/2); none below 6 samples);
 - `n`, the steps summarized;
 - `level`: the mean log time of the steps that are not outliers. It is the number `history`
-  places change-point candidates on (`_compare.changes`), so candidates found from summaries are
+  places change-point candidates on (`_analysis.changes`), so candidates found from summaries are
   the candidates found from the tables. None where a step took no time (no log).
 
 **Outliers** (used here and by every comparison): a sample more than 5 robust standard deviations
 from its own run's median, |x − median| > 5 · 1.4826 · MAD (n >= 4), the MAD floored at 1% of the
 median and at 1 ns, so samples that are all equal do not flag a timer's nanosecond of jitter
-(`_compare.stats` says why this rule). Below 24 samples the MAD of a few samples is often tiny (3
+(`_analysis.stats` says why this rule). Below 24 samples the MAD of a few samples is often tiny (3
 of 5 close together), so 5 of its sigmas flagged a sample in 11% of plain normal 5-step series;
 there the bound is the 99th percentile of max|x − median| / (1.4826 · MAD) over normal series of
 that size (`_FEW_SAMPLE_SIGMAS`: 18.5 at 5 steps, 7.0 at 10), so an ordinary series of any length

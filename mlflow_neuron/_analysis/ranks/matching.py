@@ -1,6 +1,6 @@
 """Each collective instance found on every rank, and every rank's wait at it (pure).
 
-Used by `_compare.ranks` (its docstring says how instances are matched and what the wait is). A
+Used by `analysis` (its docstring says how instances are matched and what the wait is). A
 rank's collectives are keyed by process group and `Seq`, else by group, step and place among the
 group's collectives in the step, else by group, cycle and place; an instance is matched when
 every rank has its key under one name. Point-to-point transfers are keyed apart and never matched.
