@@ -36,7 +36,7 @@ from .._neuron.output_files import TOO_LARGE, UPLOAD, FoundFile
 from .._trace.chrome import read_chrome_file
 from .._trace.chrome_links import Linking
 from .._trace.json_text import cycle_collector_paused
-from .._trace.summarize import CycleSettings, CycleSummary, Summarized, summarize
+from .._trace.summarize import CycleSettings, CycleSummary, RankPass, Summarized, summarize
 from .._trace.timeline import DEFAULT_MAX_SPANS
 from . import ingest_ranks as ranks
 
@@ -90,17 +90,21 @@ def find_cycles(path: Path) -> list[TraceCycle]:
     return cycles
 
 
-def read_cycle(trace_file: Path, index: int, *, log_timeline: bool = True,
-               max_spans: int = DEFAULT_MAX_SPANS) -> tuple[int, CycleSummary, Linking]:  # fmt: skip
+def read_cycle(trace_file: Path, index: int, *, log_timeline: bool = True, max_spans: int = DEFAULT_MAX_SPANS,
+               rank: dict | None = None) -> tuple[int, CycleSummary, Linking]:  # fmt: skip
     """One trace file summarized: (the step it is logged at, its summary, how its device events
-    were linked). Raises ValueError for a file that is not a trace, or one without host ops."""
+    were linked); with `rank` (rank, host, world_size), its rank summary from the same read.
+    Raises ValueError for a file that is not a trace, or one without host ops."""
+    ranks = RankPass() if rank is not None else None
     with cycle_collector_paused():
-        cycle = read_chrome_file(trace_file)  # shapes: the timeline's, and each op's bytes and FLOPs
+        cycle = read_chrome_file(trace_file, also=ranks)  # shapes: the timeline's, and each op's bytes and FLOPs
     # The step the callback would have logged this cycle at: the last ProfilerStep + 1.
     step = cycle.last_step + 1 if cycle.last_step is not None else index
     settings = CycleSettings(cycle.device, cycle.device_profiled, default_step=max(step - 1, 0), max_spans=max_spans,
                              timeline_step=step if log_timeline else None, timeline_root=cycle_dir(step))  # fmt: skip
     summary = summarize(cycle.raw, settings, cycle.inputs)
+    if ranks is not None:
+        summary = ranks.into(summary, **rank, cycle_step=step)
     if not summary.profile.ops:
         raise ValueError(f"{trace_file}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
     return step, summary, cycle.linking
@@ -133,15 +137,16 @@ def ingest(path: Path, run: RunRef | Callable[[], RunRef], *, top_k: int = 50, m
     cycles, others, world_size = ranks.split_by_rank(find_cycles(path))
     logger = None
     for index, cycle in enumerate(cycles, 1):
-        step, summary, linking = read_cycle(cycle.trace, index, log_timeline=log_timeline,
-                                            max_spans=timeline_max_spans)  # fmt: skip
+        spec = ranks.summary_spec(cycle.trace, world_size)
+        step, summary, linking = read_cycle(cycle.trace, index, log_timeline=log_timeline, max_spans=timeline_max_spans,
+                                            rank={k: spec[k] for k in ("rank", "host", "world_size")})  # fmt: skip
         attribution = linking.as_dict()
         weak = weak_attribution(linking)
         if weak:
             attribution["warning"] = weak
             warnings.warn(f"mlflow-neuron: {cycle.trace}: {weak}", MLflowNeuronWarning, stacklevel=2)
         job = _job_for(cycle, summary, step, max_file_bytes, first=index == 1, attribution=attribution)
-        job.rank_summary = ranks.summary_spec(cycle.trace, world_size)
+        job.rank_summary = spec
         if logger is None:
             logger = RunLogger(run() if callable(run) else run)
         delivery, files = _send(job, preparer, logger, reporter, cycle.trace)

@@ -38,7 +38,7 @@ from .record import (
     summary_metrics,
     write_table,
 )
-from .rank_summary import write_rank_summary
+from .rank_summary import one_pass, write_rank_summary
 from .run_summary import RunSteps
 from .trace_text import TraceDraft, TraceText
 
@@ -78,12 +78,14 @@ class Preparer:
             self.run_steps.absorb(known.get("run_steps") or {})
 
     def _prepare(self, job: CycleJob) -> Delivery:
-        numbers = self._numbers(job) if job.source is not None else None
+        numbers = self._numbers(job, one_pass(job, self._raw(job))) if job.source is not None else None
+        made = None
         staged = job.staged_dir
         staged.mkdir(parents=True, exist_ok=True)
         metrics, series, tags, table, timeline, trace_spans = {}, (), dict(job.tags), None, None, None
         if numbers is not None:
             summary, ops, metrics, series, device_tags = numbers
+            made = summary.rank_summary_error or summary.rank_summary  # None: not made in the cycle's read
             tags.update(device_tags)
             write_table(ops, staged / OPS_TABLE)
             table = f"{job.artifact_dir}/{OPS_TABLE}" if job.register_table else None
@@ -99,7 +101,7 @@ class Preparer:
                     trace_spans = TRACE_SPANS
         if self.primary:  # the keys carry no rank: one host's numbers per cycle
             metrics = {**metrics, **host_metrics(job.host)}
-        placed = self._stage_trace(job)
+        placed = self._stage_trace(job, made)
         (staged / MANIFEST).write_text(json.dumps(job.manifest, indent=2), encoding="utf-8")
         explorer_metrics, version_tags = self._summary_metrics(job)
         return Delivery(
@@ -108,11 +110,12 @@ class Preparer:
             uploads=job.uploads, table=table, series=series, timeline=timeline, trace_spans=trace_spans, placed=placed,
         )  # fmt: skip
 
-    def _numbers(self, job: CycleJob) -> tuple[CycleSummary, pd.DataFrame, dict, tuple, dict]:
-        """The cycle summarized, its op table, metrics, per-step series and device tags: one cycle
-        at a time, since op keys are handed out in order."""
+    def _numbers(self, job: CycleJob, rank: dict | None = None) -> tuple[CycleSummary, pd.DataFrame, dict, tuple, dict]:
+        """The cycle summarized (with `rank`, its rank summary in the same read), its op table,
+        metrics, per-step series and device tags: one cycle at a time, since op keys are handed
+        out in order."""
         with self._lock:
-            summary = self._summary(job)
+            summary = self._summary(job, rank)
             profile = summary.profile
             self.last_profile = profile
             if profile.device_time == MISSING:
@@ -139,9 +142,9 @@ class Preparer:
             at = (max(delivery.step, last if last is not None else delivery.step), int(time.time() * 1000))
         return replace(delivery, summary=summary, summary_at=at) if summary else delivery
 
-    def _summary(self, job: CycleJob) -> CycleSummary:
+    def _summary(self, job: CycleJob, rank: dict | None = None) -> CycleSummary:
         try:
-            summary = job.source.summarize()
+            summary = job.source.summarize(rank=rank) if rank is not None else job.source.summarize()
         except Exception as error:  # noqa: BLE001 - the cycle's files and trace still go
             self.reporter.problem("events", "the cycle's events could not be read (per-op metrics are empty)", error)
             settings = getattr(job.source, "settings", None) or CycleSettings("cpu", False)
@@ -171,23 +174,27 @@ class Preparer:
             series += step_series(profile, f"rank_{self.rank}/")
         return series
 
-    def _stage_trace(self, job: CycleJob) -> tuple[tuple[str, str], ...]:
+    def _stage_trace(self, job: CycleJob, made=None) -> tuple[tuple[str, str], ...]:
         """The framework trace, gzipped into the staged folder (exported first, for in-process jobs),
-        or only read for the rank summary (`job.upload_trace` False). Returns the files placed
-        outside the cycle's folder: its rank summary."""
+        or only read for the rank summary (`job.upload_trace` False; `made`: the rank summary the
+        cycle's own read gave). Returns the files placed outside the cycle's folder: its rank summary."""
         if job.trace_export is not None and job.raw_trace is not None:
             try:
                 job.trace_export(job.raw_trace)
             except Exception as error:  # noqa: BLE001 - the rest of the cycle still goes
                 job.problems.append(("trace_export", f"could not export the framework trace: {type(error).__name__}: {error}"))
             job.trace_export = None  # the Kineto results it holds are not needed any more
-        raw = job.raw_trace if job.raw_trace is not None and job.raw_trace.exists() else None
-        placed = write_rank_summary(job, raw)
+        raw = self._raw(job)
+        placed = write_rank_summary(job, raw, made)
         if raw is not None:
             if job.upload_trace:
                 gzip_file(raw, job.staged_dir / TRACE)
             raw.unlink()
         return placed
+
+    @staticmethod
+    def _raw(job: CycleJob) -> Path | None:
+        return job.raw_trace if job.raw_trace is not None and job.raw_trace.exists() else None
 
     def _summary_metrics(self, job: CycleJob) -> tuple[dict[str, float], dict[str, str]]:
         """Neuron Explorer's summary of each capture session (`_neuron.session_summary`), and the

@@ -2,7 +2,8 @@
 
 One small JSON file per rank per cycle (`_trace.collectives`' format: each step's time, its time in
 collectives, exposed communication, idle time, copies, and each collective's start and end), made
-off the training thread from the trace the training thread saved, and logged at
+off the training thread from the trace the training thread saved (in the same read as the cycle's
+numbers where the rank logs them: `one_pass`), and logged at
 `model.RANK_SUMMARY` in the job's one run. The trace of a rank that logs no metrics of its own
 serves this file only and is not uploaded, so each rank costs MLflow one small file a cycle.
 Reading the summaries back across ranks (waits, the straggler) is the read side's (`_readback.ranks`, `_analysis.ranks`).
@@ -17,20 +18,43 @@ from .job import CycleJob
 from .model import RANK_SUMMARY, RANK_SUMMARY_FILE
 
 
-def write_rank_summary(job: CycleJob, raw_trace: Path | None) -> tuple[tuple[str, str], ...]:
-    """Writes the job's rank summary into its staged folder, from its trace (a Neuron session's,
-    else `raw_trace`); returns the `Delivery.placed` entry that sends it, or () where the job asks
-    for none or has no trace. A trace that cannot be summarized is one of the job's problems,
-    reported when it is sent; the rest of the cycle goes as it is."""
+def rank_trace(job: CycleJob, raw_trace: Path | None) -> Path | None:
+    """The trace the job's rank summary is read from (a Neuron session's, else `raw_trace`), or None
+    where the job asks for none or has no trace."""
     spec = job.rank_summary
     trace = (spec.get("trace") or raw_trace) if spec else None
+    return Path(trace) if trace is not None else None
+
+
+def one_pass(job: CycleJob, raw_trace: Path | None) -> dict | None:
+    """`ChromeTraceFile.summarize`'s `rank` keywords where the job's source reads the very file its
+    rank summary comes from (then both come from one read of it); None where they differ."""
+    trace, source = rank_trace(job, raw_trace), job.source
+    if trace is None or not hasattr(source, "readable") or source.readable() != trace:
+        return None
+    spec = job.rank_summary
+    return {"rank": spec["rank"], "host": spec.get("host") or None, "world_size": spec["world_size"],
+            "cycle_step": job.step}  # fmt: skip
+
+
+def write_rank_summary(job: CycleJob, raw_trace: Path | None, made=None) -> tuple[tuple[str, str], ...]:
+    """Writes the job's rank summary into its staged folder; returns the `Delivery.placed` entry
+    that sends it, or () where the job asks for none or has no trace. `made`: the summary made in
+    the cycle's own read (`one_pass`), or the error that read gave it; None: read its trace now. A
+    trace that cannot be summarized is one of the job's problems, reported when it is sent; the
+    rest of the cycle goes as it is."""
+    spec, trace = job.rank_summary, rank_trace(job, raw_trace)
     if trace is None:
         return ()
     try:
-        from .._trace.collectives import rank_summary_from_chrome  # the parse lives with the analysis
+        if isinstance(made, Exception):
+            raise made
+        summary = made
+        if summary is None:
+            from .._trace.collectives import rank_summary_from_chrome  # the parse lives with the analysis
 
-        summary = rank_summary_from_chrome(str(trace), rank=spec["rank"], host=spec.get("host") or None,
-                                           world_size=spec["world_size"], cycle_step=job.step)  # fmt: skip
+            summary = rank_summary_from_chrome(str(trace), rank=spec["rank"], host=spec.get("host") or None,
+                                               world_size=spec["world_size"], cycle_step=job.step)  # fmt: skip
     except Exception as error:  # noqa: BLE001 - a trace it cannot read costs this file only
         job.problems.append(("rank_summary", f"profiler step {job.step} has no rank summary: "
                              f"{type(error).__name__}: {error}"))  # fmt: skip

@@ -136,11 +136,26 @@ def read_chrome_cycle(trace: Mapping[str, Any], *, dialect: str | None = None, s
     return reader.finish(trace, dialect)
 
 
-def read_chrome_file(path: str | Path, *, shapes: bool = True) -> ChromeCycle:
+def read_chrome_file(path: str | Path, *, shapes: bool = True, also: Any = None) -> ChromeCycle:
     """Everything `ChromeCycle` holds, from a trace file (`.gz` or not), read in pieces so that
-    parsed events never pile up; ValueError, saying why, for a file that is not a trace."""
+    parsed events never pile up; ValueError, saying why, for a file that is not a trace.
+
+    `also`: another reader fed the same pieces in the same pass (`feed(events)`, `restart()`,
+    `finish(header)`), such as `collectives.RankEvents`: the file is read and parsed once."""
     reader = ChromeReader(shapes)
-    header = read_pieces(path, reader.feed, reader.reset)
+    if also is None:
+        return reader.finish(read_pieces(path, reader.feed, reader.reset))
+
+    def feed(events: list) -> None:
+        reader.feed(events)
+        also.feed(events)
+
+    def restart() -> None:
+        reader.reset()
+        also.restart()
+
+    header = read_pieces(path, feed, restart)
+    also.finish(header)
     return reader.finish(header)
 
 

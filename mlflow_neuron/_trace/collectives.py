@@ -123,7 +123,12 @@ class RankEvents:
             "steps": steps, "collectives": collectives, "device": None, "skipped_events": self.skipped,
         }  # fmt: skip
 
+    def finish(self, header: dict) -> None:
+        """Keeps the trace's header (its other keys: `distributedInfo`, `host_name`) for `summary`."""
+        self.meta = header
+
     def restart(self) -> None:
+        self.meta: dict = {}
         self.steps: list[tuple[int, float, float]] = []  # (number, start, end)
         self.cpu_ops: list[tuple[float, float]] = []
         self.device: list[tuple[float, float, int, Any, dict]] = []  # (start, end, class, correlation, args)

@@ -12,17 +12,21 @@ off the training thread.
 Example::
 
     settings = CycleSettings(device="cuda", device_profiled=True, default_step=9, timeline_step=10)
-    summary = ChromeTraceFile("/tmp/cycle.json", settings).summarize()
-    summary.profile.total_self_device_time_us, summary.table, summary.timeline
+    summary = ChromeTraceFile("/tmp/cycle.json", settings).summarize(rank={"rank": 0, "cycle_step": 10})
+    summary.profile.total_self_device_time_us, summary.table, summary.timeline, summary.rank_summary
+
+A saved trace is read once: its rank summary (`collectives.RankEvents`) is fed the same pieces of
+the file as the reader of the cycle's numbers, in the same pass.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .aggregate import aggregate
 from .chrome import read_chrome_file
+from .collectives import RankEvents
 from .event_tree import event_tree
 from .events import RawEvents, TimelineInputs, empty_events
 from .json_text import cycle_collector_paused
@@ -54,6 +58,9 @@ class CycleSummary:
     table: str
     timeline: Timeline | None = None
     timeline_error: Exception | None = None
+    # The rank summary made in the same pass (`ChromeTraceFile.summarize(rank=...)`), or why not.
+    rank_summary: dict | None = None
+    rank_summary_error: Exception | None = None
 
 
 def summarize(raw: RawEvents, settings: CycleSettings, inputs: TimelineInputs | None = None) -> CycleSummary:
@@ -87,13 +94,57 @@ class ChromeTraceFile:
     settings: CycleSettings
     fallback: str | None = None
 
-    def summarize(self) -> CycleSummary:
+    def summarize(self, rank: dict | None = None) -> CycleSummary:
+        """The cycle's numbers; with `rank` (`RankEvents.summary`'s keywords: rank, host,
+        world_size, cycle_step), its rank summary too, from the same read of the file. A rank
+        summary that fails is `rank_summary_error`; the numbers stand either way."""
+        path = self.readable()
+        ranks = RankPass() if rank is not None else None
+        with cycle_collector_paused():  # shapes: for the timeline's spans, and each op's bytes and FLOPs
+            cycle = read_chrome_file(path, shapes=True, also=ranks)
+            summary = summarize(cycle.raw, self.settings, cycle.inputs)
+        if ranks is None:
+            return summary
+        return ranks.into(summary, **rank)
+
+    def readable(self) -> Path:
+        """The file `summarize` reads: `path`, else the staged `fallback` where `path` is gone."""
         path = Path(self.path)
         if not path.exists() and self.fallback and Path(self.fallback).exists():
-            path = Path(self.fallback)
-        with cycle_collector_paused():  # shapes: for the timeline's spans, and each op's bytes and FLOPs
-            cycle = read_chrome_file(path, shapes=True)
-            return summarize(cycle.raw, self.settings, cycle.inputs)
+            return Path(self.fallback)
+        return path
+
+
+class RankPass:
+    """A cycle's rank summary made in the pass that reads its numbers (`read_chrome_file(also=)`),
+    whose failure costs only the rank summary: the first error stops its feeding and becomes the
+    summary's `rank_summary_error`, and the cycle's numbers are read on."""
+
+    def __init__(self) -> None:
+        self.events, self.error = RankEvents(), None
+
+    def feed(self, chunk: list) -> None:
+        if self.error is None:
+            try:
+                self.events.feed(chunk)
+            except Exception as error:  # noqa: BLE001 - the rank summary's own problem
+                self.error = error
+
+    def restart(self) -> None:
+        self.error = None
+        self.events.restart()
+
+    def finish(self, header: dict) -> None:
+        self.events.finish(header)
+
+    def into(self, summary: CycleSummary, **rank) -> CycleSummary:
+        """`summary` with the rank summary (`RankEvents.summary`'s keywords), or why there is none."""
+        if self.error is not None:
+            return replace(summary, rank_summary_error=self.error)
+        try:
+            return replace(summary, rank_summary=self.events.summary(self.events.meta, **rank))
+        except Exception as error:  # noqa: BLE001 - the rank summary's own problem
+            return replace(summary, rank_summary_error=error)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,105 @@
+"""A cycle's saved trace is read once: its numbers, op tables, timeline and rank summary come from
+one pass over the file (`_trace.summarize.RankPass` is fed the same pieces as the cycle's reader).
+
+The count is taken by a wrapper around the one function that reads a trace file
+(`_trace.chrome_file.read_pieces`), put in place by the test only: in-process for `ingest`, and
+through a `sitecustomize` on the path of a training script for the helper process it starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from conftest import ROOT, TESTS
+from mlflow.tracking import MlflowClient
+
+from mlflow_neuron._trace import chrome, collectives
+
+COUNTER = '''
+import json, os
+from mlflow_neuron._trace import chrome_file
+_read = chrome_file.read_pieces
+
+def read_pieces(path, feed, restart):
+    with open({log!r}, "a") as out:
+        out.write(json.dumps({{"pid": os.getpid(), "path": str(path)}}) + "\\n")
+    return _read(path, feed, restart)
+
+chrome_file.read_pieces = read_pieces
+'''
+
+SCRIPT = """
+import mlflow
+from workloads import profile_rmsnorm
+from mlflow_neuron import MLflowProfilerCallback
+
+mlflow.set_tracking_uri({uri!r})
+with mlflow.start_run(run_name="once") as run:
+    callback = MLflowProfilerCallback(process={process!r})
+    profile_rmsnorm(callback, steps=12, wait=1, warmup=1, active=2)
+    callback.close()
+print(run.info.run_id)
+"""
+
+
+def counted_reads(monkeypatch) -> Counter:
+    reads: Counter = Counter()
+
+    def counting(real):
+        def read_pieces(path, feed, restart):
+            reads[Path(path).name] += 1
+            return real(path, feed, restart)
+
+        return read_pieces
+
+    for module in (chrome, collectives):  # every module that reads a trace file names it
+        monkeypatch.setattr(module, "read_pieces", counting(module.read_pieces))
+    return reads
+
+
+def rank_summaries(client: MlflowClient, run_id: str) -> list[str]:
+    return sorted(a.path for a in client.list_artifacts(run_id, "profiler/ranks/rank_0"))
+
+
+def test_ingest_reads_each_trace_once_and_still_logs_its_rank_summary(tracking_uri, monkeypatch, tmp_path, capsys):
+    from mlflow_neuron.cli import main as cli_main
+
+    folder = TESTS / "fixtures" / "multi_rank" / "gloo_4rank_slow2"
+    reads = counted_reads(monkeypatch)
+    assert cli_main(["ingest", str(folder), "--experiment", "once", "--run-name", "ingested"]) == 0
+    traces = sorted(p.name for p in folder.iterdir() if ".json" in p.name)
+    assert dict(reads) == {name: 1 for name in traces}
+    run = MlflowClient().search_runs([MlflowClient().get_experiment_by_name("once").experiment_id])[0]
+    assert len(MlflowClient().list_artifacts(run.info.run_id, "profiler/ranks")) == len(traces)
+
+
+def test_the_helper_reads_each_cycles_trace_once_and_the_rank_summary_is_the_same(tmp_path):
+    """Default settings (the helper process), three cycles: each saved trace is opened once, by
+    whichever process prepares it, and the rank summary equals one made by reading the file again."""
+    for process in ("helper", "inline"):
+        hook, log = tmp_path / process / "hook", tmp_path / process / "reads.jsonl"
+        hook.mkdir(parents=True)
+        (hook / "sitecustomize.py").write_text(COUNTER.format(log=str(log)), encoding="utf-8")
+        uri = f"sqlite:///{tmp_path / process / 'mlflow.db'}"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), str(ROOT), str(TESTS)])}
+        done = subprocess.run([sys.executable, "-c", SCRIPT.format(uri=uri, process=process)], cwd=tmp_path / process,
+                              env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        run_id = done.stdout.strip().splitlines()[-1]
+        reads = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+        by_file = Counter(r["path"] for r in reads)
+        assert len(by_file) == 3 and set(by_file.values()) == {1}, (process, reads)
+        client = MlflowClient(uri)
+        assert rank_summaries(client, run_id) == [f"profiler/ranks/rank_0/cycle_{s}.json" for s in (12, 4, 8)]
+        logged = json.loads(Path(client.download_artifacts(run_id, "profiler/ranks/rank_0/cycle_8.json",
+                                                           str(tmp_path / process))).read_text())
+        assert [s["step"] for s in logged["steps"]] == [6, 7] and all(s["step_us"] > 0 for s in logged["steps"])
+        trace = client.download_artifacts(run_id, "profiler/step_8/trace.json.gz", str(tmp_path / process))
+        again = collectives.rank_summary_from_chrome(trace, rank=0, host=logged["host"],
+                                                     world_size=logged["world_size"], cycle_step=8)  # fmt: skip
+        assert logged == json.loads(json.dumps(again))  # the same numbers as a second read would give
