@@ -97,13 +97,17 @@ def lost_steps(client: MlflowClient, run_id: str, outbox: str | os.PathLike, pro
 
 
 def _finish(name, server, run_id, callback, steps, expected_steps, outboxes) -> Outcome:
+    """Counts, once the callback is closed: the cycles kept in the outboxes and the cycles the run
+    holds (once, with their files) before any sync, both read from where they are, not from the
+    callback's counters; then syncs twice and counts the run again."""
+    client = MlflowClient(server.uri)
     kept = sum(len(list(Path(o).glob("*-*-*"))) for o in outboxes if Path(o).is_dir())
-    logged = callback.cycles_logged  # delivered live: read before a sync delivers the rest
+    live, _ = count_cycles(client, run_id, expected_steps)  # delivered live: in MLflow before a sync sends the rest
     for _ in range(2):  # a second sync must change nothing
         for outbox in outboxes:
             sync(str(outbox), server.uri, out=io.StringIO())
-    present, duplicated = count_cycles(MlflowClient(server.uri), run_id, expected_steps)
-    return Outcome(name, steps, callback.cycles_read, logged, kept, present, duplicated)
+    present, duplicated = count_cycles(client, run_id, expected_steps)
+    return Outcome(name, steps, callback.cycles_read, live, kept, present, duplicated)
 
 
 def new_callback(helper: bool, **options) -> MLflowProfilerCallback:

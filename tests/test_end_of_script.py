@@ -364,13 +364,16 @@ def test_a_new_entry_is_in_the_queue_only_once_it_is_held(tmp_path, monkeypatch)
 
 def _queued_cycles(tmp_path: Path, cycles: int) -> tuple[str, Path, str]:
     """(store URI, outbox, run id): `cycles` cycles of the reference loop queued in the outbox of a
-    callback that drains nothing itself, into a run of a fresh sqlite store."""
+    callback that drains nothing itself, into a run of a fresh sqlite store (its artifacts under
+    `tmp_path`, not the default ./mlruns of the working directory)."""
     from workloads import profile_rmsnorm
 
     from mlflow_neuron import MLflowProfilerCallback
 
     uri, outbox = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "outbox"
-    run_id = MlflowClient(uri).create_run("0").info.run_id
+    client = MlflowClient(uri)
+    experiment_id = client.create_experiment("queued", artifact_location=(tmp_path / "artifacts").as_uri())
+    run_id = client.create_run(experiment_id).info.run_id
     callback = MLflowProfilerCallback(run_id=run_id, tracking_uri=uri, outbox=outbox, process="inline",
                                       flush_timeout_s=0.0, strict=True)  # fmt: skip
     callback._producer._kick = lambda *args: None  # queued only
@@ -379,36 +382,88 @@ def _queued_cycles(tmp_path: Path, cycles: int) -> tuple[str, Path, str]:
     return uri, outbox, run_id
 
 
-def test_one_drain_at_a_time_each_cycle_once_whoever_holds_the_consumer_lock(tmp_path):
+def test_a_drain_does_nothing_while_another_process_holds_the_consumer_lock(tmp_path):
     """Every drain (the helper, the training process at a stop or close, sync) makes each pass under
-    the outbox's consumer lock. While another process holds it, a pass does nothing and says so;
-    then two drains of one outbox, each passing as often as it can, deliver each cycle once."""
+    the outbox's consumer lock. While another process holds it, a pass does nothing and says so."""
     from mlflow_neuron._delivery.drain import Drain
     from mlflow_neuron._delivery.report import Reporter
 
-    uri, outbox, run_id = _queued_cycles(tmp_path, 4)
+    uri, outbox, _ = _queued_cycles(tmp_path, 2)
     lock = outbox / entries.CONSUMER_LOCK
     other = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(lock)], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     try:
         assert other.stdout.readline().strip() == "held"
         waited = Drain(outbox, Reporter(), credentials={uri: uri}).once(wait_s=0.2)
-        assert waited.other and waited.outcomes == [] and len(entries.listed(outbox)) == 4  # nothing touched
+        assert waited.other and waited.outcomes == [] and len(entries.listed(outbox)) == 2  # nothing touched
     finally:
         other.kill()
         other.wait()
-    drains = [Drain(outbox, Reporter(), credentials={uri: uri}) for _ in range(2)]
+
+
+def test_one_drain_at_a_time_each_cycle_once_whoever_holds_the_consumer_lock(tmp_path):
+    """Two drains of one outbox, each passing as often as it can: never two passes at once (the
+    consumer lock, taken on its own open file by each drain), and each cycle delivered once.
+
+    A pass of either drain, once inside, waits for the other drain to try too: the other is turned
+    away (`Pass.other`) while the lock holds, and gets in beside it where no lock is taken; then it
+    goes on. Without the lock, the passes overlap whatever the machine's speed; with it, no pass
+    ever sees the other drain inside."""
+    from mlflow_neuron._delivery.drain import Drain
+    from mlflow_neuron._delivery.report import Reporter
+
+    uri, outbox, run_id = _queued_cycles(tmp_path, 4)
+    seen = threading.Condition()
+    inside, turned_away, finished, passes = [False, False], [0, 0], [False, False], [0, 0]
+    overlaps: list[str] = []
+
+    class Watched(Drain):
+        """A drain that notes when its pass (what `once` runs under the consumer lock) begins and ends."""
+
+        def __init__(self, i: int) -> None:
+            super().__init__(outbox, Reporter(), credentials={uri: uri})
+            self.i = i
+
+        def _pass(self, *args, **kwargs):
+            i, j = self.i, 1 - self.i
+            with seen:
+                passes[i] += 1
+                if inside[j]:
+                    overlaps.append(f"drain {i} began pass {passes[i]} while drain {j} was in its pass {passes[j]}")
+                inside[i] = True
+                seen.notify_all()
+                tries = turned_away[j]
+                seen.wait_for(lambda: inside[j] or turned_away[j] > tries or finished[j], timeout=120)
+            try:
+                return super()._pass(*args, **kwargs)
+            finally:
+                with seen:
+                    inside[i] = False
+                    seen.notify_all()
+
+    drains = [Watched(i) for i in range(2)]
     delivered = [0, 0]
 
     def drain_until_empty(i: int) -> None:
-        while entries.listed(outbox):
-            delivered[i] += drains[i].once(wait_s=0.01).count("delivered")
+        try:
+            while entries.listed(outbox):
+                done = drains[i].once(wait_s=0.01)
+                delivered[i] += done.count("delivered")
+                with seen:
+                    turned_away[i] += done.other
+                    seen.notify_all()
+        finally:
+            with seen:
+                finished[i] = True
+                seen.notify_all()
 
     threads = [threading.Thread(target=drain_until_empty, args=(i,)) for i in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(600)
+    assert sum(passes) >= 1, "no pass ran through Drain._pass: this test watches nothing"
+    assert not overlaps, f"two drains of one outbox were in a pass at once, {len(overlaps)} times; first: {overlaps[0]}"
     assert sum(delivered) == 4
     assert count_cycles(MlflowClient(uri), run_id, [4, 8, 12, 16]) == (4, 0)
 

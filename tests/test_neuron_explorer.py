@@ -117,6 +117,28 @@ def test_a_tool_serving_its_ui_is_stopped_and_summary_json_is_used(tracking_uri,
     assert data.metrics["neuron/summary/n_5eed1e55/hbm_mbu_estimated_percent"] == pytest.approx(18.4)
 
 
+def test_a_failing_neuron_explorer_is_reported_once_and_every_cycle_still_logs(tracking_uri, neuron_double, tmp_path,
+                                                                               monkeypatch):
+    """A tool that fails every call (its Parquet output and summary-json), on each of three cycles:
+    the user gets one warning in all, and each cycle is in MLflow, without a Neuron summary."""
+    calls = stand_in.install(tmp_path, monkeypatch, behaviour="fail")
+    config = neuron_double.NeuronConfig(profile_output_dir=str(tmp_path / "out"))
+    exporter = neuron_double.NeuronProfiler(config)
+    with mlflow.start_run() as run, pytest.warns(MLflowNeuronWarning, match="stand-in failure") as caught:
+        callback = MLflowProfilerCallback(exporter.export_trace)
+        profile_rmsnorm(callback, steps=12, wait=1, warmup=1, active=2, experimental_config=config)
+        callback.close()
+    said = neuron_warnings(caught)
+    assert len(said) == 1, f"{len(said)} warnings for one failing neuron-explorer: {said}"
+    assert "exited 3: ERROR: stand-in failure" in said[0] and "summary-json" in said[0]
+    assert len(exporter.sessions) == 3  # the tool was run on every cycle's session, and failed each time
+    assert sorted({c[2] for c in stand_in.calls_of(calls)}) == sorted(str(s) for s in exporter.sessions)
+    client = MlflowClient()
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "profiler/total/active_steps")] == [4, 8, 12]
+    metrics = client.get_run(run.info.run_id).data.metrics
+    assert "profiler/total/aten_calls" in metrics and not [k for k in metrics if k.startswith("neuron/summary")]
+
+
 def test_explorer_never_runs_on_the_training_thread(tracking_uri, strict, neuron_double, tmp_path, monkeypatch):
     release = tmp_path / "release"
     # The stand-in waits until the training thread has reached its next cycle: had it run on the

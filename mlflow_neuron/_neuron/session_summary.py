@@ -79,15 +79,18 @@ def _one_session(session: Path, tool: str | None, problems: list, say) -> Proces
         try:
             return run_to_parquet(tool, session, out_dir, timeout_s, say)
         except SummaryError as error:
-            problems.append(("neuron_explorer_parquet", f"Neuron Explorer's Parquet output of {session}: {error}; "
-                             "falling back to --output-format summary-json"))  # fmt: skip
+            parquet_error = error
         finally:
             shutil.rmtree(out_dir, ignore_errors=True)
         try:
-            return Processed(models=run_summary_tool(tool, str(session), timeout_s))
-        except SummaryError as error:
-            problems.append(("neuron_summary", f"Neuron Explorer summary of {session} failed: {error}"))
+            models = run_summary_tool(tool, str(session), timeout_s)
+        except SummaryError as error:  # the tool failed both ways: one problem names both
+            problems.append(("neuron_summary", f"Neuron Explorer summary of {session} failed: its Parquet output: "
+                             f"{parquet_error}; its --output-format summary-json: {error}"))  # fmt: skip
             return Processed()
+        problems.append(("neuron_explorer_parquet", f"Neuron Explorer's Parquet output of {session}: {parquet_error}; "
+                         "falling back to --output-format summary-json"))  # fmt: skip
+        return Processed(models=models)
     for source, read in (("the processed copy", read_users_data_path), ("the tables", read_processed)):
         try:
             processed = read(session)
