@@ -102,9 +102,10 @@ def read_cycle(trace_file: Path, index: int, *, log_timeline: bool = True, max_s
     step = cycle.last_step + 1 if cycle.last_step is not None else index
     settings = CycleSettings(cycle.device, cycle.device_profiled, default_step=max(step - 1, 0), max_spans=max_spans,
                              timeline_step=step if log_timeline else None, timeline_root=cycle_dir(step))  # fmt: skip
-    summary = summarize(cycle.raw, settings, cycle.inputs)
-    if ranks is not None:
-        summary = ranks.into(summary, **rank, cycle_step=step)
+    with cycle_collector_paused():
+        summary = summarize(cycle.raw, settings, cycle.inputs)
+        if ranks is not None:
+            summary = ranks.into(summary, **rank, cycle_step=step)
     if not summary.profile.ops:
         raise ValueError(f"{trace_file}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
     return step, summary, cycle.linking

@@ -132,6 +132,7 @@ class RankEvents:
         self.steps: list[tuple[int, float, float]] = []  # (number, start, end)
         self.cpu_ops: list[tuple[float, float]] = []
         self.device: list[tuple[float, float, int, Any, dict]] = []  # (start, end, class, correlation, args)
+        self._columns = None  # the device events as arrays, once summarized
         self.launches: dict[Any, float] = {}  # correlation id -> the launch's start
         self.spans: list[tuple[float, float, str, dict]] = []  # gloo:/nccl: spans
         self.param_comms: list[tuple[float, float, dict]] = []
@@ -218,7 +219,7 @@ class RankEvents:
         for record in collectives:
             i = index_of(record.pop("_anchor"))
             record["step"] = None if i is None else steps[i][0]
-        windows = self._device_windows(steps, index_of) if timeline == "device" else [(s, e) for _, s, e in steps]
+        windows = self._device_windows(steps) if timeline == "device" else [(s, e) for _, s, e in steps]
         return self._steps(steps, windows, collectives, timeline), collectives, source, timeline
 
     def _collectives(self) -> tuple[list[dict], str | None]:
@@ -237,16 +238,20 @@ class RankEvents:
             return sorted(records, key=lambda r: r["start_us"]), "record_param_comms"
         return [], None
 
-    def _device_windows(self, steps, index_of) -> list[tuple[float, float]]:
+    def _device_windows(self, steps) -> list[tuple[float, float]]:
         """Each step's window on the device: its first device event (by launch) to the next one's."""
         if not steps:
             return []
-        firsts = [math.inf] * len(steps)
-        lasts = [-math.inf] * len(steps)
-        for start, end, _, correlation, _ in self.device:
-            i = index_of(self.launches.get(correlation, start))
-            if i is not None:
-                firsts[i], lasts[i] = min(firsts[i], start), max(lasts[i], end)
+        starts, ends, _ = self._device_columns()
+        launches = self.launches
+        anchors = np.fromiter((launches.get(d[3], d[0]) for d in self.device), float, len(self.device))
+        index = _step_indices(steps, anchors)
+        inside = index >= 0
+        firsts = np.full(len(steps), math.inf)
+        lasts = np.full(len(steps), -math.inf)
+        np.minimum.at(firsts, index[inside], starts[inside])
+        np.maximum.at(lasts, index[inside], ends[inside])
+        firsts, lasts = firsts.tolist(), lasts.tolist()
         windows = []
         for i in range(len(steps)):
             following = next((f for f in firsts[i + 1:] if f < math.inf), None)
@@ -257,16 +262,17 @@ class RankEvents:
     def _steps(self, steps, windows, collectives, timeline) -> list[dict]:
         device = timeline == "device"
         if device:
-            compute = _Union([(s, e) for s, e, kind, _, _ in self.device if kind == COMPUTE])
-            busy = _Union([(s, e) for s, e, _, _, _ in self.device])
+            starts, ends, kinds = self._device_columns()
+            compute = _Union(np.column_stack([starts, ends])[kinds == COMPUTE])
+            busy = _Union(np.column_stack([starts, ends]))
             copies = [(s, e, a.get("bytes")) for s, e, kind, _, a in self.device if kind == MEMORY and "_name" in a]
         else:
-            compute = _Union(self.cpu_ops)
-            busy = _Union(self.cpu_ops + [(r["start_us"], r["end_us"]) for r in collectives])
+            compute = _Union(_pairs(self.cpu_ops))
+            busy = _Union(np.concatenate([_pairs(self.cpu_ops), _pairs([(r["start_us"], r["end_us"]) for r in collectives])]))
             copies = []
-        comm = _Union([(r["start_us"], r["end_us"]) for r in collectives])
-        comm_or_compute = _Union(compute.intervals + comm.intervals)
-        copy_union = _Union([(s, e) for s, e, _ in copies])
+        comm = _Union(_pairs([(r["start_us"], r["end_us"]) for r in collectives]))
+        comm_or_compute = _Union(np.concatenate([compute.intervals, comm.intervals]))
+        copy_union = _Union(_pairs([(s, e) for s, e, _ in copies]))
         peak = self._peaks()
         rows = []
         for (number, cpu_start, cpu_end), (start, end) in zip(steps, windows):
@@ -285,6 +291,15 @@ class RankEvents:
             rows.append({k: _rounded(v) for k, v in row.items()})
         return rows
 
+    def _device_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The device events' starts, ends and kernel classes as arrays (made once a summary)."""
+        if getattr(self, "_columns", None) is None or len(self._columns[0]) != len(self.device):
+            n = len(self.device)
+            self._columns = (np.fromiter((d[0] for d in self.device), float, n),
+                             np.fromiter((d[1] for d in self.device), float, n),
+                             np.fromiter((d[2] for d in self.device), np.int8, n))  # fmt: skip
+        return self._columns
+
     def _peaks(self):
         """(start, end) -> the largest `Total Allocated` in [start, end): the device's where the
         trace has device memory events, else the host's; None without any."""
@@ -300,12 +315,18 @@ class RankEvents:
         return peak
 
 
-class _Union:
-    """A set of intervals merged once; `within(a, b)` is how much of [a, b) it covers, in O(log n)."""
+def _pairs(intervals: list[tuple[float, float]]) -> np.ndarray:
+    """(start, end) pairs as an (n, 2) array; (0, 2) for none."""
+    return np.asarray(intervals, float).reshape(-1, 2)
 
-    def __init__(self, intervals: list[tuple[float, float]]):
+
+class _Union:
+    """A set of intervals ((n, 2) array) merged once; `within(a, b)` is how much of [a, b) it
+    covers, in O(log n)."""
+
+    def __init__(self, intervals: np.ndarray):
         self.intervals = intervals
-        if not intervals:
+        if not len(intervals):
             self.starts = self.ends = self.before = np.zeros(0)
             return
         array = np.asarray(intervals, float)
@@ -330,6 +351,16 @@ class _Union:
 def _copied_bytes(sizes: list) -> int | None:
     """The bytes of a step's copies: 0 without copies, None where one copy's size is not recorded."""
     return int(sum(sizes)) if all(isinstance(b, (int, float)) for b in sizes) else None
+
+
+def _step_indices(steps: list[tuple[int | None, float, float]], times: np.ndarray) -> np.ndarray:
+    """Each time's step index (`_step_index` for many at once); -1 where no step's span holds it."""
+    starts = np.asarray([s for _, s, _ in steps], float)
+    ends = np.asarray([e for _, _, e in steps], float)
+    index = np.searchsorted(starts, times, side="right") - 1
+    inside = index >= 0
+    inside[inside] = times[inside] < ends[index[inside]]
+    return np.where(inside, index, -1)
 
 
 def _step_index(steps: list[tuple[int | None, float, float]]):

@@ -103,9 +103,7 @@ class ChromeTraceFile:
         with cycle_collector_paused():  # shapes: for the timeline's spans, and each op's bytes and FLOPs
             cycle = read_chrome_file(path, shapes=True, also=ranks)
             summary = summarize(cycle.raw, self.settings, cycle.inputs)
-        if ranks is None:
-            return summary
-        return ranks.into(summary, **rank)
+            return summary if ranks is None else ranks.into(summary, **rank)
 
     def readable(self) -> Path:
         """The file `summarize` reads: `path`, else the staged `fallback` where `path` is gone."""
