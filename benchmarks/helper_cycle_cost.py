@@ -16,8 +16,10 @@ PrivateUse1 Kineto profiler compiled with g++): 50,000 ops make 50,000 kernels. 
 
 Each stage is timed by a wrapper the benchmark puts around the function that does it (nothing in
 the product is timed). "other" is what `prepare` spent outside the named stages. The helper's CPU
-(process time) per cycle is printed beside its wall time. Then the peak RSS of a fresh process that
-only prepares a saved cycle of --rss-ops ops, as the helper does. Medians over --reps cycles.
+(process time) per cycle is printed beside its wall time. Then the peak RSS (VmHWM) of a fresh
+process that only prepares a saved cycle of --rss-ops ops, as the helper does
+(`MLFLOW_NEURON_RSS_ROOT=<another checkout>` prepares the same cycle with that checkout's code, to
+compare). Medians over --reps cycles.
 No timed assertions: this prints tables and ratios.
 """
 
@@ -182,6 +184,7 @@ def rss_child(ops: int) -> None:
     from mlflow_neuron._delivery.report import Reporter
 
     work = Path(tempfile.mkdtemp())
+    (work / "staged").mkdir()
     reader = CycleReader(Reporter(strict=True), current_rank(), all_ranks=False, profile_output_dir=None,
                          max_file_bytes=None, export_trace=True, log_timeline=True, timeline_max_spans=2000,
                          created_ns=time.time_ns())  # fmt: skip
@@ -189,17 +192,22 @@ def rss_child(ops: int) -> None:
     cycle(ops, lambda prof: jobs.append(reader.read(prof, [], hand_off=True, staged_dir=work / "staged")),
           fake_device() is None)  # fmt: skip
     message = jobs[0].to_message()
-    code = ("import json, resource, sys; from mlflow_neuron._record.job import CycleJob\n"
+    code = ("import json, sys; from mlflow_neuron._record.job import CycleJob\n"
             "from mlflow_neuron._record.prepare import Preparer; from mlflow_neuron._delivery.report import Reporter\n"
-            "job = CycleJob.from_message(json.loads(sys.stdin.read()))\n"
-            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+            "def hwm():  # this process's own peak (ru_maxrss would carry its parent's over the exec)\n"
+            "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')) / 1024\n"
+            "import dataclasses; from mlflow_neuron._trace.summarize import CycleSettings\n"
+            "message = json.loads(sys.stdin.read()); known = {f.name for f in dataclasses.fields(CycleSettings)}\n"
+            "message['source']['settings'] = {k: v for k, v in message['source']['settings'].items() if k in known}\n"
+            "job = CycleJob.from_message(message)  # settings an older checkout knows (for --rss against it)\n"
+            "before = hwm()\n"
             "Preparer(Reporter(strict=True), top_k=50).prepare(job)\n"
-            "print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n")  # fmt: skip
+            "print(before, hwm())\n")  # fmt: skip
     import json
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.environ.get("MLFLOW_NEURON_RSS_ROOT", str(ROOT))}  # another checkout's code
     done = subprocess.run([sys.executable, "-c", code], input=json.dumps(message), capture_output=True, text=True,
-                          env=env, timeout=1200)  # fmt: skip
+                          env=env, cwd=work, timeout=1200)  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(done.stderr[-2000:])
     before, after = map(float, done.stdout.split())
