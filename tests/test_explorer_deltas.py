@@ -35,6 +35,7 @@ def test_a_2_34_run_and_a_future_run_compare_mbu_hbm_and_dma_bytes_on_the_same_r
     older, newer = logged(SCHEMA_7_4), logged(FUTURE)  # schema 7.4 fields only; deprecated fields gone
     found = rows(summary_deltas({"older": older, "newer": newer}))
     assert found["hbu"]["fields"] == {"older": "mbu_estimated_percent", "newer": "hbm_mbu_estimated_percent"}
+    assert found["hbu"]["values"] == pytest.approx({"older": 18.4, "newer": 17.6})  # stand-ins, apart on purpose
     # hbm_* and instruction_hbm_* hold the same values: the older run has no packet_* to compare with
     assert found["hbm_read"]["fields"] == {"older": "hbm_read_bytes", "newer": "instruction_hbm_read_bytes"}
     assert found["hbm_read"]["values"] == {"older": 4096.0, "newer": 4096.0}
@@ -51,6 +52,7 @@ def test_two_2_34_runs_compare_the_more_accurate_packet_bytes_and_dma_mbu():
     assert found["hbm_write"]["fields"] == {"a": "packet_hbm_write_bytes", "b": "packet_hbm_write_bytes"}
     assert found["dma_mbu"]["values"] == pytest.approx({"a": 9.1, "b": 9.1})
     assert found["hbu"]["fields"] == {"a": "hbm_mbu_estimated_percent", "b": "hbm_mbu_estimated_percent"}
+    assert found["hbu"]["values"] == pytest.approx({"a": 17.6, "b": 17.6})  # a's mbu (18.4) is not read
 
 
 def test_one_neff_each_is_compared_and_a_run_without_summaries_shows_none():

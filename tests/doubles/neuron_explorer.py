@@ -16,7 +16,10 @@ the file where it appends each call's arguments (one JSON list a line). Config:
   "wait_for" (waits until the file named by `release` exists, or 60 s, and records which).
 
 Shapes (field names from the Profile Parquet Schema Reference, schema 7.4.0, and the Neuron 2.34
-notice; values are stand-ins, `*_percent` as fractions as `summary-json` reports them):
+notice; values are stand-ins, `*_percent` as fractions as `summary-json` reports them). The notice
+says `hbm_mbu_estimated_percent` holds the value of the deprecated `mbu_estimated_percent`; here
+the two differ on purpose (0.176 and 0.184, both stand-ins, neither measured), so a test can tell
+which of them was read:
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ SCHEMA_7_4 = {  # a subset of the documented schema 7.4 Summary fields, with sta
     "cc_op_time": 0.002, "cc_op_active_time": 0.0015, "cc_op_count": 3,
 }  # fmt: skip
 NEW_2_34 = {  # the six fields Neuron 2.34 adds; hbm_mbu = the old mbu, instruction_hbm_* = the old hbm_*
-    "hbm_mbu_estimated_percent": 0.184, "dma_mbu_estimated_percent": 0.091,
+    # 0.176, not the 0.184 of mbu above: apart on purpose (module docstring), both stand-ins
+    "hbm_mbu_estimated_percent": 0.176, "dma_mbu_estimated_percent": 0.091,
     "instruction_hbm_read_bytes": 4096, "instruction_hbm_write_bytes": 2048,
     "packet_hbm_read_bytes": 4608, "packet_hbm_write_bytes": 2304,
 }  # fmt: skip
