@@ -256,13 +256,15 @@ def test_the_helper_logs_the_timeline_the_training_process_would_build(tracking_
     from mlflow_neuron._trace.kineto import raw_events_from_kineto
     from mlflow_neuron._trace.span_tree import build_timeline
     from mlflow_neuron._trace.kineto import timeline_inputs_from_kineto
+    from mlflow_neuron._record.model import cycle_dir
 
     built = {}
 
     def in_process_timeline(prof):
         raw = raw_events_from_kineto(prof)
         inputs = timeline_inputs_from_kineto(prof, raw)
-        built[prof.step_num] = build_timeline(raw, cycle_step=prof.step_num, inputs=inputs)
+        built[prof.step_num] = build_timeline(raw, cycle_step=prof.step_num, inputs=inputs,
+                                              root_name=cycle_dir(prof.step_num))  # as the reader names it
 
     with mlflow.start_run() as run:
         callback = started(MLflowProfilerCallback(in_process_timeline, flush_timeout_s=DELIVER_S))

@@ -42,6 +42,7 @@ import numpy as np
 
 from .chrome_file import read_pieces
 from .dtypes import ELEMENT_BYTES
+from .intervals import IntervalUnion, pairs, step_index, step_indices
 
 FORMAT = "mlflow-neuron/rank-summary"
 VERSION = 1
@@ -215,7 +216,7 @@ class RankEvents:
                 steps = [(None, min(s for s, _ in spans), max(e for _, e in spans))]
         timeline = "device" if self.device else "cpu"
         collectives, source = self._collectives()
-        index_of = _step_index(steps)
+        index_of = step_index(steps)
         for record in collectives:
             i = index_of(record.pop("_anchor"))
             record["step"] = None if i is None else steps[i][0]
@@ -245,7 +246,7 @@ class RankEvents:
         starts, ends, _ = self._device_columns()
         launches = self.launches
         anchors = np.fromiter((launches.get(d[3], d[0]) for d in self.device), float, len(self.device))
-        index = _step_indices(steps, anchors)
+        index = step_indices(steps, anchors)
         inside = index >= 0
         firsts = np.full(len(steps), math.inf)
         lasts = np.full(len(steps), -math.inf)
@@ -263,16 +264,16 @@ class RankEvents:
         device = timeline == "device"
         if device:
             starts, ends, kinds = self._device_columns()
-            compute = _Union(np.column_stack([starts, ends])[kinds == COMPUTE])
-            busy = _Union(np.column_stack([starts, ends]))
+            compute = IntervalUnion(np.column_stack([starts, ends])[kinds == COMPUTE])
+            busy = IntervalUnion(np.column_stack([starts, ends]))
             copies = [(s, e, a.get("bytes")) for s, e, kind, _, a in self.device if kind == MEMORY and "_name" in a]
         else:
-            compute = _Union(_pairs(self.cpu_ops))
-            busy = _Union(np.concatenate([_pairs(self.cpu_ops), _pairs([(r["start_us"], r["end_us"]) for r in collectives])]))
+            compute = IntervalUnion(pairs(self.cpu_ops))
+            busy = IntervalUnion(np.concatenate([pairs(self.cpu_ops), pairs([(r["start_us"], r["end_us"]) for r in collectives])]))
             copies = []
-        comm = _Union(_pairs([(r["start_us"], r["end_us"]) for r in collectives]))
-        comm_or_compute = _Union(np.concatenate([compute.intervals, comm.intervals]))
-        copy_union = _Union(_pairs([(s, e) for s, e, _ in copies]))
+        comm = IntervalUnion(pairs([(r["start_us"], r["end_us"]) for r in collectives]))
+        comm_or_compute = IntervalUnion(np.concatenate([compute.intervals, comm.intervals]))
+        copy_union = IntervalUnion(pairs([(s, e) for s, e, _ in copies]))
         peak = self._peaks()
         rows = []
         for (number, cpu_start, cpu_end), (start, end) in zip(steps, windows):
@@ -315,64 +316,9 @@ class RankEvents:
         return peak
 
 
-def _pairs(intervals: list[tuple[float, float]]) -> np.ndarray:
-    """(start, end) pairs as an (n, 2) array; (0, 2) for none."""
-    return np.asarray(intervals, float).reshape(-1, 2)
-
-
-class _Union:
-    """A set of intervals ((n, 2) array) merged once; `within(a, b)` is how much of [a, b) it
-    covers, in O(log n)."""
-
-    def __init__(self, intervals: np.ndarray):
-        self.intervals = intervals
-        if not len(intervals):
-            self.starts = self.ends = self.before = np.zeros(0)
-            return
-        array = np.asarray(intervals, float)
-        array = array[np.argsort(array[:, 0], kind="stable")]
-        reach = np.maximum.accumulate(array[:, 1])
-        new = np.ones(len(array), bool)
-        new[1:] = array[1:, 0] > reach[:-1]
-        self.starts = array[new, 0]
-        self.ends = np.maximum.reduceat(reach, np.flatnonzero(new))
-        self.before = np.concatenate([[0.0], np.cumsum(self.ends - self.starts)])  # covered before each
-
-    def covered_to(self, t: float) -> float:
-        i = int(np.searchsorted(self.starts, t, side="right")) - 1
-        if i < 0:
-            return 0.0
-        return float(self.before[i] + min(t - self.starts[i], self.ends[i] - self.starts[i]))
-
-    def within(self, start: float, end: float) -> float:
-        return max(0.0, self.covered_to(end) - self.covered_to(start)) if len(self.starts) else 0.0
-
-
 def _copied_bytes(sizes: list) -> int | None:
     """The bytes of a step's copies: 0 without copies, None where one copy's size is not recorded."""
     return int(sum(sizes)) if all(isinstance(b, (int, float)) for b in sizes) else None
-
-
-def _step_indices(steps: list[tuple[int | None, float, float]], times: np.ndarray) -> np.ndarray:
-    """Each time's step index (`_step_index` for many at once); -1 where no step's span holds it."""
-    starts = np.asarray([s for _, s, _ in steps], float)
-    ends = np.asarray([e for _, _, e in steps], float)
-    index = np.searchsorted(starts, times, side="right") - 1
-    inside = index >= 0
-    inside[inside] = times[inside] < ends[index[inside]]
-    return np.where(inside, index, -1)
-
-
-def _step_index(steps: list[tuple[int | None, float, float]]):
-    """time -> the index of the step whose span holds it, or None."""
-    starts = np.asarray([s for _, s, _ in steps], float)
-    ends = [e for _, _, e in steps]
-
-    def index_of(t: float) -> int | None:
-        i = int(np.searchsorted(starts, t, side="right")) - 1
-        return i if i >= 0 and t < ends[i] else None
-
-    return index_of
 
 
 def _record(name: str, args: dict, start: float, end: float, anchor: float) -> dict:
