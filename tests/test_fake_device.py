@@ -80,7 +80,7 @@ def test_device_time_lands_on_the_launching_ops_and_totals_count_each_kernel_onc
 def test_runtime_only_events_come_out_as_missing_device_time_with_one_warning(fake_profiler, tmp_path):
     client, outcome = run_scenario(fake_profiler, tmp_path, "runtime", steps=8, strict="0")
     run = client.get_run(outcome["run_id"])
-    assert run.data.tags["mlflow_neuron.device_time"] == "missing"
+    assert run.data.tags.get("mlflow_neuron.device_time") == "missing", outcome["warnings"]  # none: what it said
     assert run.data.metrics["profiler/total/self_device_time_us"] == 0
     assert len(outcome["warnings"]) == 1  # two cycles, one warning
     assert "synchronize" in outcome["warnings"][0] and "runtime/driver" in outcome["warnings"][0]
