@@ -29,7 +29,6 @@ ROOT_MARK = "@ROOT@"  # where the store's folder was, in every path the store ho
 def record(folder: Path) -> dict[str, str]:
     """Makes the store in `folder` (mlflow.db, artifacts/); returns the ids the commands name."""
     sys.path[:0] = [str(TESTS), str(TESTS / "doubles")]
-    import mlflow
     from mlflow.tracking import MlflowClient
 
     import fake_device
