@@ -28,6 +28,7 @@ from .._record.job import CycleJob
 from .._neuron.manifest import manifest
 from .._delivery.mlflow_io import RunLogger
 from .._record.model import SOURCE_TAG, RunRef, cycle_dir
+from .._record.rank_summary import rank_keywords
 from .._record.prepare import Preparer
 from .._delivery.report import Reporter
 from ..exceptions import MLflowNeuronWarning
@@ -140,7 +141,7 @@ def ingest(path: Path, run: RunRef | Callable[[], RunRef], *, top_k: int = 50, m
     for index, cycle in enumerate(cycles, 1):
         spec = ranks.summary_spec(cycle.trace, world_size)
         step, summary, linking = read_cycle(cycle.trace, index, log_timeline=log_timeline, max_spans=timeline_max_spans,
-                                            rank={k: spec[k] for k in ("rank", "host", "world_size")})  # fmt: skip
+                                            rank=rank_keywords(spec))  # fmt: skip
         attribution = linking.as_dict()
         weak = weak_attribution(linking)
         if weak:

@@ -26,8 +26,7 @@ from .._delivery.outbox import link_or_copy
 from .._record.job import CycleJob
 from .._record.keys import NEURON_SUMMARY_PREFIX
 from .._neuron.manifest import manifest
-from .._record.model import TRACE, cycle_dir
-from .._record.model import neuron_dir as neuron_dir_of
+from .._record.model import TRACE, cycle_dir, neuron_dir as neuron_dir_of
 from .._neuron import layout
 from .._device.devices import device_peak, profiled_device
 from .._neuron.torch_neuronx import neuron_settings

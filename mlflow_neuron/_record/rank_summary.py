@@ -26,15 +26,19 @@ def rank_trace(job: CycleJob, raw_trace: Path | None) -> Path | None:
     return Path(trace) if trace is not None else None
 
 
+def rank_keywords(spec: dict) -> dict:
+    """`collectives`' keywords for a rank summary (rank, host, world_size) from a job's
+    `rank_summary` request; a host left empty is the trace's own `host_name`."""
+    return {"rank": spec["rank"], "host": spec.get("host") or None, "world_size": spec["world_size"]}
+
+
 def one_pass(job: CycleJob, raw_trace: Path | None) -> dict | None:
     """`ChromeTraceFile.summarize`'s `rank` keywords where the job's source reads the very file its
     rank summary comes from (then both come from one read of it); None where they differ."""
     trace, source = rank_trace(job, raw_trace), job.source
     if trace is None or not hasattr(source, "readable") or source.readable() != trace:
         return None
-    spec = job.rank_summary
-    return {"rank": spec["rank"], "host": spec.get("host") or None, "world_size": spec["world_size"],
-            "cycle_step": job.step}  # fmt: skip
+    return {**rank_keywords(job.rank_summary), "cycle_step": job.step}
 
 
 def write_rank_summary(job: CycleJob, raw_trace: Path | None, made=None) -> tuple[tuple[str, str], ...]:
@@ -53,8 +57,7 @@ def write_rank_summary(job: CycleJob, raw_trace: Path | None, made=None) -> tupl
         if summary is None:
             from .._trace.collectives import rank_summary_from_chrome  # the parse lives with the analysis
 
-            summary = rank_summary_from_chrome(str(trace), rank=spec["rank"], host=spec.get("host") or None,
-                                               world_size=spec["world_size"], cycle_step=job.step)  # fmt: skip
+            summary = rank_summary_from_chrome(str(trace), **rank_keywords(spec), cycle_step=job.step)
     except Exception as error:  # noqa: BLE001 - a trace it cannot read costs this file only
         job.problems.append(("rank_summary", f"profiler step {job.step} has no rank summary: "
                              f"{type(error).__name__}: {error}"))  # fmt: skip

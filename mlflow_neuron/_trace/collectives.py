@@ -42,7 +42,7 @@ import numpy as np
 
 from .chrome_file import read_pieces
 from .dtypes import ELEMENT_BYTES
-from .intervals import IntervalUnion, pairs, step_index, step_indices
+from .intervals import IntervalUnion, pairs, step_indices
 
 FORMAT = "mlflow-neuron/rank-summary"
 VERSION = 1
@@ -216,10 +216,9 @@ class RankEvents:
                 steps = [(None, min(s for s, _ in spans), max(e for _, e in spans))]
         timeline = "device" if self.device else "cpu"
         collectives, source = self._collectives()
-        index_of = step_index(steps)
-        for record in collectives:
-            i = index_of(record.pop("_anchor"))
-            record["step"] = None if i is None else steps[i][0]
+        anchors = np.fromiter((record.pop("_anchor") for record in collectives), float, len(collectives))
+        for record, i in zip(collectives, step_indices(steps, anchors).tolist()):
+            record["step"] = None if i < 0 else steps[i][0]
         windows = self._device_windows(steps) if timeline == "device" else [(s, e) for _, s, e in steps]
         return self._steps(steps, windows, collectives, timeline), collectives, source, timeline
 
@@ -293,8 +292,8 @@ class RankEvents:
         return rows
 
     def _device_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The device events' starts, ends and kernel classes as arrays (made once a summary)."""
-        if getattr(self, "_columns", None) is None or len(self._columns[0]) != len(self.device):
+        """The device events' starts, ends and kernel classes as arrays (made once; `restart` forgets them)."""
+        if self._columns is None:
             n = len(self.device)
             self._columns = (np.fromiter((d[0] for d in self.device), float, n),
                              np.fromiter((d[1] for d in self.device), float, n),

@@ -47,22 +47,10 @@ class IntervalUnion:
 
 
 def step_indices(steps: list[tuple[int | None, float, float]], times: np.ndarray) -> np.ndarray:
-    """Each time's step index (`step_index` for many at once); -1 where no step's span holds it."""
+    """Each time's step: the index of the step whose span [start, end) holds it; -1 where none does."""
     starts = np.asarray([s for _, s, _ in steps], float)
     ends = np.asarray([e for _, _, e in steps], float)
     index = np.searchsorted(starts, times, side="right") - 1
     inside = index >= 0
     inside[inside] = times[inside] < ends[index[inside]]
     return np.where(inside, index, -1)
-
-
-def step_index(steps: list[tuple[int | None, float, float]]):
-    """time -> the index of the step whose span holds it, or None."""
-    starts = np.asarray([s for _, s, _ in steps], float)
-    ends = [e for _, _, e in steps]
-
-    def index_of(t: float) -> int | None:
-        i = int(np.searchsorted(starts, t, side="right")) - 1
-        return i if i >= 0 and t < ends[i] else None
-
-    return index_of
