@@ -27,7 +27,7 @@ from mlflow.tracking import MlflowClient
 
 from .runs import RunNotFound
 from .._record.model import RANK_SUMMARY_NAME, RANKS_FOLDER, rank_summary_of
-from .._trace.collectives import FORMAT, VERSION
+from .._trace.collectives import FORMAT, VERSION, VERSIONS_READ
 
 FETCHERS = 8  # requests at once: each a rank folder's listing or a file
 
@@ -163,7 +163,7 @@ def _checked(path: Path, name: str) -> tuple[dict | None, str | None]:
         return None, f"not JSON ({error})"
     if not isinstance(summary, dict) or summary.get("format") != FORMAT:
         return None, f"not a rank summary (format is not {FORMAT!r})"
-    if summary.get("version") != VERSION:
+    if summary.get("version") not in VERSIONS_READ:
         return None, f"format version {summary.get('version')!r}, this mlflow-neuron reads {VERSION}"
     rank, cycle = named
     if summary.get("rank") != rank or summary.get("cycle_step") != cycle:

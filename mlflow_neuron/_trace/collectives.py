@@ -42,10 +42,12 @@ import numpy as np
 
 from .chrome_file import read_pieces
 from .dtypes import ELEMENT_BYTES
+from .groups import description, members, process_groups
 from .intervals import IntervalUnion, pairs, step_indices
 
 FORMAT = "mlflow-neuron/rank-summary"
-VERSION = 1
+VERSION = 2  # 2: each collective's group as its members (`members`, `desc`), `peer`, `lane`; `groups`
+VERSIONS_READ = (1, 2)
 
 # HolisticTraceAnalysis's kernel classes (hta/common/types.py), first match wins: communication,
 # memory, compute (whatever the last pattern does not match), other.
@@ -113,7 +115,8 @@ class RankEvents:
                 world_size: int | None = None, cycle_step: int | None = None) -> dict:
         """The rank summary of what was fed; `meta` is the trace without its events."""
         info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-        steps, collectives, source, timeline = self.summarize()
+        groups = process_groups(meta)
+        steps, collectives, source, timeline = self.summarize(groups)
         return {
             "format": FORMAT, "version": VERSION,
             "rank": rank if rank is not None else _int_or_none(info.get("rank")),
@@ -121,7 +124,8 @@ class RankEvents:
             "host": host if host is not None else (meta.get("host_name") or None),
             "cycle_step": cycle_step,
             "timeline": timeline, "collective_source": source,
-            "steps": steps, "collectives": collectives, "device": None, "skipped_events": self.skipped,
+            "steps": steps, "collectives": collectives, "groups": groups, "device": None,
+            "skipped_events": self.skipped,
         }  # fmt: skip
 
     def finish(self, header: dict) -> None:
@@ -135,7 +139,7 @@ class RankEvents:
         self.device: list[tuple[float, float, int, Any, dict]] = []  # (start, end, class, correlation, args)
         self._columns = None  # the device events as arrays, once summarized
         self.launches: dict[Any, float] = {}  # correlation id -> the launch's start
-        self.spans: list[tuple[float, float, str, dict]] = []  # gloo:/nccl: spans
+        self.spans: list[tuple[float, float, str, dict, Any]] = []  # gloo:/nccl: spans, with their thread
         self.param_comms: list[tuple[float, float, dict]] = []
         self.memory: list[tuple[float, float, bool]] = []  # (ts, total allocated, on a device)
         self.roles: dict[str, int] = {}
@@ -194,7 +198,7 @@ class RankEvents:
             elif name.startswith("ProfilerStep#"):  # _ANNOTATION
                 self._step(name, start, end)
             elif name.startswith(("gloo:", "nccl:")):
-                self.spans.append((start, end, name, event.get("args") or {}))
+                self.spans.append((start, end, name, event.get("args") or {}, event.get("tid")))
 
     def _step(self, name: str, start: float, end: float) -> None:
         step = _STEP.match(name)
@@ -208,33 +212,34 @@ class RankEvents:
         if isinstance(total, (int, float)) and isinstance(ts, (int, float)):
             self.memory.append((float(ts), float(total), args.get("Device Type", 0) not in (0, None)))
 
-    def summarize(self) -> tuple[list[dict], list[dict], str | None, str]:
+    def summarize(self, groups: list[dict] | None = None) -> tuple[list[dict], list[dict], str | None, str]:
         steps = sorted({number: (number, start, end) for number, start, end in self.steps}.values(), key=lambda s: s[1])
         if not steps:  # no ProfilerStep: the whole trace is one step, numbered None
             spans = self.cpu_ops + [(s, e) for s, e, *_ in self.device] + [(s, e) for s, e, *_ in self.spans]
             if spans:
                 steps = [(None, min(s for s, _ in spans), max(e for _, e in spans))]
         timeline = "device" if self.device else "cpu"
-        collectives, source = self._collectives()
+        collectives, source = self._collectives(groups or [])
         anchors = np.fromiter((record.pop("_anchor") for record in collectives), float, len(collectives))
         for record, i in zip(collectives, step_indices(steps, anchors).tolist()):
             record["step"] = None if i < 0 else steps[i][0]
         windows = self._device_windows(steps) if timeline == "device" else [(s, e) for _, s, e in steps]
         return self._steps(steps, windows, collectives, timeline), collectives, source, timeline
 
-    def _collectives(self) -> tuple[list[dict], str | None]:
+    def _collectives(self, groups: list[dict]) -> tuple[list[dict], str | None]:
         kernels = [d for d in self.device if d[2] == COMM]
         if kernels:
             records = [_record(args.get("Collective name") or args["_name"], args, start, end,
-                               self.launches.get(correlation, start)) for start, end, _, correlation, args in kernels]
+                               self.launches.get(correlation, start), groups)
+                       for start, end, _, correlation, args in kernels]  # fmt: skip
             return sorted(records, key=lambda r: r["start_us"]), "device_kernels"
         if self.spans:
-            records = [_record(BACKEND_SPAN.match(name).group(2), args, start, end, start)
-                       for start, end, name, args in self.spans]
+            records = [_record(BACKEND_SPAN.match(name).group(2), args, start, end, start, groups, lane=tid)
+                       for start, end, name, args, tid in self.spans]  # fmt: skip
             return sorted(records, key=lambda r: r["start_us"]), "backend_spans"
         named = [(start, end, args) for start, end, args in self.param_comms if args.get("Collective name")]
         if named:
-            records = [_record(args["Collective name"], args, start, end, start) for start, end, args in named]
+            records = [_record(args["Collective name"], args, start, end, start, groups) for start, end, args in named]
             return sorted(records, key=lambda r: r["start_us"]), "record_param_comms"
         return [], None
 
@@ -320,10 +325,36 @@ def _copied_bytes(sizes: list) -> int | None:
     return int(sum(sizes)) if all(isinstance(b, (int, float)) for b in sizes) else None
 
 
-def _record(name: str, args: dict, start: float, end: float, anchor: float) -> dict:
+def _record(name: str, args: dict, start: float, end: float, anchor: float, groups: list[dict], lane=None) -> dict:
+    """A collective: its name, group (name as the trace wrote it, `members` as global ranks,
+    `desc`), `Seq`, its place in time and bytes; for a point-to-point transfer its `peer` (global
+    rank, where the trace names it). `lane` is the thread of a backend span (gloo runs each group's
+    work on threads of its own)."""
     group = args.get("Process Group Name")
-    return {"name": str(name), "group": None if group is None else str(group), "seq": _int_or_none(args.get("Seq")),
-            "step": None, "start_us": _rounded(start), "end_us": _rounded(end), "bytes": _bytes(args), "_anchor": anchor}  # fmt: skip
+    ranks = members(args, groups)
+    if ranks is None and len(groups) == 1 and not POINT_TO_POINT.search(str(name)):
+        ranks = groups[0]["ranks"]  # the rank's only group: where every collective of the rank runs
+    return {"name": str(name), "group": None if group is None else str(group), "members": ranks,
+            "desc": description(args, groups, ranks), "seq": _int_or_none(args.get("Seq")), "step": None,
+            "start_us": _rounded(start), "end_us": _rounded(end), "bytes": _bytes(args),
+            "peer": _peer(name, args, ranks), "lane": lane, "_anchor": anchor}  # fmt: skip
+
+
+# send/recv (gloo:send, c10d's recv_anysource, NCCL's SendRecv kernels): between two ranks, never all
+POINT_TO_POINT = re.compile(r"send|recv", re.IGNORECASE)
+
+
+def _peer(name: str, args: dict, ranks: list[int] | None) -> int | None:
+    """The other rank of a send or a receive, global: `Dst Rank` (a send) or `Src Rank` (a
+    receive), which torch writes as the rank within the group."""
+    if not POINT_TO_POINT.search(str(name)):
+        return None
+    local = _int_or_none(args.get("Dst Rank" if "send" in str(name).lower() else "Src Rank"))
+    if local is None or local < 0:
+        return None
+    if ranks is None:
+        return None
+    return ranks[local] if local < len(ranks) else None
 
 
 def _bytes(args: dict) -> int | None:

@@ -61,17 +61,21 @@ from scipy.stats import binom
 
 from ..._trace.collectives import FORMAT
 from ..._trace.step_summary import summarize
-from .matching import INSTANCE_COLUMNS, keyed_collectives, match, waits
+from .clocks import TOLERANCE_US, Clock, align
+from .matching import INSTANCE_COLUMNS, Groups, match, pairs, records
 from .matching import is_number as _number
 from .words import duration, pair as _pair, ranks_phrase as _ranks_phrase
 
 STRAGGLER_P_VALUE = 0.02
 INSTANCE_WAIT_TO_TRANSFER = 0.5
-STRAGGLER_MIN_WAIT_SHARE = 0.02
+STRAGGLER_MIN_WAIT_SHARE = 0.05
 STRAGGLER_MIN_WAIT_US = 100.0
+STRAGGLER_INSTANCE_P_VALUE = 0.002
+SIGN_TEST_STEPS = 6  # the fewest steps in which the sign test can pass (6 of 6: p = 0.016)
 STEP_COLUMNS = ["rank", "host", "cycle", "step", "step_us", "window_us", "compute_us", "collective_us", "wait_us",
-                "exposed_comm_us", "idle_us", "memcpy_us", "memcpy_bytes", "peak_memory_bytes"]  # fmt: skip
+                "exposed_comm_us", "idle_us", "memcpy_us", "memcpy_bytes", "peak_memory_bytes", "bubble_us"]  # fmt: skip
 TABLE_COLUMNS = ["rank", "host", "steps", "step_us_median", "step_us_low", "step_us_high", "collective_us", "wait_us",
+                 "bubble_us",
                  "exposed_comm_pct", "idle_pct", "compute_us", "arrived_last_pct", "device_cc_op_time", "compute_pct",
                  "non_compute_pct", "overlap_pct"]  # fmt: skip
 
@@ -91,6 +95,7 @@ class RankReport:
     waits_by_name: dict = field(default_factory=dict)  # rank -> name -> median wait a step (µs)
     steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))  # one row per rank and step
     instances: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=INSTANCE_COLUMNS))  # per instance and rank
+    clock: str = "one clock"  # how the wait was measured: "one clock", "aligned" or "clock-free" (`clocks`)
 
     def to_json(self) -> dict:
         ranks = []
@@ -98,12 +103,12 @@ class RankReport:
             ranks.append({"rank": int(row["rank"]), "host": row["host"], "steps": int(row["steps"]),
                           "step_time_us": {"median": row["step_us_median"], "low": row["step_us_low"],
                                            "high": row["step_us_high"]},
-                          **{k: row[k] for k in ("collective_us", "wait_us", "exposed_comm_pct", "idle_pct",
+                          **{k: row[k] for k in ("collective_us", "wait_us", "bubble_us", "exposed_comm_pct", "idle_pct",
                                                  "compute_us", "arrived_last_pct", "device_cc_op_time", "compute_pct",
                                                  "non_compute_pct", "overlap_pct")}})  # fmt: skip
         return _clean({"world_size": self.world_size, "ranks": ranks, "straggler": self.straggler,
                        "missing": self.missing, "unmatched": self.unmatched, "matched_collectives": self.matched,
-                       "sentence": self.sentence, "notes": self.notes})  # fmt: skip
+                       "sentence": self.sentence, "notes": self.notes, "clock": self.clock})  # fmt: skip
 
 
 def analyze(summaries: list[dict], *, expected_world_size: int | None = None) -> RankReport:
@@ -112,32 +117,142 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
     by_rank, notes = _by_rank(summaries)
     sizes = [s.get("world_size") for group in by_rank.values() for s in group if isinstance(s.get("world_size"), int)]
     world_size = expected_world_size or max(sizes + [max(by_rank, default=-1) + 1, 0])
-    missing = [r for r in range(world_size) if r not in by_rank]
     ranks = sorted(by_rank)
-    keyed = {r: keyed_collectives(by_rank[r]) for r in ranks}
-    point_to_point = sum(1 for r in ranks for key in keyed[r] if key[0] == "p2p")
-    if point_to_point:
-        notes.append(f"{point_to_point} point-to-point transfers (send/recv) left out of the wait: two ranks take "
-                     "part in each, not all")  # fmt: skip
-    keyed = {r: {k: c for k, c in keyed[r].items() if k[0] != "p2p"} for r in ranks}
-    instances, unmatched = match(keyed) if len(ranks) > 1 else ({}, [])
-    per_step, waited_for, instance_rows = waits(instances, ranks, min_wait_us=STRAGGLER_MIN_WAIT_US,
-                                                wait_to_transfer=INSTANCE_WAIT_TO_TRANSFER)
-    last_counts = Counter(r for r, *_ in waited_for)
+    missing = [r for r in range(world_size) if r not in by_rank]
+    outside = [r for r in ranks if r >= world_size]
+    if outside:
+        notes.append(f"rank{'s' if len(outside) > 1 else ''} {_ranks_phrase(outside).removeprefix('ranks ').removeprefix('rank ')} "
+                     f"outside the world of {world_size} ranks: read as they are")  # fmt: skip
+    hosts = {r: _host(by_rank[r]) for r in ranks}
+    frame, groups, unmatched, more_notes = records(by_rank, hosts)
+    notes += more_notes
+    kept, more_unmatched, group_notes = match(frame, groups, ranks) if len(ranks) > 1 else (frame.iloc[:0].assign(instance=[]), [], [])
+    unmatched += more_unmatched
+    notes += group_notes
+    too_large = sorted({len(m) for m in groups.members if m and m[0] != "legacy" and len(m) > world_size})
+    if too_large:
+        notes.append(f"a group of {too_large[-1]} ranks in a world of {world_size}: its collectives matched among "
+                     "the ranks that reported")  # fmt: skip
+    clock = align(kept) if len(ranks) > 1 else Clock("one clock")
+    kept = _waits(kept, clock)
+    transfers, unpaired = pairs(frame) if len(ranks) > 1 else (pd.DataFrame(), 0)
+    bubbles = _bubbles(transfers, clock)
+    if unpaired:
+        notes.append(f"{unpaired} point-to-point transfers (send/recv) without their partner: left out")
+    per_step = _per_step(kept, bubbles)
+    waited_for = _waited_for(kept)
+    last_counts = Counter(waited_for["rank"].tolist()) if len(waited_for) else Counter()
     rows, step_rows, waits_by_name = [], [], {}
+    matched = int(kept["instance"].nunique()) if len(kept) else 0
     for r in ranks:
-        steps = _step_rows(r, by_rank[r], per_step.get(r, {}) if instances else None)
+        steps = _step_rows(r, by_rank[r], per_step.get(r, {}) if matched or len(bubbles) else None)
         rows.append({**_row(r, steps, last_counts.get(r, 0), len(waited_for)),
                      "device_cc_op_time": _median(_device(s, "cc_op_time") for s in by_rank[r])})
         step_rows += steps
         waits_by_name[r] = _median_wait_by_name(per_step.get(r, {}))
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     step_frame = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
-    straggler, why = _straggler(table, step_frame, waited_for, len(instances))
-    report = RankReport(world_size, table, straggler, missing, unmatched, len(instances), "", notes, waits_by_name,
-                        step_frame, instance_rows)
+    roles = _roles(frame, groups, ranks)
+    straggler, why = _straggler(table, step_frame, kept, waited_for, matched, roles, groups)
+    instance_rows = _instance_rows(kept, groups)
+    if clock.method == "clock-free" or (clock.method == "aligned" and clock.offsets.abs().max() > TOLERANCE_US):
+        notes.append(f"clock: {clock.words}")
+    report = RankReport(world_size, table, straggler, missing, unmatched, matched, "", notes, waits_by_name,
+                        step_frame, instance_rows, clock.method)
     report.sentence = _sentence(report, why)
     return report
+
+
+def _waits(kept: pd.DataFrame, clock: Clock) -> pd.DataFrame:
+    """Each member's time in the instance (`spent_us`), its wait and whether it arrived last: on one
+    clock the latest start minus its own (TraceLens's), else its time beyond the shortest member's."""
+    kept = kept.copy()
+    kept["spent_us"] = kept["end_us"] - kept["start_us"]
+    if kept.empty:
+        return kept.assign(wait_us=[], arrived_last=[], transfer_us=[])
+    by = kept.groupby("instance")
+    kept["transfer_us"] = by["spent_us"].transform("min")
+    if clock.method == "clock-free":
+        kept["wait_us"] = (kept["spent_us"] - kept["transfer_us"]).round(3)
+        arrival = -kept["spent_us"]
+    else:
+        arrival = kept["start_us"] - clock.offsets.reindex(kept["rank"]).to_numpy()
+        kept["wait_us"] = (arrival.groupby(kept["instance"]).transform("max") - arrival).round(3)
+    latest = arrival.groupby(kept["instance"]).transform("max")
+    alone = (arrival == latest).groupby(kept["instance"]).transform("sum") == 1
+    kept["arrived_last"] = (arrival == latest) & alone
+    return kept
+
+
+def _bubbles(transfers: pd.DataFrame, clock: Clock) -> pd.DataFrame:
+    """A receive's wait for its send (the pipeline's bubble): on one clock the send's start minus
+    the receive's (at least 0), else the receive's time beyond the pair's shortest receive."""
+    if transfers.empty:
+        return pd.DataFrame(columns=["rank", "step", "bubble_us"])
+    if clock.method == "clock-free":
+        spent = transfers["recv_end"] - transfers["recv_start"]
+        bubble = spent - spent.groupby([transfers["src"], transfers["dst"]]).transform("min")
+    else:
+        o = clock.offsets
+        send = transfers["send_start"] - o.reindex(transfers["src"]).fillna(0.0).to_numpy()
+        recv = transfers["recv_start"] - o.reindex(transfers["dst"]).fillna(0.0).to_numpy()
+        bubble = (send - recv).clip(lower=0.0)
+    return pd.DataFrame({"rank": transfers["dst"].astype(int), "step": transfers["step"], "bubble_us": bubble.round(3)})
+
+
+def _per_step(kept: pd.DataFrame, bubbles: pd.DataFrame) -> dict:
+    """rank -> step -> name -> wait (µs); a receive's bubble under `BUBBLE`."""
+    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+    if len(kept):
+        sums = kept.groupby(["rank", "step", "name"], dropna=False)["wait_us"].sum()
+        for (rank, step, name), wait in sums.items():
+            out[int(rank)][None if pd.isna(step) else int(step)][name] += float(wait)
+    if len(bubbles):
+        sums = bubbles.groupby(["rank", "step"], dropna=False)["bubble_us"].sum()
+        for (rank, step), wait in sums.items():
+            out[int(rank)][None if pd.isna(step) else int(step)][BUBBLE] += float(wait)
+    return out
+
+
+BUBBLE = "recv (pipeline bubble)"
+
+
+def _waited_for(kept: pd.DataFrame) -> pd.DataFrame:
+    """The instances that kept ranks waiting: the rank that arrived last, the name, the others'
+    median wait, the step and the group, where that wait reached `STRAGGLER_MIN_WAIT_US` and
+    `INSTANCE_WAIT_TO_TRANSFER` times the transfer."""
+    if kept.empty:
+        return pd.DataFrame(columns=["instance", "rank", "name", "others_wait_us", "step", "gid"])
+    others = kept[~kept["arrived_last"]].groupby("instance")["wait_us"].median()
+    last = kept[kept["arrived_last"]].set_index("instance")
+    last = last.join(others.rename("others_wait_us"), how="inner")
+    keep = last["others_wait_us"] >= np.maximum(STRAGGLER_MIN_WAIT_US, INSTANCE_WAIT_TO_TRANSFER * last["transfer_us"])
+    return last[keep].reset_index()[["instance", "rank", "name", "others_wait_us", "step", "gid"]]
+
+
+def _instance_rows(kept: pd.DataFrame, groups: Groups) -> pd.DataFrame:
+    if kept.empty:
+        return pd.DataFrame(columns=INSTANCE_COLUMNS)
+    labels = {g: groups.label(g) for g in kept["gid"].unique()}
+    out = kept.assign(group=kept["gid"].map(labels), desc=kept["gid"].map(lambda g: groups.desc[g]))
+    return out[INSTANCE_COLUMNS].reset_index(drop=True)
+
+
+def _roles(frame: pd.DataFrame, groups: Groups, ranks: list[int]) -> dict[int, tuple]:
+    """rank -> what it does in a step: its collectives' names, group descriptions (or sizes) and
+    directions, with how many of each a step (the median over its steps). Ranks with the same role
+    do the same work (a pipeline stage's ranks); a straggler is found among them."""
+    if frame.empty:
+        return {r: () for r in ranks}
+    what = frame.assign(what=[
+        (name, kind, groups.desc[g] or len(groups.members[g]) if g >= 0 else None)
+        for name, kind, g in zip(frame["name"], frame["kind"], frame["gid"])])
+    counts = what.groupby(["rank", "cycle", "step", "what"], dropna=False).size()
+    per_rank = counts.groupby(["rank", "what"]).median()
+    roles = {r: () for r in ranks}
+    for (rank, item), n in per_rank.items():
+        roles[int(rank)] += ((item, float(n)),)
+    return {r: tuple(sorted(v, key=str)) for r, v in roles.items()}
 
 
 def _by_rank(summaries: list[dict]) -> tuple[dict[int, list[dict]], list[str]]:
@@ -168,8 +283,11 @@ def _step_rows(rank: int, summaries: list[dict], waits: dict | None) -> list[dic
             key = number if number is not None else (summary.get("cycle_step"), id(step))
             if isinstance(step, dict) and _number(step.get("step_us")) and key not in rows:
                 row = {k: step.get(k) for k in STEP_COLUMNS if k in step}
-                wait = None if waits is None else sum(waits.get(step.get("step"), {}).values())
-                rows[key] = {**row, "rank": rank, "host": host, "cycle": summary.get("cycle_step"), "wait_us": wait}
+                found = None if waits is None else waits.get(step.get("step"), {})
+                wait = None if found is None else sum(v for k, v in found.items() if k != BUBBLE)
+                bubble = None if found is None else found.get(BUBBLE)
+                rows[key] = {**row, "rank": rank, "host": host, "cycle": summary.get("cycle_step"), "wait_us": wait,
+                             "bubble_us": bubble}  # fmt: skip
     return list(rows.values())
 
 
@@ -184,7 +302,8 @@ def _row(rank: int, steps: list[dict], last: int, waited: int) -> dict:
     return {"rank": rank, "host": steps[0]["host"] if steps else None, "steps": len(steps),
             "step_us_median": stats.median if stats else None, "step_us_low": stats.low if stats else None,
             "step_us_high": stats.high if stats else None, "collective_us": _median(column("collective_us")),
-            "wait_us": _median(column("wait_us")), "exposed_comm_pct": _share(steps, "exposed_comm_us"),
+            "wait_us": _median(column("wait_us")), "bubble_us": _median(column("bubble_us")),
+            "exposed_comm_pct": _share(steps, "exposed_comm_us"),
             "idle_pct": _share(steps, "idle_us"), "compute_us": _median(column("compute_us")),
             **_breakdown(steps),
             "arrived_last_pct": 100.0 * last / waited if waited else None}  # fmt: skip
@@ -201,40 +320,84 @@ def _median_wait_by_name(waits: dict) -> dict[str, float]:
     return {name: _median([per_name.get(name, 0.0) for per_name in waits.values()]) for name in names}
 
 
-def _straggler(table: pd.DataFrame, steps: pd.DataFrame, waited_for: list, matched: int) -> tuple[dict | None, str]:
+def _straggler(table, steps, kept, waited_for, matched, roles, groups) -> tuple[dict | None, str]:
     """The straggler by the rule of the module docstring, or None and why not."""
     if len(table) < 2:
         return None, "one rank"
-    if matched == 0:
+    if matched == 0 and steps["bubble_us"].isna().all():
         return None, "no collective matched across ranks"
-    waits = steps.dropna(subset=["wait_us"]).pivot_table(index=["cycle", "step"], columns="rank", values="wait_us",
-                                                          aggfunc="first", dropna=False).dropna()  # fmt: skip
-    if waits.empty:
+    matched_steps = steps.dropna(subset=["wait_us"])
+    total = matched_steps["wait_us"] + matched_steps["bubble_us"].fillna(0.0)
+    waits = matched_steps.assign(total_us=total).pivot_table(index=["cycle", "step"], columns="rank", values="total_us",
+                                                             aggfunc="first", dropna=False).dropna()  # fmt: skip
+    # ranks that do the same work (one pipeline stage's) wait alike unless one of them is late by its own time
+    peers = {r: [q for q in waits.columns if q != r and roles.get(q) == roles.get(r)] for r in waits.columns}
+    if not any(peers.values()):  # no two ranks do the same work: all the others
+        peers = {r: [q for q in waits.columns if q != r] for r in waits.columns}
+    lateness = {r: waits[peers[r]].median(axis=1) - waits[r] for r in waits.columns if peers[r]}
+    lateness = {r: v for r, v in lateness.items() if len(v)}
+    if not lateness:
         return None, "no step has its collectives matched on every rank"
-    # how much later than the others a rank arrived in each step: the others' median wait minus its own
-    lateness = {r: waits.drop(columns=r).median(axis=1) - waits[r] for r in waits.columns}
     rank = max(lateness, key=lambda r: (float(lateness[r].median()), -r))
-    late, n = int((lateness[rank] > 0).sum()), len(waits)
-    p_value = float(binom.sf(late - 1, n, 0.5))  # P(this many steps or more | late in half the steps by chance)
+    late, n = int((lateness[rank] > 0).sum()), len(lateness[rank])
+    p_steps = float(binom.sf(late - 1, n, 0.5))  # P(this many steps or more | late in half the steps by chance)
+    mine = kept[kept["rank"] == rank]
+    its = waited_for[waited_for["instance"].isin(mine["instance"])]  # instances of its groups that kept someone waiting
+    last_at = its[its["rank"] == rank]
+    size = float(np.median([len(groups.members[g]) if groups.members[g][0] != "legacy" else len(table)
+                            for g in its["gid"]])) if len(its) else 2.0  # fmt: skip
+    p_instances = float(binom.sf(len(last_at) - 1, len(its), 1.0 / max(size, 2.0))) if len(its) else 1.0
+    if n >= SIGN_TEST_STEPS:  # enough steps for the sign test: the instances do not add to it
+        p_instances = 1.0
     step_us = _median([s for s in table["step_us_median"] if _number(s)]) or 0.0
     floor = max(STRAGGLER_MIN_WAIT_US, STRAGGLER_MIN_WAIT_SHARE * step_us)
     by_how_much = float(lateness[rank].median())
     if by_how_much < floor:
         return None, (f"no rank arrived measurably later than the others: the latest, rank {rank}, by "
                       f"{duration(max(by_how_much, 0.0))} a step (median), under {duration(floor)}")
-    if p_value > STRAGGLER_P_VALUE:
+    if (p_steps > STRAGGLER_P_VALUE and p_instances > STRAGGLER_INSTANCE_P_VALUE) or last_at.empty:
         return None, (f"rank {rank} arrived {duration(by_how_much)} a step later than the others (median), but only "
                       f"in {late} of {n} steps: not consistently")
     others = table[table["rank"] != rank]
     others_wait = _median([w for w in others["wait_us"] if _number(w)]) or 0.0
-    names = Counter(name for r, name, *_ in waited_for if r == rank)
-    alike = [r for r, name, *_ in waited_for if name in names]  # the instances of the collectives it was last at
+    names = Counter(last_at["name"])
+    alike = waited_for[waited_for["name"].isin(names)]  # the instances of the collectives it was last at
+    gid = int(Counter(last_at["gid"]).most_common(1)[0][0])
+    members = groups.members[gid]
+    world = members[0] == "legacy" or len(members) >= len(table)
+    in_group = kept[(kept["gid"] == gid) & (kept["rank"] != rank)]
+    peers_wait = _median(in_group.groupby(["cycle", "step"], dropna=False)["wait_us"].sum()
+                         / max(in_group["rank"].nunique(), 1)) if len(in_group) else None  # fmt: skip
     return {"rank": int(rank), "host": table.loc[table["rank"] == rank, "host"].iloc[0],
-            "arrived_last_pct": 100.0 * sum(names.values()) / len(alike) if alike else None,
-            "late_steps": late, "steps": n, "p_value": p_value, "late_by_us": by_how_much,
+            "arrived_last_pct": 100.0 * sum(names.values()) / len(alike) if len(alike) else None,
+            "late_steps": late, "steps": n, "p_value": min(p_steps, p_instances), "late_by_us": by_how_much,
+            "evidence": "steps" if p_steps <= STRAGGLER_P_VALUE else "instances",
+            "last_instances": len(last_at), "group_instances": len(its),
             "others_wait_us": others_wait, "others_wait_pct_of_step": 100.0 * others_wait / step_us if step_us else None,
             "collective": names.most_common(1)[0][0] if len(names) == 1 else None,
+            "group": None if world else groups.label(gid), "group_desc": groups.desc[gid],
+            "group_ranks": None if world else list(members), "peers_wait_us": peers_wait,
+            "downstream": None if world else _downstream(kept, steps, members, groups),
             "waited_instances": len(waited_for), "matched_instances": matched}, ""  # fmt: skip
+
+
+def _downstream(kept, steps, members, groups) -> dict | None:
+    """The ranks outside the straggler's group: how long they waited a step (median over them of
+    their median; collectives and receives), and in which group's collectives the most."""
+    outside = steps[~steps["rank"].isin(members)]
+    if outside.empty:
+        return None
+    total = (outside["wait_us"].fillna(0.0) + outside["bubble_us"].fillna(0.0)).groupby(outside["rank"]).median()
+    theirs = kept[~kept["rank"].isin(members)]
+    where = theirs.groupby("gid")["wait_us"].sum() if len(theirs) else pd.Series(dtype=float)
+    bubble = outside["bubble_us"].fillna(0.0).sum()
+    if len(where) and where.max() >= bubble:
+        desc = groups.desc[int(where.idxmax())]
+        name = Counter(theirs.loc[theirs["gid"] == where.idxmax(), "name"]).most_common(1)[0][0]
+        what = f"{desc + ' ' if desc else ''}{name}"
+    else:
+        what = "receives (the pipeline's bubble)"
+    return {"ranks": int(len(total)), "wait_us": float(total.median()), "where": what}
 
 
 def _sentence(report: RankReport, why: str) -> str:
@@ -251,6 +414,18 @@ def _sentence(report: RankReport, why: str) -> str:
         share = f" ({s['others_wait_pct_of_step']:.0f}% of it)" if s.get("others_wait_pct_of_step") is not None else ""
         others = "other rank" if n == 2 else f"other {n - 1} ranks"
         at = f"at {s['arrived_last_pct']:.0f}% of the {what} that kept others waiting, " if s["arrived_last_pct"] else ""
+        if s.get("group"):
+            peers = f"its {s['group_desc']} peers" if s.get("group_desc") else "its group's other members"
+            then = ""
+            if s.get("downstream") and s["downstream"]["wait_us"] >= STRAGGLER_MIN_WAIT_US:
+                d = s["downstream"]
+                then = (f", and in turn the {d['ranks']} ranks outside its group waited {duration(d['wait_us'])} a step "
+                        f"(most in {d['where']})")  # fmt: skip
+            when = (f"in {s['late_steps']} of {s['steps']} steps" if s.get("evidence") == "steps"
+                    else f"at {s['last_instances']} of {s['group_instances']} collectives that kept others waiting")
+            return (f"rank {s['rank']}{host} ({s['group']}) was late by its own time {when}: it arrived last, "
+                    f"{duration(s['late_by_us'])} a step later than ranks doing the same work (median); "
+                    f"{peers} waited {duration(s['peers_wait_us'] or 0.0)} a step{then}" + tail)
         return (f"rank {s['rank']}{host} arrived last {at}later than the others in {s['late_steps']} of {s['steps']} "
                 f"steps; the {others} waited {duration(s['others_wait_us'])} a step{share}, "
                 f"{duration(s['late_by_us'])} longer than it did" + tail)

@@ -1,89 +1,213 @@
-"""Each collective instance found on every rank, and every rank's wait at it (pure).
+"""Each collective instance matched within its process group, and every member's wait at it (pure).
 
-Used by `analysis` (its docstring says how instances are matched and what the wait is). A
-rank's collectives are keyed by process group and `Seq`, else by group, step and place among the
-group's collectives in the step, else by group, cycle and place; an instance is matched when
-every rank has its key under one name. Point-to-point transfers are keyed apart and never matched.
+A rank summary's collective carries its group as the global ranks in it (`members`). An instance
+is keyed within its group by `Seq` where the trace has one, else by its place among the group's
+collectives in the step (every rank numbers its `ProfilerStep`s alike), else in the cycle. It is
+matched when every member of the group that took part in the group in that cycle has it under
+one name; a member that reported the cycle but ran none of the group's collectives is absent from
+the group, and said so. Point-to-point transfers are matched as pairs (the sender's send and the
+receiver's receive, in order, per direction), where the trace names the peer.
+
+A summary of format version 1 (no members) or a collective whose group the trace does not give on
+a rank with one group: its group is the rank's only one, every rank that reported. A collective
+whose group cannot be told on a rank with several groups (gloo writes none) is left unmatched,
+with the reason; it is never paired by guesswork.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections import Counter, defaultdict
 
 import numpy as np
 import pandas as pd
 
-# send/recv (gloo:send, c10d's recv_anysource, NCCL's SendRecv kernels): between two ranks, never all
 POINT_TO_POINT = re.compile(r"send|recv", re.IGNORECASE)
-INSTANCE_COLUMNS = ["instance", "name", "group", "step", "rank", "start_us", "end_us", "spent_us", "wait_us",
+COLLECTIVE, SEND, RECV = 0, 1, 2
+RECORD_COLUMNS = ["rank", "host", "cycle", "name", "gid", "seq", "step", "start_us", "end_us", "kind", "peer"]
+INSTANCE_COLUMNS = ["instance", "name", "group", "desc", "step", "rank", "start_us", "end_us", "spent_us", "wait_us",
                     "arrived_last"]  # fmt: skip
 
 
-def keyed_collectives(summaries: list[dict]) -> dict[tuple, dict]:
-    """A rank's collectives by their matching key (module docstring)."""
-    keyed, places = {}, Counter()
-    records = [(s.get("cycle_step"), c) for s in summaries for c in s.get("collectives") or [] if _valid(c)]
-    for cycle, c in sorted(records, key=lambda item: item[1]["start_us"]):
-        if POINT_TO_POINT.search(str(c.get("name"))):
-            key = ("p2p", cycle, c["start_us"])
-        elif c.get("seq") is not None:
-            key = ("seq", c.get("group"), c["seq"])
-        else:
-            scope = ("step", c["step"]) if c.get("step") is not None else ("cycle", cycle)
-            place = places[(c.get("group"), scope)]
-            places[(c.get("group"), scope)] += 1
-            key = (scope[0], c.get("group"), scope[1], place)
-        keyed.setdefault(key, c)
-    return keyed
+class Groups:
+    """Process groups by their members: an id for each, its members and description."""
+
+    def __init__(self):
+        self.ids: dict[tuple, int] = {}
+        self.members: list[tuple] = []
+        self.desc: list[str | None] = []
+
+    def id(self, members: tuple, desc: str | None) -> int:
+        gid = self.ids.get(members)
+        if gid is None:
+            gid = self.ids[members] = len(self.members)
+            self.members.append(members)
+            self.desc.append(desc)
+        elif desc and not self.desc[gid]:
+            self.desc[gid] = desc
+        return gid
+
+    def label(self, gid: int) -> str:
+        """`tp group 8-15`, `dp group 0,32,64`, `group 0-3`."""
+        members, desc = self.members[gid], self.desc[gid]
+        if members and members[0] == "legacy":
+            return f"group {members[1]}" if members[1] is not None else "the default group"
+        return f"{desc + ' ' if desc else ''}group {ranks_text(list(members))}"
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """0-7, or 0,32,64 (a stride), or 0,1,5."""
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    if len(ranks) > 3:
+        stride = ranks[1] - ranks[0]
+        if all(b - a == stride for a, b in zip(ranks, ranks[1:])):
+            return f"{ranks[0]},{ranks[1]},...,{ranks[-1]} (every {stride})"
+    return ",".join(str(r) for r in ranks)
+
+
+def records(by_rank: dict[int, list[dict]], hosts: dict[int, str | None]) -> tuple[pd.DataFrame, Groups, list[dict], list[str]]:
+    """Every rank's collectives as one frame (RECORD_COLUMNS), their groups, the collectives that
+    could not be placed in a group (as unmatched entries), and notes."""
+    groups, rows, unplaced, unnamed = Groups(), [], [], 0
+    reported = sorted(by_rank)
+    for rank in reported:
+        for summary in by_rank[rank]:
+            own_groups = summary.get("groups") if isinstance(summary.get("groups"), list) else None
+            cycle = summary.get("cycle_step")
+            for c in summary.get("collectives") or []:
+                if not _valid(c):
+                    continue
+                name = c["name"]
+                p2p = POINT_TO_POINT.search(name)
+                kind = COLLECTIVE if not p2p else (SEND if "send" in name.lower() else RECV)
+                members = c.get("members")
+                if kind != COLLECTIVE:
+                    peer = c.get("peer")
+                    if not isinstance(peer, int):
+                        unnamed += 1
+                        continue
+                    gid = -1
+                elif isinstance(members, list) and members:
+                    if rank not in members:
+                        unplaced.append(_entry(rank, c, f"its group {ranks_text(members)} does not hold this rank"))
+                        continue
+                    gid, peer = groups.id(tuple(members), c.get("desc")), None
+                elif own_groups is None or len(own_groups) <= 1:
+                    gid, peer = groups.id(("legacy", c.get("group")), c.get("desc")), None
+                else:
+                    unplaced.append(_entry(rank, c, f"its process group is not in the trace (the backend writes none) "
+                                                    f"and the rank has {len(own_groups)} groups"))  # fmt: skip
+                    continue
+                rows.append((rank, hosts.get(rank), cycle, name, gid, _seq(c.get("seq")),
+                             c.get("step") if isinstance(c.get("step"), int) else None,
+                             float(c["start_us"]), float(c["end_us"]), kind, peer if kind else -1))  # fmt: skip
+    frame = pd.DataFrame(rows, columns=RECORD_COLUMNS)
+    notes = [f"{unnamed} point-to-point transfers (send/recv) left out of the wait: the trace does not name their "
+             "peer"] if unnamed else []  # fmt: skip
+    return frame, groups, unplaced, notes
+
+
+def match(frame: pd.DataFrame, groups: Groups, reported: list[int]) -> tuple[pd.DataFrame, list[dict], list[str]]:
+    """The matched collectives, one row per instance and member (`instance` numbers them), and the
+    unmatched ones (entries), and notes (members absent from their group)."""
+    coll = frame[frame["kind"] == COLLECTIVE].copy()
+    if coll.empty:
+        return coll.assign(instance=[]), [], []
+    coll = coll.sort_values(["rank", "start_us"], kind="stable")
+    legacy = np.array([groups.members[g][0] == "legacy" for g in coll["gid"]], bool)
+    scope_cycle = coll["cycle"].fillna(-1).astype(np.int64)
+    has_step = coll["step"].notna()
+    coll["scope"] = np.where(has_step, coll["step"].fillna(-1).astype(np.int64), scope_cycle)
+    coll["scope_kind"] = np.where(coll["seq"].notna(), 2, np.where(has_step, 1, 0))
+    coll["place"] = coll.groupby(["rank", "gid", "scope_kind", "scope"]).cumcount()
+    coll["key"] = np.where(coll["seq"].notna(), coll["seq"].fillna(-1).astype(np.int64), coll["place"])
+    coll = coll.drop_duplicates(["rank", "gid", "scope_kind", "scope", "key"])
+    # who took part in each group in each cycle: a legacy group is every rank that reported the cycle
+    takers = coll.groupby(["gid", "cycle"], dropna=False)["rank"].nunique().rename("takers")
+    coll = coll.join(takers, on=["gid", "cycle"])
+    in_cycle = frame.groupby("cycle", dropna=False)["rank"].nunique()
+    coll.loc[legacy, "takers"] = coll.loc[legacy, "cycle"].map(in_cycle).fillna(len(reported)).to_numpy()
+    keys = ["gid", "scope_kind", "scope", "key"]
+    coll["instance"] = coll.groupby(keys, sort=True).ngroup()
+    sizes = coll.groupby("instance")["rank"].transform("size")
+    names = coll.groupby("instance")["name"].transform("nunique")
+    matched = (sizes == coll["takers"]) & (names == 1) & (sizes > 1)
+    unmatched = []
+    for row in coll[~matched].itertuples(index=False):
+        on = sorted(coll.loc[coll["instance"] == row.instance, "rank"].tolist())
+        why = "names differ across ranks" if len(on) == row.takers else "not on every rank"
+        if not groups.members[row.gid][0] == "legacy":
+            why = ("names differ across the members of its group" if len(on) == row.takers
+                   else f"not on every member of its {groups.label(row.gid)}")  # fmt: skip
+        legacy_name = groups.members[row.gid][1] if groups.members[row.gid][0] == "legacy" else None
+        unmatched.append({"rank": int(row.rank), "name": row.name,
+                          "group": legacy_name if groups.members[row.gid][0] == "legacy" else groups.label(row.gid),
+                          "step": None if pd.isna(row.step) else int(row.step),
+                          "seq": None if pd.isna(row.seq) else int(row.seq), "on_ranks": on, "why": why})  # fmt: skip
+    kept = coll[matched].copy()
+    kept["instance"] = kept.groupby(keys, sort=True).ngroup()
+    notes = _absent_members(kept, groups, reported)
+    return kept.drop(columns=["scope", "scope_kind", "place", "key", "takers"]), unmatched, notes
+
+
+def pairs(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Point-to-point transfers matched as pairs: one row per pair (`src`, `dst`, the send's and the
+    receive's start and end); and how many transfers found no partner."""
+    p2p = frame[frame["kind"] != COLLECTIVE].copy()
+    if p2p.empty:
+        return pd.DataFrame(columns=["src", "dst", "step", "send_start", "send_end", "recv_start", "recv_end",
+                                     "recv_rank_host", "send_rank_host", "cycle"]), 0  # fmt: skip
+    p2p["src"] = np.where(p2p["kind"] == SEND, p2p["rank"], p2p["peer"])
+    p2p["dst"] = np.where(p2p["kind"] == SEND, p2p["peer"], p2p["rank"])
+    p2p = p2p.sort_values(["rank", "start_us"], kind="stable")
+    p2p["scope"] = p2p["step"].fillna(-1).astype(np.int64)
+    p2p["order"] = p2p.groupby(["src", "dst", "kind", "cycle", "scope"], dropna=False).cumcount()
+    on = ["src", "dst", "cycle", "scope", "order"]
+    sends = p2p[p2p["kind"] == SEND].set_index(on)[["start_us", "end_us", "host", "step"]]
+    recvs = p2p[p2p["kind"] == RECV].set_index(on)[["start_us", "end_us", "host"]]
+    both = sends.join(recvs, how="inner", lsuffix="_send", rsuffix="_recv").reset_index()
+    unpaired = len(sends) + len(recvs) - 2 * len(both)
+    both = both.rename(columns={"start_us_send": "send_start", "end_us_send": "send_end", "start_us_recv": "recv_start",
+                                "end_us_recv": "recv_end", "host_send": "send_rank_host", "host_recv": "recv_rank_host"})  # fmt: skip
+    return both, unpaired
+
+
+def _absent_members(kept: pd.DataFrame, groups: Groups, reported: list[int]) -> list[str]:
+    """A note for each group matched among fewer than its members: who is absent."""
+    notes, here = [], set(reported)
+    present = kept.groupby("gid")["rank"].unique()
+    for gid, ranks in present.items():
+        members = groups.members[gid]
+        if members and members[0] == "legacy":
+            continue
+        absent = sorted(set(members) - set(int(r) for r in ranks))
+        if absent:
+            silent = [r for r in absent if r not in here]
+            other = [r for r in absent if r in here]
+            why = []
+            if silent:
+                why.append(f"{ranks_text(silent)} sent no summary")
+            if other:
+                why.append(f"{ranks_text(other)} ran none of its collectives or the trace placed them elsewhere")
+            notes.append(f"{groups.label(gid)} matched among {len(ranks)} of its {len(members)} members "
+                         f"({'; '.join(why)})")  # fmt: skip
+    return notes
+
+
+def _entry(rank: int, c: dict, why: str) -> dict:
+    return {"rank": rank, "name": c.get("name"), "group": c.get("group"), "step": c.get("step"), "seq": c.get("seq"),
+            "on_ranks": [rank], "why": why}  # fmt: skip
+
+
+def _seq(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _valid(c) -> bool:
     """A collective record with a name and a start no later than its end."""
     return isinstance(c, dict) and isinstance(c.get("name"), str) and is_number(c.get("start_us")) \
         and is_number(c.get("end_us")) and c["end_us"] >= c["start_us"]
-
-
-def match(keyed: dict[int, dict[tuple, dict]]) -> tuple[dict[tuple, dict[int, dict]], list[dict]]:
-    ranks = sorted(keyed)
-    everywhere = set.intersection(*(set(k) for k in keyed.values()))
-    instances, unmatched = {}, []
-    for key in sorted(everywhere, key=str):
-        records = {r: keyed[r][key] for r in ranks}
-        if len({c["name"] for c in records.values()}) == 1:
-            instances[key] = records
-    for r in ranks:
-        for key, c in keyed[r].items():
-            if key not in instances:
-                on = [q for q in ranks if key in keyed[q]]
-                unmatched.append({"rank": r, "name": c["name"], "group": c.get("group"), "step": c.get("step"),
-                                  "seq": c.get("seq"), "on_ranks": on,
-                                  "why": "names differ across ranks" if len(on) == len(ranks) else "not on every rank"})  # fmt: skip
-    return instances, unmatched
-
-
-def waits(instances, ranks, *, min_wait_us: float, wait_to_transfer: float):
-    """rank -> step -> name -> wait (µs), and the instances that kept ranks waiting: (the rank that
-    arrived last, the collective's name, the others' median wait, the step) where that wait reached
-    `min_wait_us` and `wait_to_transfer` times the transfer."""
-    waits: dict[int, dict] = {r: defaultdict(lambda: defaultdict(float)) for r in ranks}
-    waited_for: list[tuple[int, str, float]] = []
-    rows = []
-    for number, records in enumerate(instances.values()):
-        spent = {r: c["end_us"] - c["start_us"] for r, c in records.items()}
-        transfer = min(spent.values())
-        last = [r for r, t in spent.items() if t == transfer]
-        for r, c in records.items():
-            wait = round(spent[r] - transfer, 3)
-            waits[r][c.get("step")][c["name"]] += wait
-            rows.append((number, c["name"], c.get("group"), c.get("step"), r, c["start_us"], c["end_us"], spent[r],
-                         wait, len(last) == 1 and r == last[0]))  # fmt: skip
-        others = float(np.median([t - transfer for r, t in spent.items() if r != last[0]]))
-        if len(last) == 1 and others >= max(min_wait_us, wait_to_transfer * transfer):
-            step = records[last[0]].get("step")
-            waited_for.append((last[0], records[last[0]]["name"], others, ("instance", number) if step is None else step))
-    return waits, waited_for, pd.DataFrame(rows, columns=INSTANCE_COLUMNS)
 
 
 def is_number(value) -> bool:
