@@ -19,7 +19,8 @@ import pytest
 from scipy.stats import binom
 
 from mlflow_neuron._analysis.ranks import analysis as ranks
-from mlflow_neuron._analysis.ranks.analysis import analyze, explain_change
+from mlflow_neuron._analysis.ranks.analysis import analyze
+from mlflow_neuron._analysis.ranks.change import explain_change
 from mlflow_neuron._trace.collectives import FORMAT, VERSION, rank_summary_from_chrome
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -451,3 +452,41 @@ def test_torch_writes_what_the_summary_reads_a_real_profiler_and_a_gloo_process_
     assert [c["step"] for c in s["collectives"]] == [st["step"] for st in s["steps"]] == [1, 2, 3]
     assert all(st["compute_us"] > 0 and st["collective_us"] > 0 for st in s["steps"])
     assert analyze([s]).sentence == "one rank (rank 0): nothing to compare across ranks"
+
+
+def param_set(shift: dict[int, float] | None = None) -> list[dict]:
+    """facebookresearch/param's 8-rank NCCL DLRM job (one host, one ProfilerStep; tests/fixtures/README.md)."""
+    out = []
+    for rank, path in enumerate(sorted((MULTI / "param_dlrm_8rank").glob("*.json.gz"))):
+        data = json.loads(gzip.decompress(path.read_bytes()))
+        for event in data["traceEvents"]:
+            if "ts" in event and shift and rank in shift:
+                event["ts"] = float(event["ts"]) + shift[rank]
+        out.append(rank_summary_from_chrome(data))
+    return out
+
+
+@pytest.mark.parametrize("shifted", [False, True], ids=["as-recorded", "rank-1-clock-50-ms-off"])
+def test_a_public_8_rank_nccl_job_gives_tracelens_waits_and_the_straggler_tracelens_and_hta_name(shifted):
+    """Its all_to_alls run as SendRecv kernels (older NCCL): named by the op that launched them, they
+    are collectives, matched as TraceLens matches them. Each rank's total wait is within 10% (of the
+    largest) of TraceLens's `NcclAnalyser`; the straggler is the one TraceLens (fewest wait, last at
+    5 of 8) and HTA (one candidate) name. With rank 1's clock 50 ms off, both tools name rank 1 (one
+    clock across files); here the clocks are aligned from the all_reduces' ends and nothing changes."""
+    reference = REFERENCE["nccl_sets"]["param_dlrm_8rank"]
+    theirs = reference["as_recorded"]["tracelens"]
+    assert theirs["straggler"] == reference["as_recorded"]["hta"]["candidates_1"][0] == 7
+    shift = {reference["shift"]["rank"]: reference["shift"]["us"]} if shifted else None
+    report = analyze(param_set(shift))
+    assert report.clock == ("aligned" if shifted else "one clock")
+    assert report.matched == 8 and report.unmatched == [] and report.missing == []
+    assert {c for c in report.instances["name"]} == {"all_to_all", "all_reduce"}
+    ours = report.instances.groupby("rank")["wait_us"].sum()
+    largest = max(t["total_wait_us"] for t in theirs["ranks"].values())
+    for rank, figures in theirs["ranks"].items():
+        assert abs(ours[int(rank)] - figures["total_wait_us"]) <= 0.1 * largest, (rank, ours.to_dict())
+    assert report.straggler is not None and report.straggler["rank"] == 7, report.sentence
+    assert report.straggler["evidence"] == "instances" and report.straggler["last_instances"] == 5
+    assert "rank 7 arrived last later than the others at 5 of the 8 collectives" in report.sentence
+    if shifted:  # what a one-clock tool makes of it
+        assert reference["rank1_plus_50ms"]["tracelens"]["straggler"] == 1

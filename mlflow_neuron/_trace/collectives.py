@@ -33,6 +33,7 @@ time that no compute overlaps; memcpy = the union of host<->device copies with t
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from pathlib import Path
@@ -123,7 +124,7 @@ class RankEvents:
             "world_size": world_size if world_size is not None else _int_or_none(info.get("world_size")),
             "host": host if host is not None else (meta.get("host_name") or None),
             "cycle_step": cycle_step,
-            "timeline": timeline, "collective_source": source,
+            "timeline": timeline, "collective_source": source, "pid": self.pid,
             "steps": steps, "collectives": collectives, "groups": groups, "device": None,
             "skipped_events": self.skipped,
         }  # fmt: skip
@@ -141,6 +142,9 @@ class RankEvents:
         self.launches: dict[Any, float] = {}  # correlation id -> the launch's start
         self.spans: list[tuple[float, float, str, dict, Any]] = []  # gloo:/nccl: spans, with their thread
         self.param_comms: list[tuple[float, float, dict]] = []
+        self.pid = None  # the process's id, as a backend span gives it (thread ids above it: not wrapped)
+        self.callers: set = set()  # threads that call c10d ops (gloo's send/recv run on them)
+        self.p2p_calls: list[tuple[float, Any, int | None]] = []  # c10d send/recv: (start, thread, peer in group)
         self.memory: list[tuple[float, float, bool]] = []  # (ts, total allocated, on a device)
         self.roles: dict[str, int] = {}
         self.skipped = 0  # complete events without a usable ts/dur
@@ -178,6 +182,8 @@ class RankEvents:
                 if name.startswith(("c10d::", "gloo:", "nccl:", "ProfilerStep#")):
                     if name.startswith("ProfilerStep#"):
                         self._step(name, start, end)
+                    elif name.startswith("c10d::"):
+                        self._c10d(name, start, event)
                 elif name == "record_param_comms":
                     self.param_comms.append((start, end, event.get("args") or {}))
                 else:
@@ -199,6 +205,18 @@ class RankEvents:
                 self._step(name, start, end)
             elif name.startswith(("gloo:", "nccl:")):
                 self.spans.append((start, end, name, event.get("args") or {}, event.get("tid")))
+                if self.pid is None and isinstance(event.get("pid"), int):
+                    self.pid = event["pid"]
+
+    def _c10d(self, name: str, start: float, event: dict) -> None:
+        """A c10d op on the calling thread: its thread calls collectives; a send's or a receive's
+        peer (the rank within its group, `Concrete Inputs`[2] where shapes were recorded)."""
+        tid = event.get("tid")
+        self.callers.add(tid)
+        if name in ("c10d::send", "c10d::recv_"):
+            inputs = (event.get("args") or {}).get("Concrete Inputs")
+            peer = _int_or_none(_number_text(inputs[2])) if isinstance(inputs, list) and len(inputs) > 2 else None
+            self.p2p_calls.append((start, tid, peer))
 
     def _step(self, name: str, start: float, end: float) -> None:
         step = _STEP.match(name)
@@ -229,19 +247,59 @@ class RankEvents:
     def _collectives(self, groups: list[dict]) -> tuple[list[dict], str | None]:
         kernels = [d for d in self.device if d[2] == COMM]
         if kernels:
-            records = [_record(args.get("Collective name") or args["_name"], args, start, end,
-                               self.launches.get(correlation, start), groups)
-                       for start, end, _, correlation, args in kernels]  # fmt: skip
+            named = self._launched_in()
+            records = []
+            for start, end, _, correlation, args in kernels:
+                launch = self.launches.get(correlation, start)
+                name = args.get("Collective name") or named(launch) or args["_name"]
+                records.append(_record(name, args, start, end, launch, groups))
             return sorted(records, key=lambda r: r["start_us"]), "device_kernels"
         if self.spans:
-            records = [_record(BACKEND_SPAN.match(name).group(2), args, start, end, start, groups, lane=tid)
-                       for start, end, name, args, tid in self.spans]  # fmt: skip
+            peer_index = self._peer_index()
+            records = []
+            for start, end, name, args, tid in self.spans:
+                record = _record(BACKEND_SPAN.match(name).group(2), args, start, end, start, groups,
+                                 lane=None if tid in self.callers else tid)
+                if record["peer"] is None and POINT_TO_POINT.search(record["name"]):
+                    record["peer_index"] = peer_index(start, tid)
+                records.append(record)
             return sorted(records, key=lambda r: r["start_us"]), "backend_spans"
         named = [(start, end, args) for start, end, args in self.param_comms if args.get("Collective name")]
         if named:
             records = [_record(args["Collective name"], args, start, end, start, groups) for start, end, args in named]
             return sorted(records, key=lambda r: r["start_us"]), "record_param_comms"
         return [], None
+
+    def _peer_index(self):
+        """(start, thread) of a gloo send/recv -> its peer's rank within the group: the last c10d
+        send/recv that started on that thread before it (gloo runs them on the calling thread)."""
+        calls = sorted(self.p2p_calls, key=lambda c: c[0])
+
+        def peer(start: float, tid) -> int | None:
+            found = [p for s, t, p in calls if t == tid and s <= start]
+            return found[-1] if found else None
+
+        return peer
+
+    def _launched_in(self):
+        """launch time -> the name of the `nccl:` span it lies in (`all_to_all`), or None: a kernel
+        without a `Collective name` is what the op that launched it says (older NCCL runs an
+        all_to_all as SendRecv kernels)."""
+        spans = sorted((start, end, name) for start, end, name, *_ in self.spans if name.startswith("nccl:"))
+        starts = [start for start, _, _ in spans]
+
+        def name(t: float) -> str | None:
+            i = bisect.bisect_right(starts, t) - 1
+            while i >= 0 and i >= len(starts) - len(spans):
+                start, end, span = spans[i]
+                if start <= t <= end:
+                    return span.split(":", 1)[1]
+                i -= 1
+                if i >= 0 and t - spans[i][0] > 1e6:  # spans do not nest a second apart
+                    break
+            return None
+
+        return name
 
     def _device_windows(self, steps) -> list[tuple[float, float]]:
         """Each step's window on the device: its first device event (by launch) to the next one's."""
@@ -337,7 +395,7 @@ def _record(name: str, args: dict, start: float, end: float, anchor: float, grou
     return {"name": str(name), "group": None if group is None else str(group), "members": ranks,
             "desc": description(args, groups, ranks), "seq": _int_or_none(args.get("Seq")), "step": None,
             "start_us": _rounded(start), "end_us": _rounded(end), "bytes": _bytes(args),
-            "peer": _peer(name, args, ranks), "lane": lane, "_anchor": anchor}  # fmt: skip
+            "peer": _peer(name, args, ranks), "peer_index": None, "lane": lane, "_anchor": anchor}  # fmt: skip
 
 
 # send/recv (gloo:send, c10d's recv_anysource, NCCL's SendRecv kernels): between two ranks, never all
@@ -374,6 +432,13 @@ def _bytes(args: dict) -> int | None:
 # record_param_comms writes c10::ScalarType names
 _PARAM_COMMS_DTYPES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2,
                        "Char": 1, "Byte": 1, "Bool": 1}  # fmt: skip
+
+
+def _number_text(value):
+    """A number from a profiler's `Concrete Inputs` entry ("3"), else the value."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return value
 
 
 def _int_or_none(value) -> int | None:

@@ -62,9 +62,12 @@ from scipy.stats import binom
 from ..._trace.collectives import FORMAT
 from ..._trace.step_summary import summarize
 from .clocks import TOLERANCE_US, Clock, align
-from .matching import INSTANCE_COLUMNS, Groups, match, pairs, records
+from .lanes import place
+from .matching import INSTANCE_COLUMNS, match, pairs, records
+from .waits import BUBBLE, instance_rows as instance_rows_of, per_step as per_step_of, roles as roles_of
+from .waits import bubbles as bubbles_of, waited_for as waited_for_of, waits
 from .matching import is_number as _number
-from .words import duration, pair as _pair, ranks_phrase as _ranks_phrase
+from .words import duration, ranks_phrase as _ranks_phrase
 
 STRAGGLER_P_VALUE = 0.02
 INSTANCE_WAIT_TO_TRANSFER = 0.5
@@ -124,6 +127,7 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
         notes.append(f"rank{'s' if len(outside) > 1 else ''} {_ranks_phrase(outside).removeprefix('ranks ').removeprefix('rank ')} "
                      f"outside the world of {world_size} ranks: read as they are")  # fmt: skip
     hosts = {r: _host(by_rank[r]) for r in ranks}
+    by_rank = place(by_rank)  # gloo's collectives into their groups, where the ranks' summaries agree
     frame, groups, unmatched, more_notes = records(by_rank, hosts)
     notes += more_notes
     kept, more_unmatched, group_notes = match(frame, groups, ranks) if len(ranks) > 1 else (frame.iloc[:0].assign(instance=[]), [], [])
@@ -134,13 +138,13 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
         notes.append(f"a group of {too_large[-1]} ranks in a world of {world_size}: its collectives matched among "
                      "the ranks that reported")  # fmt: skip
     clock = align(kept) if len(ranks) > 1 else Clock("one clock")
-    kept = _waits(kept, clock)
+    kept = waits(kept, clock)
     transfers, unpaired = pairs(frame) if len(ranks) > 1 else (pd.DataFrame(), 0)
-    bubbles = _bubbles(transfers, clock)
+    bubbles = bubbles_of(transfers, clock)
     if unpaired:
         notes.append(f"{unpaired} point-to-point transfers (send/recv) without their partner: left out")
-    per_step = _per_step(kept, bubbles)
-    waited_for = _waited_for(kept)
+    per_step = per_step_of(kept, bubbles)
+    waited_for = waited_for_of(kept, STRAGGLER_MIN_WAIT_US, INSTANCE_WAIT_TO_TRANSFER)
     last_counts = Counter(waited_for["rank"].tolist()) if len(waited_for) else Counter()
     rows, step_rows, waits_by_name = [], [], {}
     matched = int(kept["instance"].nunique()) if len(kept) else 0
@@ -152,107 +156,15 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
         waits_by_name[r] = _median_wait_by_name(per_step.get(r, {}))
     table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     step_frame = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
-    roles = _roles(frame, groups, ranks)
+    roles = roles_of(frame, groups, ranks)
     straggler, why = _straggler(table, step_frame, kept, waited_for, matched, roles, groups)
-    instance_rows = _instance_rows(kept, groups)
+    instance_rows = instance_rows_of(kept, groups)
     if clock.method == "clock-free" or (clock.method == "aligned" and clock.offsets.abs().max() > TOLERANCE_US):
         notes.append(f"clock: {clock.words}")
     report = RankReport(world_size, table, straggler, missing, unmatched, matched, "", notes, waits_by_name,
                         step_frame, instance_rows, clock.method)
     report.sentence = _sentence(report, why)
     return report
-
-
-def _waits(kept: pd.DataFrame, clock: Clock) -> pd.DataFrame:
-    """Each member's time in the instance (`spent_us`), its wait and whether it arrived last: on one
-    clock the latest start minus its own (TraceLens's), else its time beyond the shortest member's."""
-    kept = kept.copy()
-    kept["spent_us"] = kept["end_us"] - kept["start_us"]
-    if kept.empty:
-        return kept.assign(wait_us=[], arrived_last=[], transfer_us=[])
-    by = kept.groupby("instance")
-    kept["transfer_us"] = by["spent_us"].transform("min")
-    if clock.method == "clock-free":
-        kept["wait_us"] = (kept["spent_us"] - kept["transfer_us"]).round(3)
-        arrival = -kept["spent_us"]
-    else:
-        arrival = kept["start_us"] - clock.offsets.reindex(kept["rank"]).to_numpy()
-        kept["wait_us"] = (arrival.groupby(kept["instance"]).transform("max") - arrival).round(3)
-    latest = arrival.groupby(kept["instance"]).transform("max")
-    alone = (arrival == latest).groupby(kept["instance"]).transform("sum") == 1
-    kept["arrived_last"] = (arrival == latest) & alone
-    return kept
-
-
-def _bubbles(transfers: pd.DataFrame, clock: Clock) -> pd.DataFrame:
-    """A receive's wait for its send (the pipeline's bubble): on one clock the send's start minus
-    the receive's (at least 0), else the receive's time beyond the pair's shortest receive."""
-    if transfers.empty:
-        return pd.DataFrame(columns=["rank", "step", "bubble_us"])
-    if clock.method == "clock-free":
-        spent = transfers["recv_end"] - transfers["recv_start"]
-        bubble = spent - spent.groupby([transfers["src"], transfers["dst"]]).transform("min")
-    else:
-        o = clock.offsets
-        send = transfers["send_start"] - o.reindex(transfers["src"]).fillna(0.0).to_numpy()
-        recv = transfers["recv_start"] - o.reindex(transfers["dst"]).fillna(0.0).to_numpy()
-        bubble = (send - recv).clip(lower=0.0)
-    return pd.DataFrame({"rank": transfers["dst"].astype(int), "step": transfers["step"], "bubble_us": bubble.round(3)})
-
-
-def _per_step(kept: pd.DataFrame, bubbles: pd.DataFrame) -> dict:
-    """rank -> step -> name -> wait (µs); a receive's bubble under `BUBBLE`."""
-    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
-    if len(kept):
-        sums = kept.groupby(["rank", "step", "name"], dropna=False)["wait_us"].sum()
-        for (rank, step, name), wait in sums.items():
-            out[int(rank)][None if pd.isna(step) else int(step)][name] += float(wait)
-    if len(bubbles):
-        sums = bubbles.groupby(["rank", "step"], dropna=False)["bubble_us"].sum()
-        for (rank, step), wait in sums.items():
-            out[int(rank)][None if pd.isna(step) else int(step)][BUBBLE] += float(wait)
-    return out
-
-
-BUBBLE = "recv (pipeline bubble)"
-
-
-def _waited_for(kept: pd.DataFrame) -> pd.DataFrame:
-    """The instances that kept ranks waiting: the rank that arrived last, the name, the others'
-    median wait, the step and the group, where that wait reached `STRAGGLER_MIN_WAIT_US` and
-    `INSTANCE_WAIT_TO_TRANSFER` times the transfer."""
-    if kept.empty:
-        return pd.DataFrame(columns=["instance", "rank", "name", "others_wait_us", "step", "gid"])
-    others = kept[~kept["arrived_last"]].groupby("instance")["wait_us"].median()
-    last = kept[kept["arrived_last"]].set_index("instance")
-    last = last.join(others.rename("others_wait_us"), how="inner")
-    keep = last["others_wait_us"] >= np.maximum(STRAGGLER_MIN_WAIT_US, INSTANCE_WAIT_TO_TRANSFER * last["transfer_us"])
-    return last[keep].reset_index()[["instance", "rank", "name", "others_wait_us", "step", "gid"]]
-
-
-def _instance_rows(kept: pd.DataFrame, groups: Groups) -> pd.DataFrame:
-    if kept.empty:
-        return pd.DataFrame(columns=INSTANCE_COLUMNS)
-    labels = {g: groups.label(g) for g in kept["gid"].unique()}
-    out = kept.assign(group=kept["gid"].map(labels), desc=kept["gid"].map(lambda g: groups.desc[g]))
-    return out[INSTANCE_COLUMNS].reset_index(drop=True)
-
-
-def _roles(frame: pd.DataFrame, groups: Groups, ranks: list[int]) -> dict[int, tuple]:
-    """rank -> what it does in a step: its collectives' names, group descriptions (or sizes) and
-    directions, with how many of each a step (the median over its steps). Ranks with the same role
-    do the same work (a pipeline stage's ranks); a straggler is found among them."""
-    if frame.empty:
-        return {r: () for r in ranks}
-    what = frame.assign(what=[
-        (name, kind, groups.desc[g] or len(groups.members[g]) if g >= 0 else None)
-        for name, kind, g in zip(frame["name"], frame["kind"], frame["gid"])])
-    counts = what.groupby(["rank", "cycle", "step", "what"], dropna=False).size()
-    per_rank = counts.groupby(["rank", "what"]).median()
-    roles = {r: () for r in ranks}
-    for (rank, item), n in per_rank.items():
-        roles[int(rank)] += ((item, float(n)),)
-    return {r: tuple(sorted(v, key=str)) for r, v in roles.items()}
 
 
 def _by_rank(summaries: list[dict]) -> tuple[dict[int, list[dict]], list[str]]:
@@ -422,65 +334,17 @@ def _sentence(report: RankReport, why: str) -> str:
                 then = (f", and in turn the {d['ranks']} ranks outside its group waited {duration(d['wait_us'])} a step "
                         f"(most in {d['where']})")  # fmt: skip
             when = (f"in {s['late_steps']} of {s['steps']} steps" if s.get("evidence") == "steps"
-                    else f"at {s['last_instances']} of {s['group_instances']} collectives that kept others waiting")
+                    else f"at {s['last_instances']} of the {s['group_instances']} collectives that kept others waiting")
             return (f"rank {s['rank']}{host} ({s['group']}) was late by its own time {when}: it arrived last, "
                     f"{duration(s['late_by_us'])} a step later than ranks doing the same work (median); "
                     f"{peers} waited {duration(s['peers_wait_us'] or 0.0)} a step{then}" + tail)
-        return (f"rank {s['rank']}{host} arrived last {at}later than the others in {s['late_steps']} of {s['steps']} "
-                f"steps; the {others} waited {duration(s['others_wait_us'])} a step{share}, "
+        when = (f"in {s['late_steps']} of {s['steps']} steps" if s.get("evidence") == "steps"
+                else f"at {s['last_instances']} of the {s['group_instances']} collectives that kept others waiting")
+        if s.get("evidence") != "steps":
+            at = ""
+        return (f"rank {s['rank']}{host} arrived last {at}later than the others {when}; the {others} waited {duration(s['others_wait_us'])} a step{share}, "
                 f"{duration(s['late_by_us'])} longer than it did" + tail)
     return f"no rank stands out across {n} ranks: {why}" + tail
-
-
-def explain_change(base: RankReport, run: RankReport) -> str | None:
-    """Where a change between two runs' rank reports came from, in one sentence (A = base, B = run);
-    None when neither the wait nor the straggler changed."""
-    if len(base.table) < 2 or len(run.table) < 2:
-        return None
-    a, b = base.table.set_index("rank"), run.table.set_index("rank")
-    common = [r for r in b.index if r in a.index and _number(a.loc[r, "wait_us"]) and _number(b.loc[r, "wait_us"])]
-    step = _median([s for s in a["step_us_median"] if _number(s)]) or 0.0
-    floor = max(STRAGGLER_MIN_WAIT_US, STRAGGLER_MIN_WAIT_SHARE * step)
-    grew = [r for r in common if b.loc[r, "wait_us"] - a.loc[r, "wait_us"] >= floor]
-    fell = [r for r in common if a.loc[r, "wait_us"] - b.loc[r, "wait_us"] >= floor]
-    parts = []
-    for ranks, verb in ((grew, "grew"), ([] if grew else fell, "fell")):  # a new straggler's own wait falls: left unsaid
-        if ranks:
-            name = _dominant_name(run if verb == "grew" else base, ranks)
-            before = _median([a.loc[r, "wait_us"] for r in ranks])
-            after = _median([b.loc[r, "wait_us"] for r in ranks])
-            parts.append(f"the wait{f' in {name}' if name else ''} {verb} from {_pair(before, after)} a step on "
-                         f"{_ranks_phrase(ranks)}")  # fmt: skip
-    who = lambda report: f"rank {report.straggler['rank']}" if report.straggler else "none"  # noqa: E731
-    if (base.straggler or {}).get("rank") != (run.straggler or {}).get("rank"):
-        if run.straggler:
-            parts.append(f"rank {run.straggler['rank']} is the straggler in B, {who(base)} in A")
-        else:
-            parts.append(f"{who(base)} was the straggler in A, none is in B")
-    if not parts:  # neither the wait nor the straggler changed: say which part of the step did, if one did
-        grown = {part: (_part(base, column), _part(run, column)) for part, column in _PARTS.items()}
-        part, (before, after) = max(grown.items(), key=lambda item: abs((item[1][1] or 0.0) - (item[1][0] or 0.0)))
-        if before is not None and after is not None and abs(after - before) >= floor:
-            parts.append(f"{part} {'grew' if after > before else 'fell'} from {_pair(before, after)} a step (the "
-                         f"ranks' median); the wait did not change")  # fmt: skip
-    return "; ".join(parts) or None
-
-
-_PARTS = {"compute": "compute_us", "idle time": "idle_us", "time in collectives": "collective_us"}
-
-
-def _part(report: RankReport, column: str) -> float | None:
-    """The median over ranks of each rank's median a step of one part of the step."""
-    per_rank = report.steps.groupby("rank")[column].median() if len(report.steps) else []
-    return _median(list(per_rank))
-
-
-def _dominant_name(report: RankReport, ranks: list[int]) -> str | None:
-    totals = Counter()
-    for r in ranks:
-        for name, wait in report.waits_by_name.get(r, {}).items():
-            totals[name] += wait or 0.0
-    return totals.most_common(1)[0][0] if totals else None
 
 
 def _breakdown(steps: list[dict]) -> dict:

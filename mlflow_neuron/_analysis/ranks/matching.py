@@ -74,7 +74,7 @@ def records(by_rank: dict[int, list[dict]], hosts: dict[int, str | None]) -> tup
     for rank in reported:
         for summary in by_rank[rank]:
             own_groups = summary.get("groups") if isinstance(summary.get("groups"), list) else None
-            cycle = summary.get("cycle_step")
+            cycle = summary.get("cycle_step") if isinstance(summary.get("cycle_step"), int) else -1
             for c in summary.get("collectives") or []:
                 if not _valid(c):
                     continue

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from ..._analysis.ranks.analysis import explain_change
+from ..._analysis.ranks.change import explain_change
 from ..._readback.ranks import NoRankSummaries, read_ranks, read_run
 from ..._readback.runs import labels
 

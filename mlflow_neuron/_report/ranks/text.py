@@ -18,13 +18,24 @@ COLUMNS = ["rank", "host", "step time (us)", "95% interval", "collectives (us)",
            "idle %"]  # fmt: skip
 
 
+BUBBLE = "recv bubble (us)"  # a column only where a rank received from a pipeline stage
+
+
+def columns(report: dict) -> list[str]:
+    """The table's columns: `COLUMNS`, with the receives' wait after the wait where a rank has one."""
+    if any(r.get("bubble_us") is not None for r in report["ranks"]):
+        return COLUMNS[:6] + [BUBBLE] + COLUMNS[6:]
+    return COLUMNS
+
+
 def rows(report: dict) -> list[list[str]]:
     """The table's cells, one row per rank, in rank order."""
-    found = []
+    found, bubble = [], BUBBLE in columns(report)
     for r in sorted(report["ranks"], key=lambda r: r["rank"]):
         step = r["step_time_us"]
         found.append([str(r["rank"]), r.get("host") or "-", _us(step.get("median")), _interval(step),
-                      _us(r.get("collective_us")), _us(r.get("wait_us")), _pct(r.get("exposed_comm_pct")),
+                      _us(r.get("collective_us")), _us(r.get("wait_us")),
+                      *([_us(r.get("bubble_us"))] if bubble else []), _pct(r.get("exposed_comm_pct")),
                       _pct(r.get("idle_pct"))])  # fmt: skip
     return found
 
@@ -55,8 +66,8 @@ def _unmatched(item: dict) -> str:
 
 
 def text(report: dict, run_id: str, closing: list[str] = ()) -> str:
-    cells = [COLUMNS, *rows(report)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+    cells = [columns(report), *rows(report)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     lines = ["  ".join(c.rjust(w) if i not in (1,) else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in cells]  # fmt: skip
     return "\n".join([heading(report, run_id), *lines, "", *closing])
@@ -64,8 +75,8 @@ def text(report: dict, run_id: str, closing: list[str] = ()) -> str:
 
 def markdown(report: dict, run_id: str, closing: list[str] = ()) -> str:
     body = ["| " + " | ".join(row) + " |" for row in rows(report)]
-    return "\n".join([f"_{heading(report, run_id)}_", "", "| " + " | ".join(COLUMNS) + " |",
-                      "|" + "---:|" * len(COLUMNS), *body, "",
+    return "\n".join([f"_{heading(report, run_id)}_", "", "| " + " | ".join(columns(report)) + " |",
+                      "|" + "---:|" * len(columns(report)), *body, "",
                       *(f"- {line}" for line in closing)])  # fmt: skip
 
 
