@@ -404,15 +404,15 @@ POINT_TO_POINT = re.compile(r"send|recv", re.IGNORECASE)
 
 def _peer(name: str, args: dict, ranks: list[int] | None) -> int | None:
     """The other rank of a send or a receive, global: `Dst Rank` (a send) or `Src Rank` (a
-    receive), which torch writes as the rank within the group."""
-    if not POINT_TO_POINT.search(str(name)):
+    receive), a global rank where it is one of the group's, else the rank within the group."""
+    if not POINT_TO_POINT.search(str(name)) or ranks is None:
         return None
-    local = _int_or_none(args.get("Dst Rank" if "send" in str(name).lower() else "Src Rank"))
-    if local is None or local < 0:
+    value = _int_or_none(args.get("Dst Rank" if "send" in str(name).lower() else "Src Rank"))
+    if value is None or value < 0:
         return None
-    if ranks is None:
-        return None
-    return ranks[local] if local < len(ranks) else None
+    if value in ranks:
+        return value
+    return ranks[value] if value < len(ranks) else None
 
 
 def _bytes(args: dict) -> int | None:

@@ -243,6 +243,11 @@ def _straggler(table, steps, kept, waited_for, matched, roles, groups) -> tuple[
     waits = matched_steps.assign(total_us=total).pivot_table(index=["cycle", "step"], columns="rank", values="total_us",
                                                              aggfunc="first", dropna=False).dropna()  # fmt: skip
     # ranks that do the same work (one pipeline stage's) wait alike unless one of them is late by its own time
+    # a rank with fewer matched collectives than ranks of its role (one its trace placed elsewhere)
+    # would look as if it waited less: it is compared with nobody
+    counts = kept.groupby("rank")["instance"].nunique().reindex(waits.columns).fillna(0)
+    role_count = counts.groupby(pd.Series({r: roles.get(r) for r in waits.columns}).astype(str)).transform("median")
+    waits = waits[[r for r in waits.columns if counts[r] == role_count[r]]]
     peers = {r: [q for q in waits.columns if q != r and roles.get(q) == roles.get(r)] for r in waits.columns}
     if not any(peers.values()):  # no two ranks do the same work: all the others
         peers = {r: [q for q in waits.columns if q != r] for r in waits.columns}

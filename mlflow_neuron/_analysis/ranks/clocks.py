@@ -6,7 +6,7 @@ So:
 - where no such instance ends on one rank before another member started (by more than
   `TOLERANCE_US`) and every rank is on one host, the ranks' own clocks are used as they are;
 - else each rank's offset is estimated from the instances' ends (end = the instance's moment +
-  the rank's offset, solved by alternating medians), a rank's offset taken as its host's where it
+  the rank's offset, least squares by alternating means), a rank's offset taken as its host's where it
   agrees with the host's (ranks on one host share a clock), and the result is checked against the
   same rule: if it holds, the aligned clock is used;
 - else no clock is used (`clock-free`): the wait is the time in the collective beyond the
@@ -24,7 +24,8 @@ import pandas as pd
 
 SYNCHRONIZING = re.compile(r"all_?reduce|all_?gather|reduce_?scatter|barrier", re.IGNORECASE)
 TOLERANCE_US = 5.0
-ITERATIONS = 12
+ITERATIONS = 200
+CONVERGED_US = 0.5
 
 
 @dataclass
@@ -74,20 +75,26 @@ def align(kept: pd.DataFrame) -> Clock:
 
 
 def _estimate(sync: pd.DataFrame) -> tuple[pd.Series, float]:
-    """Each rank's offset (median 0) and the median residual, from the ends of synchronizing instances."""
+    """Each rank's offset (median 0) and the median residual, from the ends of synchronizing
+    instances: least squares of end = the instance's moment + the rank's offset, by alternating
+    means (a rank's instances are mostly with ranks of its own host; a median would stay there)."""
     end = sync["end_us"].to_numpy(float)
-    instance = sync["instance"].to_numpy()
-    rank = sync["rank"].to_numpy()
-    offsets = pd.Series(0.0, index=np.unique(rank))
+    instance = np.unique(sync["instance"].to_numpy(), return_inverse=True)[1]
+    ranks, rank = np.unique(sync["rank"].to_numpy(), return_inverse=True)
+    per_instance = np.bincount(instance)
+    per_rank = np.bincount(rank)
+    offsets = np.zeros(len(ranks))
     for _ in range(ITERATIONS):
-        o = offsets.reindex(rank).to_numpy()
-        moment = pd.Series(end - o).groupby(instance).median()
-        m = moment.reindex(instance).to_numpy()
-        offsets = pd.Series(end - m).groupby(rank).median()
-        offsets -= offsets.median()
-    o = offsets.reindex(rank).to_numpy()
-    moment = pd.Series(end - o).groupby(instance).median().reindex(instance).to_numpy()
-    return offsets, float(np.median(np.abs(end - moment - o)))
+        moment = np.bincount(instance, end - offsets[rank]) / per_instance
+        updated = np.bincount(rank, end - moment[instance], minlength=len(ranks)) / per_rank
+        updated -= np.median(updated)
+        done = np.max(np.abs(updated - offsets)) < CONVERGED_US
+        offsets = updated
+        if done:
+            break
+    moment = np.bincount(instance, end - offsets[rank]) / per_instance
+    residual = float(np.median(np.abs(end - moment[instance] - offsets[rank])))
+    return pd.Series(offsets, index=ranks), residual
 
 
 def _by_host(offsets: pd.Series, hosts: pd.Series, residual: float) -> pd.Series:

@@ -138,8 +138,14 @@ def match(frame: pd.DataFrame, groups: Groups, reported: list[int]) -> tuple[pd.
         on = sorted(coll.loc[coll["instance"] == row.instance, "rank"].tolist())
         why = "names differ across ranks" if len(on) == row.takers else "not on every rank"
         if not groups.members[row.gid][0] == "legacy":
-            why = ("names differ across the members of its group" if len(on) == row.takers
-                   else f"not on every member of its {groups.label(row.gid)}")  # fmt: skip
+            size = len(groups.members[row.gid])
+            if len(on) < row.takers:
+                why = f"not on every member of its {groups.label(row.gid)}"
+            elif row.takers < 2 and size > 1:
+                why = (f"its trace says its group is {groups.label(row.gid)}; no other member's trace does "
+                       "(they ran none of its collectives)")  # fmt: skip
+            else:
+                why = "names differ across the members of its group"
         legacy_name = groups.members[row.gid][1] if groups.members[row.gid][0] == "legacy" else None
         unmatched.append({"rank": int(row.rank), "name": row.name,
                           "group": legacy_name if groups.members[row.gid][0] == "legacy" else groups.label(row.gid),
