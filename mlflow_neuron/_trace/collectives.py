@@ -42,8 +42,9 @@ from typing import Any
 import numpy as np
 
 from .chrome_file import read_pieces
-from .dtypes import ELEMENT_BYTES
-from .groups import description, members, process_groups
+from .collective_records import POINT_TO_POINT, number_text
+from .collective_records import record as collective_record
+from .groups import process_groups
 from .intervals import IntervalUnion, pairs, step_indices
 
 FORMAT = "mlflow-neuron/rank-summary"
@@ -215,7 +216,7 @@ class RankEvents:
         self.callers.add(tid)
         if name in ("c10d::send", "c10d::recv_"):
             inputs = (event.get("args") or {}).get("Concrete Inputs")
-            peer = _int_or_none(_number_text(inputs[2])) if isinstance(inputs, list) and len(inputs) > 2 else None
+            peer = _int_or_none(number_text(inputs[2])) if isinstance(inputs, list) and len(inputs) > 2 else None
             self.p2p_calls.append((start, tid, peer))
 
     def _step(self, name: str, start: float, end: float) -> None:
@@ -252,13 +253,13 @@ class RankEvents:
             for start, end, _, correlation, args in kernels:
                 launch = self.launches.get(correlation, start)
                 name = args.get("Collective name") or named(launch) or args["_name"]
-                records.append(_record(name, args, start, end, launch, groups))
+                records.append(collective_record(name, args, start, end, launch, groups))
             return sorted(records, key=lambda r: r["start_us"]), "device_kernels"
         if self.spans:
             peer_index = self._peer_index()
             records = []
             for start, end, name, args, tid in self.spans:
-                record = _record(BACKEND_SPAN.match(name).group(2), args, start, end, start, groups,
+                record = collective_record(BACKEND_SPAN.match(name).group(2), args, start, end, start, groups,
                                  lane=None if tid in self.callers else tid)
                 if record["peer"] is None and POINT_TO_POINT.search(record["name"]):
                     record["peer_index"] = peer_index(start, tid)
@@ -266,7 +267,7 @@ class RankEvents:
             return sorted(records, key=lambda r: r["start_us"]), "backend_spans"
         named = [(start, end, args) for start, end, args in self.param_comms if args.get("Collective name")]
         if named:
-            records = [_record(args["Collective name"], args, start, end, start, groups) for start, end, args in named]
+            records = [collective_record(args["Collective name"], args, start, end, start, groups) for start, end, args in named]
             return sorted(records, key=lambda r: r["start_us"]), "record_param_comms"
         return [], None
 
@@ -381,64 +382,6 @@ class RankEvents:
 def _copied_bytes(sizes: list) -> int | None:
     """The bytes of a step's copies: 0 without copies, None where one copy's size is not recorded."""
     return int(sum(sizes)) if all(isinstance(b, (int, float)) for b in sizes) else None
-
-
-def _record(name: str, args: dict, start: float, end: float, anchor: float, groups: list[dict], lane=None) -> dict:
-    """A collective: its name, group (name as the trace wrote it, `members` as global ranks,
-    `desc`), `Seq`, its place in time and bytes; for a point-to-point transfer its `peer` (global
-    rank, where the trace names it). `lane` is the thread of a backend span (gloo runs each group's
-    work on threads of its own)."""
-    group = args.get("Process Group Name")
-    ranks = members(args, groups)
-    if ranks is None and len(groups) == 1 and not POINT_TO_POINT.search(str(name)):
-        ranks = groups[0]["ranks"]  # the rank's only group: where every collective of the rank runs
-    return {"name": str(name), "group": None if group is None else str(group), "members": ranks,
-            "desc": description(args, groups, ranks), "seq": _int_or_none(args.get("Seq")), "step": None,
-            "start_us": _rounded(start), "end_us": _rounded(end), "bytes": _bytes(args),
-            "peer": _peer(name, args, ranks), "peer_index": None, "lane": lane, "_anchor": anchor}  # fmt: skip
-
-
-# send/recv (gloo:send, c10d's recv_anysource, NCCL's SendRecv kernels): between two ranks, never all
-POINT_TO_POINT = re.compile(r"send|recv", re.IGNORECASE)
-
-
-def _peer(name: str, args: dict, ranks: list[int] | None) -> int | None:
-    """The other rank of a send or a receive, global: `Dst Rank` (a send) or `Src Rank` (a
-    receive), a global rank where it is one of the group's, else the rank within the group."""
-    if not POINT_TO_POINT.search(str(name)) or ranks is None:
-        return None
-    value = _int_or_none(args.get("Dst Rank" if "send" in str(name).lower() else "Src Rank"))
-    if value is None or value < 0:
-        return None
-    if value in ranks:
-        return value
-    return ranks[value] if value < len(ranks) else None
-
-
-def _bytes(args: dict) -> int | None:
-    """The message's size: `In msg nelems` x the dtype's size, or the first input's dims x its type."""
-    nelems, dtype = args.get("In msg nelems"), args.get("dtype")
-    if isinstance(nelems, int) and isinstance(dtype, str):
-        size = ELEMENT_BYTES.get(dtype) or ELEMENT_BYTES.get(dtype.lower()) or _PARAM_COMMS_DTYPES.get(dtype)
-        return nelems * size if size else None
-    dims, types = args.get("Input Dims"), args.get("Input type")
-    if isinstance(dims, list) and isinstance(types, list) and dims and types and isinstance(dims[0], list):
-        size = ELEMENT_BYTES.get(types[0]) if isinstance(types[0], str) else None
-        if size and all(isinstance(d, int) for d in dims[0]):
-            return math.prod(dims[0]) * size
-    return None
-
-
-# record_param_comms writes c10::ScalarType names
-_PARAM_COMMS_DTYPES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2,
-                       "Char": 1, "Byte": 1, "Bool": 1}  # fmt: skip
-
-
-def _number_text(value):
-    """A number from a profiler's `Concrete Inputs` entry ("3"), else the value."""
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return value
 
 
 def _int_or_none(value) -> int | None:

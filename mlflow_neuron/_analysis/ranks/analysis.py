@@ -3,50 +3,40 @@
 Example::
 
     report = analyze([summary_rank0, summary_rank1, summary_rank2, summary_rank3])
-    report.table        # one row per rank: step time (median, 95% interval), collective, wait, ...
-    report.straggler    # {"rank": 2, "arrived_last_pct": 94.0, "others_wait_us": 31020.0, ...} or None
-    report.sentence     # "rank 2 arrived last at 94% of all_reduces; the other 3 ranks waited 31 ms ..."
-    explain_change(report_a, report_b)   # "the wait in all_reduce grew from 2 to 31 ms a step on ..."
+    report.table        # one row per rank: step time (median, 95% interval), collective, wait, bubble, ...
+    report.straggler    # {"rank": 2, "group": "tp group 2,3", "late_by_us": 30120.0, ...} or None
+    report.sentence     # "rank 2 (tp group 2,3) was late by its own time in 6 of 6 steps: ..."
 
 A summary is `_trace.collectives`' rank summary (one per rank per cycle; a rank's cycles are read
 together).
 
-**Matching.** A collective instance is the same on every rank when its process group and sequence
-number agree (`Seq`, where the trace has it); else when its group, step and place among that
-group's collectives in the step agree (every rank numbers its `ProfilerStep`s alike, so a window
-that opens a little earlier on one rank shifts nothing); else its group, cycle and place in the
-cycle. An instance that is not on every rank that reported, or whose name differs between ranks,
-is left out and named (`unmatched`). Point-to-point transfers (send/recv) are left out of the wait:
-two ranks take part in each, not all (TraceLens's straggler summary leaves them out too).
+**Matching** (`matching`): a collective instance is matched within its process group, known by
+its members (gloo's placed by `lanes`); point-to-point transfers as send/receive pairs.
 
-**The wait.** At each instance, the rank that arrived last waits for nobody; the others sat in the
-collective until it came. TraceLens (`NcclAnalyser`) measures a rank's wait as the latest start
-minus its own start, which needs one clock. Here it is the rank's time in the collective minus
-the shortest time any rank spent in it (the transfer, TraceLens's "latency"): a collective ends on
-every rank when the last rank's data has arrived, so `end − start` is wait + transfer on each rank,
-and durations do not change when a host's clock is off by milliseconds. Where every rank ends at
-once the two definitions are equal. The rank that arrived last is the one with the shortest time
-in it (TraceLens: the smallest wait).
+**The wait** (`clocks`, `waits`): on one clock, TraceLens's: the latest start among the members
+minus the rank's own. The ranks' clocks are used as they are where no synchronizing collective ends
+on one member before another started; else aligned from the collectives' ends; else none, and the
+wait is the rank's time in the collective beyond the shortest member's. A receive's wait for its
+send is the pipeline's bubble, kept apart (`bubble_us`).
 
-**The straggler** is the rank that arrived last most often while the others waited measurably,
-named only when it stands out. A step is the unit (one late rank holds every collective of its
-step; a sleep before one all_reduce and three quick collectives after it are one late arrival, not
-one in four). In each step where every rank's collectives were matched, a rank's lateness is the
-other ranks' median wait minus its own wait (how much longer they sat in that step's collectives
-than it did; no clock needed). The candidate is the rank with the largest median lateness; it is
-named when
-- it arrived measurably late: its median lateness is at least `STRAGGLER_MIN_WAIT_SHARE` of the
-  median step and at least `STRAGGLER_MIN_WAIT_US`, and
-- consistently: it was late (lateness > 0) in so many of the n steps that chance would give as
-  many at most `STRAGGLER_P_VALUE` of the time (a one-sided sign test: with no slow rank, a rank
-  is late in about half the steps). Six steps out of six pass; five of six do not; 16 of 20 pass.
-Otherwise no rank is named and the sentence says why. `arrived_last_pct` is the share of the
-instances that kept ranks waiting at which the rank arrived last (of the straggler: among the
-collectives it was last at); an instance kept ranks waiting when the others' median wait there
-reached `STRAGGLER_MIN_WAIT_US` and `INSTANCE_WAIT_TO_TRANSFER` times its transfer (the jitter of
-a duration grows with the duration; below that, who came last is chance).
-`benchmarks/rank_calibration.py` measures how often the rule names the right rank, and a rank
-when none was slowed.
+**The straggler** is the rank whose own time made others wait, not one that arrived late because
+it waited earlier. Ranks with the same role (the same collectives a step, in groups of the same
+kind: one pipeline stage's ranks) do the same work, so they wait alike unless one of them is late
+by its own time. In each step a rank's lateness is its role's median wait (collectives and
+receives) minus its own. The candidate is the rank with the largest median lateness; it is named
+when
+- it is measurably late: its median lateness is at least `STRAGGLER_MIN_WAIT_SHARE` of the median
+  step and at least `STRAGGLER_MIN_WAIT_US`, and
+- consistently: late in so many of the n steps that chance would give as many at most
+  `STRAGGLER_P_VALUE` of the time (a one-sided sign test: 6 of 6 pass, 5 of 6 do not); or, where
+  there are fewer than `SIGN_TEST_STEPS` steps, it arrived last at so many of its groups'
+  collectives that kept others waiting that chance (1 in the group's size) would give as many at
+  most `STRAGGLER_INSTANCE_P_VALUE` of the time (a one-step trace of 8 collectives can name one).
+Its group is the one whose collectives it arrived last at most; the sentence says how long that
+group's other members waited, and the ranks outside it in turn. An instance kept ranks waiting
+when the others' median wait reached `STRAGGLER_MIN_WAIT_US` and `INSTANCE_WAIT_TO_TRANSFER` times
+its transfer. `benchmarks/rank_calibration.py` measures how often the rule names the right rank,
+and a rank when none was slowed.
 """
 
 from __future__ import annotations
@@ -238,20 +228,7 @@ def _straggler(table, steps, kept, waited_for, matched, roles, groups) -> tuple[
         return None, "one rank"
     if matched == 0 and steps["bubble_us"].isna().all():
         return None, "no collective matched across ranks"
-    matched_steps = steps.dropna(subset=["wait_us"])
-    total = matched_steps["wait_us"] + matched_steps["bubble_us"].fillna(0.0)
-    waits = matched_steps.assign(total_us=total).pivot_table(index=["cycle", "step"], columns="rank", values="total_us",
-                                                             aggfunc="first", dropna=False).dropna()  # fmt: skip
-    # ranks that do the same work (one pipeline stage's) wait alike unless one of them is late by its own time
-    # a rank with fewer matched collectives than ranks of its role (one its trace placed elsewhere)
-    # would look as if it waited less: it is compared with nobody
-    counts = kept.groupby("rank")["instance"].nunique().reindex(waits.columns).fillna(0)
-    role_count = counts.groupby(pd.Series({r: roles.get(r) for r in waits.columns}).astype(str)).transform("median")
-    waits = waits[[r for r in waits.columns if counts[r] == role_count[r]]]
-    peers = {r: [q for q in waits.columns if q != r and roles.get(q) == roles.get(r)] for r in waits.columns}
-    if not any(peers.values()):  # no two ranks do the same work: all the others
-        peers = {r: [q for q in waits.columns if q != r] for r in waits.columns}
-    lateness = {r: waits[peers[r]].median(axis=1) - waits[r] for r in waits.columns if peers[r]}
+    lateness = _lateness(steps, kept, roles)
     lateness = {r: v for r, v in lateness.items() if len(v)}
     if not lateness:
         return None, "no step has its collectives matched on every rank"
@@ -296,6 +273,25 @@ def _straggler(table, steps, kept, waited_for, matched, roles, groups) -> tuple[
             "group_ranks": None if world else list(members), "peers_wait_us": peers_wait,
             "downstream": None if world else _downstream(kept, steps, members, groups),
             "waited_instances": len(waited_for), "matched_instances": matched}, ""  # fmt: skip
+
+
+def _lateness(steps: pd.DataFrame, kept: pd.DataFrame, roles: dict) -> dict:
+    """rank -> its lateness in each step: how much longer the ranks doing the same work (its role's)
+    waited, in collectives and receives, than it did (no clock needed)."""
+    matched_steps = steps.dropna(subset=["wait_us"])
+    total = matched_steps["wait_us"] + matched_steps["bubble_us"].fillna(0.0)
+    waits = matched_steps.assign(total_us=total).pivot_table(index=["cycle", "step"], columns="rank", values="total_us",
+                                                             aggfunc="first", dropna=False).dropna()  # fmt: skip
+    # ranks that do the same work (one pipeline stage's) wait alike unless one of them is late by its own time
+    # a rank with fewer matched collectives than ranks of its role (one its trace placed elsewhere)
+    # would look as if it waited less: it is compared with nobody
+    counts = kept.groupby("rank")["instance"].nunique().reindex(waits.columns).fillna(0)
+    role_count = counts.groupby(pd.Series({r: roles.get(r) for r in waits.columns}).astype(str)).transform("median")
+    waits = waits[[r for r in waits.columns if counts[r] == role_count[r]]]
+    peers = {r: [q for q in waits.columns if q != r and roles.get(q) == roles.get(r)] for r in waits.columns}
+    if not any(peers.values()):  # no two ranks do the same work: all the others
+        peers = {r: [q for q in waits.columns if q != r] for r in waits.columns}
+    return {r: waits[peers[r]].median(axis=1) - waits[r] for r in waits.columns if peers[r]}
 
 
 def _downstream(kept, steps, members, groups) -> dict | None:

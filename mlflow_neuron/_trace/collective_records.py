@@ -1,0 +1,78 @@
+"""A collective's record in a rank summary, from its trace event's args (pure).
+
+Used by `collectives`: name, process group (`groups`), sequence number, time, bytes, and for a
+send or a receive its peer.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from .dtypes import ELEMENT_BYTES
+from .groups import description, members
+
+# send/recv (gloo:send, c10d's recv_anysource, NCCL's SendRecv kernels): between two ranks, never all
+POINT_TO_POINT = re.compile(r"send|recv", re.IGNORECASE)
+
+
+def record(name: str, args: dict, start: float, end: float, anchor: float, groups: list[dict], lane=None) -> dict:
+    """A collective: its name, group (name as the trace wrote it, `members` as global ranks,
+    `desc`), `Seq`, its place in time and bytes; for a point-to-point transfer its `peer` (global
+    rank, where the trace names it). `lane` is the thread of a backend span (gloo runs each group's
+    work on threads of its own)."""
+    group = args.get("Process Group Name")
+    ranks = members(args, groups)
+    if ranks is None and len(groups) == 1 and not POINT_TO_POINT.search(str(name)):
+        ranks = groups[0]["ranks"]  # the rank's only group: where every collective of the rank runs
+    return {"name": str(name), "group": None if group is None else str(group), "members": ranks,
+            "desc": description(args, groups, ranks), "seq": _int_or_none(args.get("Seq")), "step": None,
+            "start_us": _rounded(start), "end_us": _rounded(end), "bytes": _bytes(args),
+            "peer": _peer(name, args, ranks), "peer_index": None, "lane": lane, "_anchor": anchor}  # fmt: skip
+
+
+def _peer(name: str, args: dict, ranks: list[int] | None) -> int | None:
+    """The other rank of a send or a receive, global: `Dst Rank` (a send) or `Src Rank` (a
+    receive), a global rank where it is one of the group's, else the rank within the group."""
+    if not POINT_TO_POINT.search(str(name)) or ranks is None:
+        return None
+    value = _int_or_none(args.get("Dst Rank" if "send" in str(name).lower() else "Src Rank"))
+    if value is None or value < 0:
+        return None
+    if value in ranks:
+        return value
+    return ranks[value] if value < len(ranks) else None
+
+
+def _bytes(args: dict) -> int | None:
+    """The message's size: `In msg nelems` x the dtype's size, or the first input's dims x its type."""
+    nelems, dtype = args.get("In msg nelems"), args.get("dtype")
+    if isinstance(nelems, int) and isinstance(dtype, str):
+        size = ELEMENT_BYTES.get(dtype) or ELEMENT_BYTES.get(dtype.lower()) or _PARAM_COMMS_DTYPES.get(dtype)
+        return nelems * size if size else None
+    dims, types = args.get("Input Dims"), args.get("Input type")
+    if isinstance(dims, list) and isinstance(types, list) and dims and types and isinstance(dims[0], list):
+        size = ELEMENT_BYTES.get(types[0]) if isinstance(types[0], str) else None
+        if size and all(isinstance(d, int) for d in dims[0]):
+            return math.prod(dims[0]) * size
+    return None
+
+
+# record_param_comms writes c10::ScalarType names
+_PARAM_COMMS_DTYPES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2,
+                       "Char": 1, "Byte": 1, "Bool": 1}  # fmt: skip
+
+
+def number_text(value):
+    """A number from a profiler's `Concrete Inputs` entry ("3"), else the value."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return value
+
+
+def _int_or_none(value) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
+
+
+def _rounded(value):
+    return round(value, 3) if isinstance(value, float) else value
