@@ -44,7 +44,7 @@ def test_the_slow_rank_is_named_with_its_tp_group_not_its_peer_and_every_other_r
     slow, even = analyze(gloo_job("gloo_3d_slow")), analyze(gloo_job("gloo_3d_even"))
     s = slow.straggler
     assert s is not None and s["rank"] == 2 and s["group_ranks"] == [2, 3] and s["group_desc"] == "tp", slow.sentence
-    assert slow.sentence.startswith("rank 2 (vm) (tp group 2,3) was late by its own time in 6 of 6 steps")
+    assert slow.sentence.startswith("rank 2 on vm (tp group 2,3) was late by its own time in 6 of 6 steps")
     assert s["peers_wait_us"] == pytest.approx(30_000, rel=0.2)
 
     def waited(report):  # in collectives and in receives (the pipeline's bubble), a step

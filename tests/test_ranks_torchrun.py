@@ -114,3 +114,53 @@ def test_a_rank_that_vanishes_holds_nobody_up_and_is_named_missing(store, slow_r
     assert {s["rank"] for s in summaries} == {0} and len(summaries) == 2
     report = analyze(summaries, expected_world_size=2)
     assert report.missing == [1] and report.straggler is None, report.sentence
+
+
+# ---------------------------------------------------------------- a 3D-parallel job
+
+EXAMPLE_3D = ROOT / "examples" / "ranks_3d.py"
+
+
+def torchrun_3d(store, *args: str) -> list[dict]:
+    """examples/ranks_3d.py, 4 ranks, into the sqlite store in `store`; each rank's JSON line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+               "--master-port", str(free_port()), str(EXAMPLE_3D), "--tracking-uri", f"sqlite:///{store / 'mlflow.db'}",
+               "--experiment-id", "0", "--flush-timeout-s", "120", *args]  # fmt: skip
+    result = subprocess.run(command, cwd=store, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")), key=lambda x: x["rank"])
+
+
+@pytest.fixture(scope="module")
+def jobs_3d(tmp_path_factory):
+    """The 3D job twice on one store: rank 0 sleeping 30 ms before its TP all_reduce, and no sleep."""
+    store = tmp_path_factory.mktemp("ranks3d")
+    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    out = {}
+    for name, args in (("slow", ("--slow-rank", "0", "--delay-ms", str(DELAY_MS))), ("even", ())):
+        lines = torchrun_3d(store, *args)
+        out[name] = analyze(summaries_in(client, one_run(lines, 4), tmp_path_factory.mktemp(name)), expected_world_size=4)
+    return out
+
+
+def test_in_a_3d_job_the_slow_rank_is_named_not_its_tp_peer_and_every_other_rank_waits_30_ms_more(jobs_3d):
+    slow, even = jobs_3d["slow"], jobs_3d["even"]
+    s = slow.straggler
+    assert s is not None and s["rank"] == 0 and s["group_ranks"] == [0, 1] and s["group_desc"] == "tp", slow.sentence
+    assert slow.unmatched == [] and slow.missing == [] and slow.matched > 0
+    assert s["peers_wait_us"] == pytest.approx(DELAY_MS * 1000, rel=0.3), slow.sentence
+
+    def waited(report):  # in collectives and in receives (the pipeline's bubble), a step
+        t = report.table.set_index("rank")
+        return t["wait_us"] + t["bubble_us"].fillna(0.0)
+
+    more = waited(slow) - waited(even)
+    for rank in (1, 2, 3):
+        assert more[rank] == pytest.approx(DELAY_MS * 1000, rel=0.4), more.to_dict()
+
+
+def test_in_the_3d_job_without_the_sleep_no_rank_of_the_second_stage_is_named(jobs_3d):
+    even = jobs_3d["even"]
+    assert even.unmatched == [] and even.matched > 0
+    assert even.straggler is None or even.straggler["rank"] not in (2, 3), even.sentence

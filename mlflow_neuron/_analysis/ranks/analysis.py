@@ -309,7 +309,7 @@ def _downstream(kept, steps, members, groups) -> dict | None:
         name = Counter(theirs.loc[theirs["gid"] == where.idxmax(), "name"]).most_common(1)[0][0]
         what = f"{desc + ' ' if desc else ''}{name}"
     else:
-        what = "receives (the pipeline's bubble)"
+        what = "the pipeline's receives"
     return {"ranks": int(len(total)), "wait_us": float(total.median()), "where": what}
 
 
@@ -336,7 +336,8 @@ def _sentence(report: RankReport, why: str) -> str:
                         f"(most in {d['where']})")  # fmt: skip
             when = (f"in {s['late_steps']} of {s['steps']} steps" if s.get("evidence") == "steps"
                     else f"at {s['last_instances']} of the {s['group_instances']} collectives that kept others waiting")
-            return (f"rank {s['rank']}{host} ({s['group']}) was late by its own time {when}: it arrived last, "
+            where = f" on {s['host']}" if s.get("host") else ""
+            return (f"rank {s['rank']}{where} ({s['group']}) was late by its own time {when}: it arrived last, "
                     f"{duration(s['late_by_us'])} a step later than ranks doing the same work (median); "
                     f"{peers} waited {duration(s['peers_wait_us'] or 0.0)} a step{then}" + tail)
         when = (f"in {s['late_steps']} of {s['steps']} steps" if s.get("evidence") == "steps"
