@@ -138,3 +138,32 @@ def test_the_generator_s_folder_is_read_whole_by_ingest_s_reader(tmp_path):
     generate(Job3D(tp=2, pp=2, dp=2, gzip=True), tmp_path)
     files = sorted(tmp_path.glob("*.pt.trace.json.gz"))
     assert len(files) == 8 and all(json.loads(gzip.decompress(f.read_bytes()))["distributedInfo"]["pg_config"] for f in files)
+
+
+def stage_summary(rank: int, steps=range(1, 7)) -> dict:
+    """Two pipeline stages that do different work: ranks 2 and 3 run a TP all_reduce and reach
+    the world all_reduce 10 ms after ranks 0 and 1 every step (rank 2 always 30 µs after rank 3)."""
+    collectives = []
+    for s in steps:
+        t0 = 100_000.0 * s
+        late = {0: 0.0, 1: 0.0, 2: 10_030.0, 3: 10_000.0}
+        if rank in (2, 3):
+            collectives.append({"name": "all_reduce", "members": [2, 3], "desc": "tp", "seq": None, "step": s,
+                                "start_us": t0 + 5_000.0, "end_us": t0 + 5_050.0, "group": "1"})  # fmt: skip
+        collectives.append({"name": "all_reduce", "members": [0, 1, 2, 3], "desc": "default_pg", "seq": None,
+                            "step": s, "start_us": t0 + late[rank], "end_us": t0 + 10_080.0, "group": "0"})  # fmt: skip
+    return {"format": "mlflow-neuron/rank-summary", "version": 2, "rank": rank, "world_size": 4, "host": "h",
+            "cycle_step": 9, "device": None, "groups": [],
+            "steps": [{"step": s, "start_us": 100_000.0 * s, "end_us": 100_000.0 * (s + 1), "step_us": 100_000.0,
+                       "window_us": 100_000.0, "collective_us": 10_000.0} for s in steps],
+            "collectives": collectives}  # fmt: skip
+
+
+def test_a_stage_that_does_more_work_is_no_straggler_ranks_are_compared_with_ranks_of_their_role():
+    report = analyze([stage_summary(r) for r in range(4)])
+    table = report.table.set_index("rank")
+    assert table.loc[0, "wait_us"] == pytest.approx(10_030) and table.loc[2, "wait_us"] == 0
+    # rank 2 reaches the world all_reduce last in every step, 10 ms after the first stage: that is
+    # its stage's work; beside rank 3, which does the same, it is 30 µs late
+    assert report.straggler is None, report.sentence
+    assert "the latest, rank 2, by 30 µs a step" in report.sentence, report.sentence

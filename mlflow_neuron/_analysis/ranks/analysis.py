@@ -52,6 +52,7 @@ from scipy.stats import binom
 from ..._trace.collectives import FORMAT
 from ..._trace.step_summary import summarize
 from .clocks import TOLERANCE_US, Clock, align
+from .frames import collectives_frame, needs_placing, with_collectives
 from .lanes import place
 from .matching import INSTANCE_COLUMNS, match, pairs, records
 from .waits import BUBBLE, instance_rows as instance_rows_of, per_step as per_step_of, roles as roles_of
@@ -104,9 +105,12 @@ class RankReport:
                        "sentence": self.sentence, "notes": self.notes, "clock": self.clock})  # fmt: skip
 
 
-def analyze(summaries: list[dict], *, expected_world_size: int | None = None) -> RankReport:
+def analyze(summaries: list[dict], *, expected_world_size: int | None = None,
+            collectives: pd.DataFrame | None = None) -> RankReport:
     """The report over rank summaries (any number of cycles per rank). Never raises for a bad or
-    partial set: a summary it cannot read is left out and said in `notes`."""
+    partial set: a summary it cannot read is left out and said in `notes`. `collectives`: the
+    summaries' collectives as one table (`frames.FRAME_COLUMNS`, as a per-node columnar file holds
+    them), in place of each summary's `collectives` list."""
     by_rank, notes = _by_rank(summaries)
     sizes = [s.get("world_size") for group in by_rank.values() for s in group if isinstance(s.get("world_size"), int)]
     world_size = expected_world_size or max(sizes + [max(by_rank, default=-1) + 1, 0])
@@ -117,8 +121,14 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None) ->
         notes.append(f"rank{'s' if len(outside) > 1 else ''} {_ranks_phrase(outside).removeprefix('ranks ').removeprefix('rank ')} "
                      f"outside the world of {world_size} ranks: read as they are")  # fmt: skip
     hosts = {r: _host(by_rank[r]) for r in ranks}
-    by_rank = place(by_rank)  # gloo's collectives into their groups, where the ranks' summaries agree
-    frame, groups, unmatched, more_notes = records(by_rank, hosts)
+    table = collectives if collectives is not None else None
+    if table is None or needs_placing(table):
+        if table is not None:  # a gloo job's columns: placed as records, then a table again
+            by_rank = with_collectives(by_rank, table)
+        by_rank = place(by_rank)  # gloo's collectives into their groups, where the ranks' summaries agree
+        table = collectives_frame([s for group in by_rank.values() for s in group])
+    group_counts = {r: _group_count(by_rank[r]) for r in ranks}
+    frame, groups, unmatched, more_notes = records(table, group_counts, hosts)
     notes += more_notes
     kept, more_unmatched, group_notes = match(frame, groups, ranks) if len(ranks) > 1 else (frame.iloc[:0].assign(instance=[]), [], [])
     unmatched += more_unmatched
@@ -191,6 +201,12 @@ def _step_rows(rank: int, summaries: list[dict], waits: dict | None) -> list[dic
                 rows[key] = {**row, "rank": rank, "host": host, "cycle": summary.get("cycle_step"), "wait_us": wait,
                              "bubble_us": bubble}  # fmt: skip
     return list(rows.values())
+
+
+def _group_count(summaries: list[dict]) -> int | None:
+    """How many process groups the rank's trace lists (None: a format 1 summary, which does not say)."""
+    counts = [len(s["groups"]) for s in summaries if isinstance(s.get("groups"), list)]
+    return max(counts) if counts else None
 
 
 def _host(summaries: list[dict]) -> str | None:
@@ -288,10 +304,33 @@ def _lateness(steps: pd.DataFrame, kept: pd.DataFrame, roles: dict) -> dict:
     counts = kept.groupby("rank")["instance"].nunique().reindex(waits.columns).fillna(0)
     role_count = counts.groupby(pd.Series({r: roles.get(r) for r in waits.columns}).astype(str)).transform("median")
     waits = waits[[r for r in waits.columns if counts[r] == role_count[r]]]
-    peers = {r: [q for q in waits.columns if q != r and roles.get(q) == roles.get(r)] for r in waits.columns}
-    if not any(peers.values()):  # no two ranks do the same work: all the others
-        peers = {r: [q for q in waits.columns if q != r] for r in waits.columns}
-    return {r: waits[peers[r]].median(axis=1) - waits[r] for r in waits.columns if peers[r]}
+    role = pd.Series({r: str(roles.get(r)) for r in waits.columns})
+    if role.value_counts().max() < 2:  # no two ranks do the same work: all the others
+        role[:] = ""
+    lateness = {}
+    for _, members in role.groupby(role):
+        if len(members) > 1:
+            block = waits[list(members.index)]
+            others = median_of_others(block.to_numpy(float))
+            for i, r in enumerate(block.columns):
+                lateness[r] = pd.Series(others[:, i] - block[r].to_numpy(float), index=block.index)
+    return lateness
+
+
+def median_of_others(values: np.ndarray) -> np.ndarray:
+    """For each cell of a (rows x n) array, the median of its row without it (n >= 2)."""
+    n = values.shape[1]
+    order = np.argsort(values, axis=1, kind="stable")
+    ordered = np.take_along_axis(values, order, axis=1)
+    position = np.empty_like(order)
+    np.put_along_axis(position, order, np.arange(n)[None, :].repeat(len(values), 0), axis=1)
+
+    def other(i):  # the i-th smallest of the others: skip the cell's own place
+        index = np.where(i < position, i, i + 1)
+        return np.take_along_axis(ordered, np.minimum(index, n - 1), axis=1)
+
+    m = n - 1
+    return other(m // 2) if m % 2 else (other(m // 2 - 1) + other(m // 2)) / 2
 
 
 def _downstream(kept, steps, members, groups) -> dict | None:

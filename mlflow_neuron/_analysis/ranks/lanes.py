@@ -31,7 +31,7 @@ OVERLAP_SLACK_US = 200.0
 def place(by_rank: dict[int, list[dict]]) -> dict[int, list[dict]]:
     """The summaries with `members` (and a send's or receive's `peer`) filled in where the rule
     places a gloo collective; summaries that need nothing are returned as they are."""
-    views = {r: _View(r, summaries) for r, summaries in by_rank.items()}
+    views = {r: _View(r, summaries) for r, summaries in by_rank.items() if _loose(summaries)}
     views = {r: v for r, v in views.items() if v.needs}
     if not views:
         return by_rank
@@ -153,6 +153,13 @@ def _agree(v: _View, h: tuple[int, ...], w: _View, hq: tuple[int, ...]) -> bool:
                     max(x["start_us"], y["start_us"]) > min(x["end_us"], y["end_us"]) + OVERLAP_SLACK_US:
                 return False
     return True
+
+
+def _loose(summaries: list[dict]) -> bool:
+    """Whether a rank lists several groups and has a collective without members (gloo's)."""
+    return any(isinstance(s.get("groups"), list) and len(s["groups"]) > 1
+               and any(isinstance(c, dict) and c.get("members") is None for c in s.get("collectives") or [])
+               for s in summaries)  # fmt: skip
 
 
 def _desc(groups: list[dict], ranks: list[int]) -> str | None:

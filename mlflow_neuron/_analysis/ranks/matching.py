@@ -66,43 +66,60 @@ def ranks_text(ranks: list[int]) -> str:
     return ",".join(str(r) for r in ranks)
 
 
-def records(by_rank: dict[int, list[dict]], hosts: dict[int, str | None]) -> tuple[pd.DataFrame, Groups, list[dict], list[str]]:
-    """Every rank's collectives as one frame (RECORD_COLUMNS), their groups, the collectives that
-    could not be placed in a group (as unmatched entries), and notes."""
-    groups, rows, unplaced, unnamed = Groups(), [], [], 0
-    reported = sorted(by_rank)
-    for rank in reported:
-        for summary in by_rank[rank]:
-            own_groups = summary.get("groups") if isinstance(summary.get("groups"), list) else None
-            cycle = summary.get("cycle_step") if isinstance(summary.get("cycle_step"), int) else -1
-            for c in summary.get("collectives") or []:
-                if not _valid(c):
-                    continue
-                name = c["name"]
-                p2p = POINT_TO_POINT.search(name)
-                kind = COLLECTIVE if not p2p else (SEND if "send" in name.lower() else RECV)
-                members = c.get("members")
-                if kind != COLLECTIVE:
-                    peer = c.get("peer")
-                    if not isinstance(peer, int):
-                        unnamed += 1
-                        continue
-                    gid = -1
-                elif isinstance(members, list) and members:
-                    if rank not in members:
-                        unplaced.append(_entry(rank, c, f"its group {ranks_text(members)} does not hold this rank"))
-                        continue
-                    gid, peer = groups.id(tuple(members), c.get("desc")), None
-                elif own_groups is None or len(own_groups) <= 1:
-                    gid, peer = groups.id(("legacy", c.get("group")), c.get("desc")), None
-                else:
-                    unplaced.append(_entry(rank, c, f"its process group is not in the trace (the backend writes none) "
-                                                    f"and the rank has {len(own_groups)} groups"))  # fmt: skip
-                    continue
-                rows.append((rank, hosts.get(rank), cycle, name, gid, _seq(c.get("seq")),
-                             c.get("step") if isinstance(c.get("step"), int) else None,
-                             float(c["start_us"]), float(c["end_us"]), kind, peer if kind else -1))  # fmt: skip
-    frame = pd.DataFrame(rows, columns=RECORD_COLUMNS)
+def records(table: pd.DataFrame, group_counts: dict[int, int | None], hosts: dict[int, str | None]
+            ) -> tuple[pd.DataFrame, Groups, list[dict], list[str]]:
+    """Every rank's collectives (`frames.collectives_frame`'s table) as the frame matching reads
+    (RECORD_COLUMNS), their groups, the collectives that could not be placed in a group (as
+    unmatched entries), and notes. `group_counts`: rank -> how many process groups its trace lists
+    (None for a format 1 summary)."""
+    groups, unplaced = Groups(), []
+    t = table.copy()
+    t["start_us"] = pd.to_numeric(t["start_us"], errors="coerce")
+    t["end_us"] = pd.to_numeric(t["end_us"], errors="coerce")
+    named = t["name"].map(lambda v: isinstance(v, str))
+    t = t[named & np.isfinite(t["start_us"]) & np.isfinite(t["end_us"]) & (t["end_us"] >= t["start_us"])]
+    if t.empty:
+        return pd.DataFrame(columns=RECORD_COLUMNS), groups, unplaced, []
+    t = t.astype({"name": str})
+    lowered = t["name"].str.lower()
+    p2p = lowered.str.contains("send|recv", regex=True)
+    kind = np.where(~p2p, COLLECTIVE, np.where(lowered.str.contains("send"), SEND, RECV))
+    peer = pd.to_numeric(t["peer"], errors="coerce")
+    unnamed = int((p2p & peer.isna()).sum())
+    has_members = t["members"].map(lambda m: isinstance(m, (tuple, list)) and len(m) > 0)
+    codes, uniques = pd.factorize(t["members"].where(has_members, None).map(lambda m: tuple(m) if m is not None else None))
+    gid = np.full(len(t), -2, dtype=np.int64)  # -2: not placed; -1: point to point
+    gid[(p2p & peer.notna()).to_numpy()] = -1
+    coll = (~p2p & has_members).to_numpy()
+    descs = t["desc"].to_numpy()
+    first_desc = pd.Series(descs[coll]).groupby(codes[coll]).first() if coll.any() else pd.Series(dtype=object)
+    ids = {code: groups.id(tuple(uniques[code]), first_desc.get(code)) for code in np.unique(codes[coll])}
+    gid[coll] = [ids[c] for c in codes[coll]]
+    # a rank outside the group its record names
+    ranks = t["rank"].to_numpy()
+    pairs_ = pd.DataFrame({"gid": gid[coll], "rank": ranks[coll]}).drop_duplicates()
+    outside = {(g, r) for g, r in zip(pairs_["gid"], pairs_["rank"]) if r not in set(groups.members[g])}
+    legacy_rank = np.array([group_counts.get(r) is None or group_counts.get(r) <= 1 for r in ranks], bool)
+    loose = (~p2p & ~has_members).to_numpy()
+    legacy = loose & legacy_rank
+    for name in pd.unique(t["group"].to_numpy()[legacy]) if legacy.any() else []:
+        groups.id(("legacy", name), None)
+    gid[legacy] = [groups.ids[("legacy", g)] for g in t["group"].to_numpy()[legacy]]
+    bad = np.array([(g, r) in outside for g, r in zip(gid, ranks)], bool) if outside else np.zeros(len(t), bool)
+    for row in t[bad].itertuples(index=False):
+        unplaced.append(_entry(row.rank, row._asdict(), f"its group {ranks_text(list(row.members))} does not hold this rank"))
+    for row in t[loose & ~legacy_rank].itertuples(index=False):
+        unplaced.append(_entry(row.rank, row._asdict(), "its process group is not in the trace (the backend writes none) "
+                               f"and the rank has {group_counts.get(row.rank)} groups"))  # fmt: skip
+    keep = (gid != -2) & ~bad
+    seq = pd.to_numeric(t["seq"], errors="coerce")
+    step = pd.to_numeric(t["step"], errors="coerce")
+    frame = pd.DataFrame({"rank": ranks[keep], "host": [hosts.get(r) for r in ranks[keep]],
+                          "cycle": t["cycle"].to_numpy()[keep], "name": t["name"].to_numpy()[keep], "gid": gid[keep],
+                          "seq": seq.to_numpy()[keep], "step": step.to_numpy()[keep],
+                          "start_us": t["start_us"].to_numpy(float)[keep], "end_us": t["end_us"].to_numpy(float)[keep],
+                          "kind": kind[keep], "peer": peer.fillna(-1).to_numpy()[keep].astype(np.int64)},
+                         columns=RECORD_COLUMNS)  # fmt: skip
     notes = [f"{unnamed} point-to-point transfers (send/recv) left out of the wait: the trace does not name their "
              "peer"] if unnamed else []  # fmt: skip
     return frame, groups, unplaced, notes
@@ -202,18 +219,14 @@ def _absent_members(kept: pd.DataFrame, groups: Groups, reported: list[int]) -> 
 
 
 def _entry(rank: int, c: dict, why: str) -> dict:
-    return {"rank": rank, "name": c.get("name"), "group": c.get("group"), "step": c.get("step"), "seq": c.get("seq"),
-            "on_ranks": [rank], "why": why}  # fmt: skip
+    step, seq = c.get("step"), c.get("seq")
+    return {"rank": int(rank), "name": c.get("name"), "group": c.get("group"),
+            "step": None if step is None or pd.isna(step) else int(step),
+            "seq": None if seq is None or pd.isna(seq) else int(seq), "on_ranks": [int(rank)], "why": why}  # fmt: skip
 
 
 def _seq(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _valid(c) -> bool:
-    """A collective record with a name and a start no later than its end."""
-    return isinstance(c, dict) and isinstance(c.get("name"), str) and is_number(c.get("start_us")) \
-        and is_number(c.get("end_us")) and c["end_us"] >= c["start_us"]
 
 
 def is_number(value) -> bool:

@@ -93,9 +93,10 @@ def roles(frame: pd.DataFrame, groups: Groups, ranks: list[int]) -> dict[int, tu
     do the same work (a pipeline stage's ranks); a straggler is found among them."""
     if frame.empty:
         return {r: () for r in ranks}
-    what = frame.assign(what=[
-        (name, kind, groups.desc[g] or len(groups.members[g]) if g >= 0 else None)
-        for name, kind, g in zip(frame["name"], frame["kind"], frame["gid"])])
+    labels = np.array([f"{groups.desc[g] or len(groups.members[g])}" for g in range(len(groups.members))] + ["p2p"],
+                      dtype=object)  # fmt: skip
+    what = frame.assign(what=frame["name"].astype(str) + "/" + frame["kind"].astype(str) + "/"
+                        + labels[frame["gid"].to_numpy()])  # gid -1 (a transfer) takes the last label
     counts = what.groupby(["rank", "cycle", "step", "what"], dropna=False).size()
     per_rank = counts.groupby(["rank", "what"]).median()
     roles = {r: () for r in ranks}

@@ -1,0 +1,57 @@
+"""Every rank's collectives as one table (pure): what `analyze` matches, from summaries or columns.
+
+Example::
+
+    table = collectives_frame(summaries)     # one row per collective record, FRAME_COLUMNS
+    analyze(summaries_without_collectives, collectives=table)   # the same report
+
+A per-node columnar file (Parquet) holds this table for its ranks; reading it needs no pass over
+records in Python. `members` is a tuple of global ranks or None; `cycle` is -1 where unknown.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+FRAME_COLUMNS = ["rank", "cycle", "name", "group", "members", "desc", "seq", "step", "start_us", "end_us", "bytes",
+                 "peer", "peer_index", "lane"]  # fmt: skip
+_FIELDS = FRAME_COLUMNS[2:]
+
+
+def collectives_frame(summaries: list[dict]) -> pd.DataFrame:
+    """The collectives of rank summaries (those with an int rank) as one table."""
+    columns: dict[str, list] = {name: [] for name in FRAME_COLUMNS}
+    for summary in summaries:
+        rank = summary.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            continue
+        cycle = summary.get("cycle_step") if isinstance(summary.get("cycle_step"), int) else -1
+        records = [c for c in summary.get("collectives") or [] if isinstance(c, dict)]
+        columns["rank"] += [rank] * len(records)
+        columns["cycle"] += [cycle] * len(records)
+        for name in _FIELDS:
+            columns[name] += [c.get(name) for c in records]
+    columns["members"] = [tuple(m) if isinstance(m, list) else m for m in columns["members"]]
+    return pd.DataFrame(columns, columns=FRAME_COLUMNS)
+
+
+def needs_placing(table: pd.DataFrame) -> bool:
+    """Whether some collective has no group but a worker thread or a peer index (gloo's), which
+    `lanes.place` may place."""
+    loose = table["members"].isna()
+    return bool((loose & (table["lane"].notna() | table["peer_index"].notna())).any())
+
+
+def with_collectives(by_rank: dict[int, list[dict]], table: pd.DataFrame) -> dict[int, list[dict]]:
+    """The summaries with their `collectives` lists made from the table's rows (by rank and cycle)."""
+    rows = table.astype(object).where(table.notna(), None)
+    lists: dict[tuple, list[dict]] = {}
+    for record in rows.to_dict("records"):
+        members = record["members"]
+        record["members"] = list(members) if isinstance(members, tuple) else members
+        lists.setdefault((record.pop("rank"), record.pop("cycle")), []).append(record)
+    out = {}
+    for rank, summaries in by_rank.items():
+        out[rank] = [{**s, "collectives": lists.get((rank, s.get("cycle_step") if isinstance(s.get("cycle_step"), int)
+                                                     else -1), [])} for s in summaries]  # fmt: skip
+    return out
