@@ -13,6 +13,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from rank3d import Job3D, generate
 
@@ -167,3 +168,20 @@ def test_a_stage_that_does_more_work_is_no_straggler_ranks_are_compared_with_ran
     # its stage's work; beside rank 3, which does the same, it is 30 µs late
     assert report.straggler is None, report.sentence
     assert "the latest, rank 2, by 30 µs a step" in report.sentence, report.sentence
+
+
+def test_at_256_ranks_the_picture_is_a_heat_map_with_the_straggler_boxed_and_the_dead_rank_grey(job_256, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    from mlflow_neuron._report.ranks import chart
+
+    truth, report = job_256
+    grid, rows = chart.heat_grid(report.table)
+    assert grid.shape == (8, 32) and rows.startswith("32 ranks a row")  # Kineto writes no host name
+    assert pd.isna(grid.iloc[200 // 32, 200 % 32])  # the dead rank: no value, drawn grey
+    cell = grid.iloc[37 // 32, 37 % 32]
+    assert cell == grid.min().min()  # the straggler waited least: everyone else waited for it
+    path = chart.heat_map_png(report.table, tmp_path / "ranks.png", "title", report.straggler)
+    assert path.stat().st_size > 10_000
+    assert chart._cells(report.table, grid)[37] == (1, 5)

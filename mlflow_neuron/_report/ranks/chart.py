@@ -115,9 +115,79 @@ def _host_bands(ax, split: pd.DataFrame) -> None:
             start = i
 
 
+HEAT_MAP_FROM = 65  # ranks: from here a heat map, not a bar a rank
+
+
 def rank_picture(read, path: Path) -> Path:
-    """A `RankRead`'s picture: each rank's step split into compute, collective, wait, idle."""
+    """A `RankRead`'s picture: each rank's step split into compute, collective, wait, idle; from
+    `HEAT_MAP_FROM` ranks, the wait a step as a heat map of node x local rank."""
     report = read.report
     straggler = (report.straggler or {}).get("rank")
     title = f"run {read.run_id}: {report.world_size} rank(s). {report.sentence.rstrip('.')}."
+    if len(report.table) >= HEAT_MAP_FROM:
+        return heat_map_png(report.table, path, title, report.straggler)
     return png(step_split(report.steps), path, title, straggler)
+
+
+def heat_grid(table: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The wait a step (collectives and receives, median, ms) of each rank as a grid: a row per
+    host and a column per local rank (its place among the host's ranks) where the ranks name two
+    hosts or more; else a row per 32 ranks. Returns the grid (NaN where no rank) and the rows' name."""
+    t = table.assign(wait_ms=(pd.to_numeric(table["wait_us"], errors="coerce").fillna(0.0)
+                              + pd.to_numeric(table["bubble_us"], errors="coerce").fillna(0.0)) / 1000).sort_values("rank")
+    if t["host"].nunique() > 1:
+        t["row"] = t["host"].astype(str)
+        t["col"] = t.groupby("row").cumcount()
+        name = "host"
+    else:
+        t["row"] = (t["rank"] // 32 * 32).map(lambda r: f"ranks {r}-{r + 31}")
+        t["col"] = t["rank"] % 32
+        name = "32 ranks a row (the traces name no host)"
+    order = list(dict.fromkeys(t["row"]))
+    return t.pivot_table(index="row", columns="col", values="wait_ms", aggfunc="first").reindex(order), name
+
+
+def heat_map_png(table: pd.DataFrame, path: Path, title: str, straggler: dict | None) -> Path:
+    """Writes the heat map (Agg); the straggler's cell boxed, its group's cells outlined."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    grid, rows = heat_grid(table)
+    fig, ax = plt.subplots(figsize=(10, 2.5 + 0.12 * len(grid)))
+    cmap = matplotlib.colormaps["magma_r"].copy()
+    cmap.set_bad("#9e9e9e")  # a rank that sent no summary
+    image = ax.imshow(grid.to_numpy(float), aspect="auto", cmap=cmap, interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="wait a step (ms): collectives and receives, median")
+    where = _cells(table, grid)
+    if straggler:
+        for r in straggler.get("group_ranks") or []:
+            if r in where:
+                ax.add_patch(Rectangle((where[r][1] - 0.5, where[r][0] - 0.5), 1, 1, fill=False, ec="#2a9d8f", lw=1))
+        if straggler["rank"] in where:
+            y, x = where[straggler["rank"]]
+            ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False, ec="#00b4d8", lw=2.5, gid="straggler"))
+    ax.set_xlabel("local rank" if rows == "host" else "rank within the row")
+    ax.set_ylabel(rows)
+    if len(grid) <= 40:
+        ax.set_yticks(range(len(grid)), grid.index, fontsize=6)
+    else:
+        ax.set_yticks([])
+    ax.set_title("\n".join(textwrap.wrap(title, 110)) + "\nthe straggler boxed, its group outlined; grey: no rank there "
+                 "or no summary", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _cells(table: pd.DataFrame, grid: pd.DataFrame) -> dict[int, tuple[int, int]]:
+    """rank -> (row, column) in the heat map."""
+    t = table.sort_values("rank")
+    if t["host"].nunique() > 1:
+        rows = {h: i for i, h in enumerate(grid.index)}
+        cols = t.groupby(t["host"].astype(str)).cumcount()
+        return {int(r): (rows[str(h)], int(c)) for r, h, c in zip(t["rank"], t["host"], cols)}
+    return {int(r): (int(r) // 32, int(r) % 32) for r in t["rank"]}
