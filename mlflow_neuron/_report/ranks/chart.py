@@ -156,11 +156,11 @@ def heat_map_png(table: pd.DataFrame, path: Path, title: str, straggler: dict | 
     from matplotlib.patches import Rectangle
 
     grid, rows = heat_grid(table)
-    fig, ax = plt.subplots(figsize=(10, 2.5 + 0.12 * len(grid)))
+    fig, ax = plt.subplots(figsize=(10, max(4.5, 2.5 + 0.12 * len(grid))))
     cmap = matplotlib.colormaps["magma_r"].copy()
     cmap.set_bad("#9e9e9e")  # a rank that sent no summary
     image = ax.imshow(grid.to_numpy(float), aspect="auto", cmap=cmap, interpolation="nearest")
-    fig.colorbar(image, ax=ax, label="wait a step (ms): collectives and receives, median")
+    fig.colorbar(image, ax=ax, label="wait a step, ms (median; collectives + receives)")
     where = _cells(table, grid)
     if straggler:
         for r in straggler.get("group_ranks") or []:
