@@ -5,7 +5,8 @@ stderr, exit code) is compared with the one recorded in `fixtures/recorded/expec
 A move of code that changes nothing the user sees keeps this test green. A change that is meant to
 change an output remakes the store and the expected outputs, and the diff shows what changed:
 
-    python tests/test_recorded_output.py --record
+    python tests/test_recorded_output.py --record           # a new store, and its outputs
+    python tests/test_recorded_output.py --expected-only    # the stored store's outputs again
 """
 
 from __future__ import annotations
@@ -133,8 +134,21 @@ def _record() -> None:
             (EXPECTED / f"{name}.txt").write_text(run_command(name, uri, folder, ids), encoding="utf-8")
 
 
+def _expected_only() -> None:
+    """Records every command's output again on the stored store (a changed output, same runs)."""
+    import os
+
+    os.environ["PATH"] = "/usr/bin:/bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        uri = restore(folder)
+        ids = json.loads(IDS.read_text())
+        for name in sorted(COMMANDS):
+            (EXPECTED / f"{name}.txt").write_text(run_command(name, uri, folder, ids), encoding="utf-8")
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] != ["--record"]:
+    if sys.argv[1:] not in (["--record"], ["--expected-only"]):
         sys.exit(__doc__)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    _record()
+    _record() if sys.argv[1:] == ["--record"] else _expected_only()
