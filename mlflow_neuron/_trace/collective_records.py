@@ -16,13 +16,14 @@ from .groups import description, members
 POINT_TO_POINT = re.compile(r"send|recv", re.IGNORECASE)
 
 
-def record(name: str, args: dict, start: float, end: float, anchor: float, groups: list[dict], lane=None) -> dict:
+def record(name: str, args: dict, start: float, end: float, anchor: float, groups: list[dict], lane=None,
+           cache: dict | None = None) -> dict:
     """A collective: its name, group (name as the trace wrote it, `members` as global ranks,
     `desc`), `Seq`, its place in time and bytes; for a point-to-point transfer its `peer` (global
     rank, where the trace names it). `lane` is the thread of a backend span (gloo runs each group's
     work on threads of its own)."""
     group = args.get("Process Group Name")
-    ranks = members(args, groups)
+    ranks = members(args, groups, cache)
     if ranks is None and len(groups) == 1 and not POINT_TO_POINT.search(str(name)):
         ranks = groups[0]["ranks"]  # the rank's only group: where every collective of the rank runs
     return {"name": str(name), "group": None if group is None else str(group), "members": ranks,

@@ -119,6 +119,7 @@ class RankEvents:
         info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
         groups = process_groups(meta)
         steps, collectives, source, timeline = self.summarize(groups)
+        member_sets = _member_sets(collectives)
         return {
             "format": FORMAT, "version": VERSION,
             "rank": rank if rank is not None else _int_or_none(info.get("rank")),
@@ -126,7 +127,7 @@ class RankEvents:
             "host": host if host is not None else (meta.get("host_name") or None),
             "cycle_step": cycle_step,
             "timeline": timeline, "collective_source": source, "pid": self.pid,
-            "steps": steps, "collectives": collectives, "groups": groups, "device": None,
+            "steps": steps, "collectives": collectives, "member_sets": member_sets, "groups": groups, "device": None,
             "skipped_events": self.skipped,
         }  # fmt: skip
 
@@ -184,7 +185,9 @@ class RankEvents:
                     if name.startswith("ProfilerStep#"):
                         self._step(name, start, end)
                     elif name.startswith("c10d::"):
-                        self._c10d(name, start, event)
+                        self.callers.add(event.get("tid"))
+                        if name in ("c10d::send", "c10d::recv_"):
+                            self._p2p_call(start, event)
                 elif name == "record_param_comms":
                     self.param_comms.append((start, end, event.get("args") or {}))
                 else:
@@ -209,15 +212,12 @@ class RankEvents:
                 if self.pid is None and isinstance(event.get("pid"), int):
                     self.pid = event["pid"]
 
-    def _c10d(self, name: str, start: float, event: dict) -> None:
-        """A c10d op on the calling thread: its thread calls collectives; a send's or a receive's
-        peer (the rank within its group, `Concrete Inputs`[2] where shapes were recorded)."""
-        tid = event.get("tid")
-        self.callers.add(tid)
-        if name in ("c10d::send", "c10d::recv_"):
-            inputs = (event.get("args") or {}).get("Concrete Inputs")
-            peer = _int_or_none(number_text(inputs[2])) if isinstance(inputs, list) and len(inputs) > 2 else None
-            self.p2p_calls.append((start, tid, peer))
+    def _p2p_call(self, start: float, event: dict) -> None:
+        """A c10d send or receive on the calling thread: its peer (the rank within its group,
+        `Concrete Inputs`[2] where shapes were recorded)."""
+        inputs = (event.get("args") or {}).get("Concrete Inputs")
+        peer = _int_or_none(number_text(inputs[2])) if isinstance(inputs, list) and len(inputs) > 2 else None
+        self.p2p_calls.append((start, event.get("tid"), peer))
 
     def _step(self, name: str, start: float, end: float) -> None:
         step = _STEP.match(name)
@@ -247,27 +247,29 @@ class RankEvents:
 
     def _collectives(self, groups: list[dict]) -> tuple[list[dict], str | None]:
         kernels = [d for d in self.device if d[2] == COMM]
+        cache: dict = {}  # a group's members, once per trace
         if kernels:
             named = self._launched_in()
             records = []
             for start, end, _, correlation, args in kernels:
                 launch = self.launches.get(correlation, start)
                 name = args.get("Collective name") or named(launch) or args["_name"]
-                records.append(collective_record(name, args, start, end, launch, groups))
+                records.append(collective_record(name, args, start, end, launch, groups, cache=cache))
             return sorted(records, key=lambda r: r["start_us"]), "device_kernels"
         if self.spans:
             peer_index = self._peer_index()
             records = []
             for start, end, name, args, tid in self.spans:
                 record = collective_record(BACKEND_SPAN.match(name).group(2), args, start, end, start, groups,
-                                 lane=None if tid in self.callers else tid)
+                                           lane=None if tid in self.callers else tid, cache=cache)
                 if record["peer"] is None and POINT_TO_POINT.search(record["name"]):
                     record["peer_index"] = peer_index(start, tid)
                 records.append(record)
             return sorted(records, key=lambda r: r["start_us"]), "backend_spans"
         named = [(start, end, args) for start, end, args in self.param_comms if args.get("Collective name")]
         if named:
-            records = [collective_record(args["Collective name"], args, start, end, start, groups) for start, end, args in named]
+            records = [collective_record(args["Collective name"], args, start, end, start, groups, cache=cache)
+                       for start, end, args in named]
             return sorted(records, key=lambda r: r["start_us"]), "record_param_comms"
         return [], None
 
@@ -377,6 +379,22 @@ class RankEvents:
             return int(max(totals[a:b])) if b > a else None
 
         return peak
+
+
+def _member_sets(collectives: list[dict]) -> list[list[int]]:
+    """Each distinct group's members once: a record's `members` becomes its index in the list
+    returned (a world group's 4,096 ranks are written once a cycle, not once a collective)."""
+    sets: list[list[int]] = []
+    index: dict[tuple, int] = {}
+    for c in collectives:
+        ranks = c.get("members")
+        if isinstance(ranks, list):
+            key = tuple(ranks)
+            if key not in index:
+                index[key] = len(sets)
+                sets.append(ranks)
+            c["members"] = index[key]
+    return sets
 
 
 def _copied_bytes(sizes: list) -> int | None:

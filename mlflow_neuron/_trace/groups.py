@@ -41,10 +41,26 @@ def process_groups(meta: dict) -> list[dict]:
     return groups
 
 
-def members(args: dict, groups: list[dict]) -> list[int] | None:
+def members(args: dict, groups: list[dict], cache: dict | None = None) -> list[int] | None:
     """The global ranks of a collective's group, sorted: its `Process Group Ranks` when whole, else
     `Global rank start`/`stride` with `Group size`, else its group's entry in `groups` by name;
-    None when the trace does not say."""
+    None when the trace does not say. A trace repeats a few groups thousands of times: with a
+    `cache` (one per trace: it holds `groups`' answers) the same list is returned for the same
+    arguments."""
+    if cache is None:
+        return _members(args, groups)
+    key = (args.get("Group size"), str(args.get("Process Group Ranks")), args.get("Global rank start"),
+           args.get("Global rank stride"), args.get("Process Group Name"))  # fmt: skip
+    found = cache.get(key, _MISSING)
+    if found is _MISSING:
+        found = cache[key] = _members(args, groups)
+    return found
+
+
+_MISSING = object()
+
+
+def _members(args: dict, groups: list[dict]) -> list[int] | None:
     size = _int(args.get("Group size"))
     listed = rank_list(args.get("Process Group Ranks"))
     if listed and (size is None or len(listed) == size):
@@ -67,7 +83,7 @@ def description(args: dict, groups: list[dict], ranks: list[int] | None) -> str 
     if desc:
         return desc
     for group in groups:
-        if ranks is not None and group["ranks"] == ranks and group["desc"]:
+        if ranks is not None and (group["ranks"] is ranks or group["ranks"] == ranks) and group["desc"]:
             return group["desc"]
     return None
 

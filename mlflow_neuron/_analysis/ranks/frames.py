@@ -29,10 +29,22 @@ def collectives_frame(summaries: list[dict]) -> pd.DataFrame:
         records = [c for c in summary.get("collectives") or [] if isinstance(c, dict)]
         columns["rank"] += [rank] * len(records)
         columns["cycle"] += [cycle] * len(records)
+        sets = [tuple(m) for m in summary.get("member_sets") or [] if isinstance(m, list)]
         for name in _FIELDS:
-            columns[name] += [c.get(name) for c in records]
-    columns["members"] = [tuple(m) if isinstance(m, list) else m for m in columns["members"]]
+            if name == "members":
+                columns[name] += [members_of(c, sets) for c in records]
+            else:
+                columns[name] += [c.get(name) for c in records]
     return pd.DataFrame(columns, columns=FRAME_COLUMNS)
+
+
+def members_of(record: dict, sets: list[tuple]) -> tuple | None:
+    """A record's group as a tuple of ranks: its `members`, an index into the summary's
+    `member_sets` (as written) or a list (as placed or made by hand)."""
+    members = record.get("members")
+    if isinstance(members, int) and not isinstance(members, bool):
+        return sets[members] if 0 <= members < len(sets) else None
+    return tuple(members) if isinstance(members, list) and members else None
 
 
 def needs_placing(table: pd.DataFrame) -> bool:
