@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from scipy.stats import binom
@@ -495,3 +496,15 @@ def test_a_public_8_rank_nccl_job_gives_tracelens_waits_and_the_straggler_tracel
     assert "rank 7 arrived last later than the others at 5 of the 8 collectives" in report.sentence
     if shifted:  # what a one-clock tool makes of it
         assert reference["rank1_plus_50ms"]["tracelens"]["straggler"] == 1
+
+
+def test_the_rules_binomial_tail_and_median_of_the_others_are_scipys_and_numpys():
+    for n in (1, 6, 8, 24, 300):
+        for k in range(-1, n + 1):
+            for p in (0.5, 0.125, 1 / 3):
+                assert ranks.binomial_sf(k, n, p) == pytest.approx(binom.sf(k, n, p), rel=1e-9, abs=1e-15)
+    rng = np.random.default_rng(0)
+    for n in (2, 3, 7, 8):
+        values = rng.random((5, n))
+        expected = [[np.median(np.delete(row, i)) for i in range(n)] for row in values]
+        assert ranks.median_of_others(values) == pytest.approx(np.array(expected))

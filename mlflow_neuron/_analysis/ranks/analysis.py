@@ -47,7 +47,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-from scipy.stats import binom
 
 from ..._trace.collectives import FORMAT
 from ..._trace.step_summary import summarize
@@ -250,13 +249,13 @@ def _straggler(table, steps, kept, waited_for, matched, roles, groups) -> tuple[
         return None, "no step has its collectives matched on every rank"
     rank = max(lateness, key=lambda r: (float(lateness[r].median()), -r))
     late, n = int((lateness[rank] > 0).sum()), len(lateness[rank])
-    p_steps = float(binom.sf(late - 1, n, 0.5))  # P(this many steps or more | late in half the steps by chance)
+    p_steps = float(binomial_sf(late - 1, n, 0.5))  # P(this many steps or more | late in half the steps by chance)
     mine = kept[kept["rank"] == rank]
     its = waited_for[waited_for["instance"].isin(mine["instance"])]  # instances of its groups that kept someone waiting
     last_at = its[its["rank"] == rank]
     size = float(np.median([len(groups.members[g]) if groups.members[g][0] != "legacy" else len(table)
                             for g in its["gid"]])) if len(its) else 2.0  # fmt: skip
-    p_instances = float(binom.sf(len(last_at) - 1, len(its), 1.0 / max(size, 2.0))) if len(its) else 1.0
+    p_instances = float(binomial_sf(len(last_at) - 1, len(its), 1.0 / max(size, 2.0))) if len(its) else 1.0
     if n >= SIGN_TEST_STEPS:  # enough steps for the sign test: the instances do not add to it
         p_instances = 1.0
     step_us = _median([s for s in table["step_us_median"] if _number(s)]) or 0.0
@@ -315,6 +314,20 @@ def _lateness(steps: pd.DataFrame, kept: pd.DataFrame, roles: dict) -> dict:
             for i, r in enumerate(block.columns):
                 lateness[r] = pd.Series(others[:, i] - block[r].to_numpy(float), index=block.index)
     return lateness
+
+
+def binomial_sf(k: int, n: int, p: float) -> float:
+    """P(X > k) for X ~ binomial(n, p), exactly (scipy's `binom.sf`; scipy.stats takes half a
+    second to import, more than `ranks` takes to read 64 ranks)."""
+    if k < 0:
+        return 1.0
+    if k >= n:
+        return 0.0
+    log_p, log_q = math.log(p), math.log1p(-p)
+    terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
+             for i in range(k + 1, n + 1)]  # fmt: skip
+    top = max(terms)
+    return min(1.0, math.exp(top) * math.fsum(math.exp(t - top) for t in terms))
 
 
 def median_of_others(values: np.ndarray) -> np.ndarray:
