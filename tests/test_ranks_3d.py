@@ -184,3 +184,28 @@ def test_at_256_ranks_the_picture_is_a_heat_map_with_the_straggler_boxed_and_the
     path = chart.heat_map_png(report.table, tmp_path / "ranks.png", "title", report.straggler)
     assert path.stat().st_size > 10_000
     assert chart._cells(report.table, grid)[37] == (1, 5)
+
+
+def test_a_folder_with_one_corrupt_rank_trace_is_ingested_whole_but_for_it_in_one_line(tmp_path, capsys):
+    import warnings
+
+    from mlflow_neuron._readback.ranks import read_ranks
+    from mlflow_neuron.cli import main as cli_main
+
+    folder = tmp_path / "job"
+    generate(Job3D(tp=4, pp=2, dp=8, slow_rank=5), folder)  # 64 ranks
+    broken = sorted(folder.glob("*.pt.trace.json"))[2]
+    broken.write_bytes(broken.read_bytes()[:5000])  # cut mid-event
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = cli_main(["ingest", str(folder), "--experiment", "job", "--tracking-uri", uri])
+    out = capsys.readouterr().out
+    assert code == 0
+    said = [str(w.message) for w in caught if "MLflowNeuronWarning" in type(w.message).__name__]
+    assert len(said) == 1 and broken.name in said[0] and "not a readable chrome trace" in said[0], said
+    run_id = out.rsplit("into run ", 1)[1].split()[0]
+    report = read_ranks(run_id, uri).report
+    assert report.missing == [2] and len(report.table) == 63
+    assert report.straggler is not None and report.straggler["rank"] == 5, report.sentence
+    assert report.unmatched == [] and "tp group 0-3 matched among 3 of its 4 members (2 sent no summary)" in report.notes

@@ -150,28 +150,45 @@ def match(frame: pd.DataFrame, groups: Groups, reported: list[int]) -> tuple[pd.
     sizes = coll.groupby("instance")["rank"].transform("size")
     names = coll.groupby("instance")["name"].transform("nunique")
     matched = (sizes == coll["takers"]) & (names == 1) & (sizes > 1)
-    unmatched = []
-    for row in coll[~matched].itertuples(index=False):
-        on = sorted(coll.loc[coll["instance"] == row.instance, "rank"].tolist())
-        why = "names differ across ranks" if len(on) == row.takers else "not on every rank"
-        if not groups.members[row.gid][0] == "legacy":
-            size = len(groups.members[row.gid])
-            if len(on) < row.takers:
-                why = f"not on every member of its {groups.label(row.gid)}"
-            elif row.takers < 2 and size > 1:
-                why = (f"its trace says its group is {groups.label(row.gid)}; no other member's trace does "
-                       "(they ran none of its collectives)")  # fmt: skip
-            else:
-                why = "names differ across the members of its group"
-        legacy_name = groups.members[row.gid][1] if groups.members[row.gid][0] == "legacy" else None
-        unmatched.append({"rank": int(row.rank), "name": row.name,
-                          "group": legacy_name if groups.members[row.gid][0] == "legacy" else groups.label(row.gid),
-                          "step": None if pd.isna(row.step) else int(row.step),
-                          "seq": None if pd.isna(row.seq) else int(row.seq), "on_ranks": on, "why": why})  # fmt: skip
+    unmatched, lone_notes = _unmatched(coll[~matched], groups, set(reported))
     kept = coll[matched].copy()
     kept["instance"] = kept.groupby(keys, sort=True).ngroup()
-    notes = _absent_members(kept, groups, reported)
+    notes = lone_notes + _absent_members(kept, groups, reported)
     return kept.drop(columns=["scope", "scope_kind", "place", "key", "takers"]), unmatched, notes
+
+
+def _unmatched(bad: pd.DataFrame, groups: Groups, reported: set[int]) -> tuple[list[dict], list[str]]:
+    """An entry for each record of an instance not matched, with why; a group whose other members
+    all sent nothing is a note instead (its collectives had nobody to match with)."""
+    entries, notes = [], []
+    if bad.empty:
+        return entries, notes
+    on = bad.groupby("instance")["rank"].agg(lambda r: sorted(int(x) for x in r))
+    lone: dict[int, int] = {}
+    for row in bad.itertuples(index=False):
+        members = groups.members[row.gid]
+        legacy = members[0] == "legacy"
+        ranks = on[row.instance]
+        if not legacy and row.takers < 2 and not (set(members) - set(ranks)) & reported:
+            lone[row.gid] = lone.get(row.gid, 0) + 1
+            continue
+        if legacy:
+            why = "names differ across ranks" if len(ranks) == row.takers else "not on every rank"
+        elif len(ranks) < row.takers:
+            why = f"not on every member of its {groups.label(row.gid)}"
+        elif row.takers < 2:
+            why = (f"its trace says its group is {groups.label(row.gid)}; no other member's trace does "
+                   "(they ran none of its collectives)")  # fmt: skip
+        else:
+            why = "names differ across the members of its group"
+        entries.append({"rank": int(row.rank), "name": row.name, "group": members[1] if legacy else groups.label(row.gid),
+                        "step": None if pd.isna(row.step) else int(row.step),
+                        "seq": None if pd.isna(row.seq) else int(row.seq), "on_ranks": ranks, "why": why})  # fmt: skip
+    for gid, count in lone.items():
+        silent = sorted(set(groups.members[gid]) - reported)
+        notes.append(f"{groups.label(gid)}: {count} collectives with nobody to match ({ranks_text(silent)} sent no "
+                     "summary)")  # fmt: skip
+    return entries, notes
 
 
 def pairs(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
