@@ -49,7 +49,7 @@ import numpy as np
 import pandas as pd
 
 from ..._trace.collectives import FORMAT
-from ..._trace.step_summary import summarize
+from ..._trace.step_summary import median_interval
 from .clocks import TOLERANCE_US, Clock, align
 from .frames import collectives_frame, needs_placing, with_collectives
 from .lanes import place
@@ -214,11 +214,12 @@ def _host(summaries: list[dict]) -> str | None:
 
 
 def _row(rank: int, steps: list[dict], last: int, waited: int) -> dict:
-    stats = summarize([s["step_us"] for s in steps]) if steps else None
+    times = [s["step_us"] for s in steps]
+    low, high = median_interval(times) if steps else (None, None)
     column = lambda key: [s.get(key) for s in steps]  # noqa: E731
     return {"rank": rank, "host": steps[0]["host"] if steps else None, "steps": len(steps),
-            "step_us_median": stats.median if stats else None, "step_us_low": stats.low if stats else None,
-            "step_us_high": stats.high if stats else None, "collective_us": _median(column("collective_us")),
+            "step_us_median": float(np.median(times)) if steps else None, "step_us_low": low,
+            "step_us_high": high, "collective_us": _median(column("collective_us")),
             "wait_us": _median(column("wait_us")), "bubble_us": _median(column("bubble_us")),
             "exposed_comm_pct": _share(steps, "exposed_comm_us"),
             "idle_pct": _share(steps, "idle_us"), "compute_us": _median(column("compute_us")),
