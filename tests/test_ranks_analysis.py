@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from scipy.stats import binom
 
-from mlflow_neuron._analysis.ranks import analysis as ranks
+from mlflow_neuron._analysis.ranks import straggler as ranks
 from mlflow_neuron._analysis.ranks.analysis import analyze
 from mlflow_neuron._analysis.ranks.change import explain_change
 from mlflow_neuron._trace.collectives import FORMAT, VERSION, rank_summary_from_chrome

@@ -6,6 +6,7 @@ send or a receive its peer.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 
@@ -77,3 +78,52 @@ def _int_or_none(value) -> int | None:
 
 def _rounded(value):
     return round(value, 3) if isinstance(value, float) else value
+
+
+def peers_in_groups(p2p_calls: list):
+    """(start, thread) of a gloo send/recv -> its peer's rank within the group: the last c10d
+    send/recv that started on that thread before it (gloo runs them on the calling thread)."""
+    calls = sorted(p2p_calls, key=lambda c: c[0])
+
+    def peer(start: float, tid) -> int | None:
+        found = [p for s, t, p in calls if t == tid and s <= start]
+        return found[-1] if found else None
+
+    return peer
+
+
+def launched_in(backend_spans: list):
+    """launch time -> the name of the `nccl:` span it lies in (`all_to_all`), or None: a kernel
+    without a `Collective name` is what the op that launched it says (older NCCL runs an
+    all_to_all as SendRecv kernels)."""
+    spans = sorted((start, end, name) for start, end, name, *_ in backend_spans if name.startswith("nccl:"))
+    starts = [start for start, _, _ in spans]
+
+    def name(t: float) -> str | None:
+        i = bisect.bisect_right(starts, t) - 1
+        while i >= 0:
+            start, end, span = spans[i]
+            if start <= t <= end:
+                return span.split(":", 1)[1]
+            i -= 1
+            if i >= 0 and t - spans[i][0] > 1e6:  # spans do not nest a second apart
+                break
+        return None
+
+    return name
+
+
+def member_sets_of(collectives: list[dict]) -> list[list[int]]:
+    """Each distinct group's members once: a record's `members` becomes its index in the list
+    returned (a world group's 4,096 ranks are written once a cycle, not once a collective)."""
+    sets: list[list[int]] = []
+    index: dict[tuple, int] = {}
+    for c in collectives:
+        ranks = c.get("members")
+        if isinstance(ranks, list):
+            key = tuple(ranks)
+            if key not in index:
+                index[key] = len(sets)
+                sets.append(ranks)
+            c["members"] = index[key]
+    return sets

@@ -33,7 +33,6 @@ time that no compute overlaps; memcpy = the union of host<->device copies with t
 
 from __future__ import annotations
 
-import bisect
 import math
 import re
 from pathlib import Path
@@ -42,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from .chrome_file import read_pieces
-from .collective_records import POINT_TO_POINT, number_text
+from .collective_records import POINT_TO_POINT, launched_in, member_sets_of, number_text, peers_in_groups
 from .collective_records import record as collective_record
 from .groups import process_groups
 from .intervals import IntervalUnion, pairs, step_indices
@@ -119,7 +118,7 @@ class RankEvents:
         info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
         groups = process_groups(meta)
         steps, collectives, source, timeline = self.summarize(groups)
-        member_sets = _member_sets(collectives)
+        member_sets = member_sets_of(collectives)
         return {
             "format": FORMAT, "version": VERSION,
             "rank": rank if rank is not None else _int_or_none(info.get("rank")),
@@ -249,7 +248,7 @@ class RankEvents:
         kernels = [d for d in self.device if d[2] == COMM]
         cache: dict = {}  # a group's members, once per trace
         if kernels:
-            named = self._launched_in()
+            named = launched_in(self.spans)
             records = []
             for start, end, _, correlation, args in kernels:
                 launch = self.launches.get(correlation, start)
@@ -257,7 +256,7 @@ class RankEvents:
                 records.append(collective_record(name, args, start, end, launch, groups, cache=cache))
             return sorted(records, key=lambda r: r["start_us"]), "device_kernels"
         if self.spans:
-            peer_index = self._peer_index()
+            peer_index = peers_in_groups(self.p2p_calls)
             records = []
             for start, end, name, args, tid in self.spans:
                 record = collective_record(BACKEND_SPAN.match(name).group(2), args, start, end, start, groups,
@@ -272,37 +271,6 @@ class RankEvents:
                        for start, end, args in named]
             return sorted(records, key=lambda r: r["start_us"]), "record_param_comms"
         return [], None
-
-    def _peer_index(self):
-        """(start, thread) of a gloo send/recv -> its peer's rank within the group: the last c10d
-        send/recv that started on that thread before it (gloo runs them on the calling thread)."""
-        calls = sorted(self.p2p_calls, key=lambda c: c[0])
-
-        def peer(start: float, tid) -> int | None:
-            found = [p for s, t, p in calls if t == tid and s <= start]
-            return found[-1] if found else None
-
-        return peer
-
-    def _launched_in(self):
-        """launch time -> the name of the `nccl:` span it lies in (`all_to_all`), or None: a kernel
-        without a `Collective name` is what the op that launched it says (older NCCL runs an
-        all_to_all as SendRecv kernels)."""
-        spans = sorted((start, end, name) for start, end, name, *_ in self.spans if name.startswith("nccl:"))
-        starts = [start for start, _, _ in spans]
-
-        def name(t: float) -> str | None:
-            i = bisect.bisect_right(starts, t) - 1
-            while i >= 0 and i >= len(starts) - len(spans):
-                start, end, span = spans[i]
-                if start <= t <= end:
-                    return span.split(":", 1)[1]
-                i -= 1
-                if i >= 0 and t - spans[i][0] > 1e6:  # spans do not nest a second apart
-                    break
-            return None
-
-        return name
 
     def _device_windows(self, steps) -> list[tuple[float, float]]:
         """Each step's window on the device: its first device event (by launch) to the next one's."""
@@ -379,22 +347,6 @@ class RankEvents:
             return int(max(totals[a:b])) if b > a else None
 
         return peak
-
-
-def _member_sets(collectives: list[dict]) -> list[list[int]]:
-    """Each distinct group's members once: a record's `members` becomes its index in the list
-    returned (a world group's 4,096 ranks are written once a cycle, not once a collective)."""
-    sets: list[list[int]] = []
-    index: dict[tuple, int] = {}
-    for c in collectives:
-        ranks = c.get("members")
-        if isinstance(ranks, list):
-            key = tuple(ranks)
-            if key not in index:
-                index[key] = len(sets)
-                sets.append(ranks)
-            c["members"] = index[key]
-    return sets
 
 
 def _copied_bytes(sizes: list) -> int | None:

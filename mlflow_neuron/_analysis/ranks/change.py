@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from .analysis import STRAGGLER_MIN_WAIT_SHARE, STRAGGLER_MIN_WAIT_US, RankReport, _median, _number
+from .analysis import RankReport
+from .matching import is_number as _number
+from .matching import median_of as _median
+from .straggler import STRAGGLER_MIN_WAIT_SHARE, STRAGGLER_MIN_WAIT_US
 from .words import pair as _pair, ranks_phrase as _ranks_phrase
 
 

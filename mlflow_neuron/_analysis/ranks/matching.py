@@ -246,6 +246,12 @@ def _seq(value):
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def median_of(values) -> float | None:
+    """The median of the finite numbers among `values`, or None without any."""
+    values = [v for v in values if is_number(v)]
+    return float(np.median(values)) if values else None
+
+
 def is_number(value) -> bool:
     """A finite int or float (not a bool): what a time in a summary must be."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
