@@ -77,8 +77,13 @@ def median_interval(values, confidence: float = 0.95) -> tuple[float | None, flo
     """The distribution-free interval of a median: order statistics k and n + 1 - k, k the
     (1 - confidence)/2 quantile of binomial(n, 1/2); (None, None) below 6 samples."""
     ordered, n = np.sort(np.asarray(values, float)), len(values)
-    k = _binomial_half_quantile(n, (1 - confidence) / 2)
+    k = interval_order(n, confidence)
     return (float(ordered[k - 1]), float(ordered[n - k])) if k >= 1 and n >= MIN_INTERVAL_SAMPLES else (None, None)
+
+
+def interval_order(n: int, confidence: float = 0.95) -> int:
+    """k of `median_interval`: its interval is the k-th and the (n + 1 - k)-th smallest of n."""
+    return _binomial_half_quantile(n, (1 - confidence) / 2)
 
 
 @lru_cache(maxsize=1024)

@@ -49,11 +49,11 @@ import numpy as np
 import pandas as pd
 
 from ..._trace.collectives import FORMAT
-from ..._trace.step_summary import median_interval
 from .clocks import TOLERANCE_US, Clock, align
 from .frames import collectives_frame, needs_placing, with_collectives
 from . import straggler as rule
 from .lanes import place
+from .table import rank_table
 from .matching import INSTANCE_COLUMNS, match, pairs, records
 from .waits import BUBBLE, instance_rows as instance_rows_of, per_step as per_step_of, roles as roles_of
 from .waits import bubbles as bubbles_of, waited_for as waited_for_of, waits
@@ -63,10 +63,6 @@ from .words import duration, ranks_phrase as _ranks_phrase
 
 STEP_COLUMNS = ["rank", "host", "cycle", "step", "step_us", "window_us", "compute_us", "collective_us", "wait_us",
                 "exposed_comm_us", "idle_us", "memcpy_us", "memcpy_bytes", "peak_memory_bytes", "bubble_us"]  # fmt: skip
-TABLE_COLUMNS = ["rank", "host", "steps", "step_us_median", "step_us_low", "step_us_high", "collective_us", "wait_us",
-                 "bubble_us",
-                 "exposed_comm_pct", "idle_pct", "compute_us", "arrived_last_pct", "device_cc_op_time", "compute_pct",
-                 "non_compute_pct", "overlap_pct"]  # fmt: skip
 
 
 @dataclass
@@ -141,16 +137,14 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None,
     per_step = per_step_of(kept, bubbles)
     waited_for = waited_for_of(kept, rule.STRAGGLER_MIN_WAIT_US, rule.INSTANCE_WAIT_TO_TRANSFER)
     last_counts = Counter(waited_for["rank"].tolist()) if len(waited_for) else Counter()
-    rows, step_rows, waits_by_name = [], [], {}
+    step_rows, waits_by_name = [], {}
     matched = int(kept["instance"].nunique()) if len(kept) else 0
     for r in ranks:
-        steps = _step_rows(r, by_rank[r], per_step.get(r, {}) if matched or len(bubbles) else None)
-        rows.append({**_row(r, steps, last_counts.get(r, 0), len(waited_for)),
-                     "device_cc_op_time": _median(_device(s, "cc_op_time") for s in by_rank[r])})
-        step_rows += steps
+        step_rows += _step_rows(r, by_rank[r], per_step.get(r, {}) if matched or len(bubbles) else None)
         waits_by_name[r] = _median_wait_by_name(per_step.get(r, {}))
-    table = pd.DataFrame(rows, columns=TABLE_COLUMNS)
     step_frame = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
+    device = {r: _median(_device(s, "cc_op_time") for s in by_rank[r]) for r in ranks}
+    table = rank_table(step_frame, ranks, last_counts, len(waited_for), device)
     roles = roles_of(frame, groups, ranks)
     straggler, why = rule.find(table, step_frame, kept, waited_for, matched, roles, groups)
     instance_rows = instance_rows_of(kept, groups)
@@ -209,20 +203,6 @@ def _host(summaries: list[dict]) -> str | None:
     return Counter(hosts).most_common(1)[0][0] if hosts else None
 
 
-def _row(rank: int, steps: list[dict], last: int, waited: int) -> dict:
-    times = [s["step_us"] for s in steps]
-    low, high = median_interval(times) if steps else (None, None)
-    column = lambda key: [s.get(key) for s in steps]  # noqa: E731
-    return {"rank": rank, "host": steps[0]["host"] if steps else None, "steps": len(steps),
-            "step_us_median": float(np.median(times)) if steps else None, "step_us_low": low,
-            "step_us_high": high, "collective_us": _median(column("collective_us")),
-            "wait_us": _median(column("wait_us")), "bubble_us": _median(column("bubble_us")),
-            "exposed_comm_pct": _share(steps, "exposed_comm_us"),
-            "idle_pct": _share(steps, "idle_us"), "compute_us": _median(column("compute_us")),
-            **_breakdown(steps),
-            "arrived_last_pct": 100.0 * last / waited if waited else None}  # fmt: skip
-
-
 def _device(summary: dict, field: str):
     """A field of the rank's Neuron Explorer summary (`device`), as Explorer gives it, or None."""
     device = summary.get("device")
@@ -268,23 +248,6 @@ def _sentence(report: RankReport, why: str) -> str:
         return (f"rank {s['rank']}{host} arrived last {at}later than the others {when}; the {others} waited {duration(s['others_wait_us'])} a step{share}, "
                 f"{duration(s['late_by_us'])} longer than it did" + tail)
     return f"no rank stands out across {n} ranks: {why}" + tail
-
-
-def _breakdown(steps: list[dict]) -> dict:
-    """HTA's temporal breakdown and overlap over the rank's steps: compute and non-compute (neither
-    idle nor compute) as % of the windows, and the share of collective time that compute overlaps."""
-    idle, compute = _share(steps, "idle_us"), _share(steps, "compute_us")
-    pairs = [(s["collective_us"], s["exposed_comm_us"]) for s in steps
-             if _number(s.get("collective_us")) and _number(s.get("exposed_comm_us"))]  # fmt: skip
-    comm = sum(c for c, _ in pairs)
-    return {"compute_pct": compute, "non_compute_pct": None if idle is None or compute is None else 100.0 - idle - compute,
-            "overlap_pct": 100.0 * (comm - sum(e for _, e in pairs)) / comm if comm > 0 else None}  # fmt: skip
-
-
-def _share(steps, key: str) -> float | None:
-    pairs = [(s[key], s["window_us"]) for s in steps if _number(s.get(key)) and _number(s.get("window_us"))]
-    total = sum(w for _, w in pairs)
-    return 100.0 * sum(v for v, _ in pairs) / total if total > 0 else None
 
 
 def _clean(value):

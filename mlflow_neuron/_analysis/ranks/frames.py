@@ -21,6 +21,7 @@ _FIELDS = FRAME_COLUMNS[2:]
 def collectives_frame(summaries: list[dict]) -> pd.DataFrame:
     """The collectives of rank summaries (those with an int rank) as one table."""
     columns: dict[str, list] = {name: [] for name in FRAME_COLUMNS}
+    interned: dict[tuple, tuple] = {}  # one object a group, across summaries
     for summary in summaries:
         rank = summary.get("rank")
         if not isinstance(rank, int) or isinstance(rank, bool):
@@ -29,7 +30,7 @@ def collectives_frame(summaries: list[dict]) -> pd.DataFrame:
         records = [c for c in summary.get("collectives") or [] if isinstance(c, dict)]
         columns["rank"] += [rank] * len(records)
         columns["cycle"] += [cycle] * len(records)
-        sets = [tuple(m) for m in summary.get("member_sets") or [] if isinstance(m, list)]
+        sets = [interned.setdefault(tuple(m), tuple(m)) for m in summary.get("member_sets") or [] if isinstance(m, list)]
         for name in _FIELDS:
             if name == "members":
                 columns[name] += [members_of(c, sets) for c in records]

@@ -76,53 +76,85 @@ def records(table: pd.DataFrame, group_counts: dict[int, int | None], hosts: dic
     t = table.copy()
     t["start_us"] = pd.to_numeric(t["start_us"], errors="coerce")
     t["end_us"] = pd.to_numeric(t["end_us"], errors="coerce")
-    named = t["name"].map(lambda v: isinstance(v, str))
-    t = t[named & np.isfinite(t["start_us"]) & np.isfinite(t["end_us"]) & (t["end_us"] >= t["start_us"])]
+    names, unique_names = pd.factorize(t["name"])
+    is_text = np.append(np.array([isinstance(u, str) for u in unique_names], bool), False)  # code -1: no name
+    timed = np.isfinite(t["start_us"]) & np.isfinite(t["end_us"]) & (t["end_us"] >= t["start_us"])
+    ok = (is_text[names] & timed).to_numpy()
+    t, names = t[ok], names[ok]
     if t.empty:
         return pd.DataFrame(columns=RECORD_COLUMNS), groups, unplaced, []
-    t = t.astype({"name": str})
-    lowered = t["name"].str.lower()
-    p2p = lowered.str.contains("send|recv", regex=True)
-    kind = np.where(~p2p, COLLECTIVE, np.where(lowered.str.contains("send"), SEND, RECV))
-    peer = pd.to_numeric(t["peer"], errors="coerce")
-    unnamed = int((p2p & peer.isna()).sum())
-    has_members = t["members"].map(lambda m: isinstance(m, (tuple, list)) and len(m) > 0)
-    codes, uniques = pd.factorize(t["members"].where(has_members, None).map(lambda m: tuple(m) if m is not None else None))
+    lowered = [str(u).lower() for u in unique_names]
+    p2p = np.array([("send" in u or "recv" in u) for u in lowered] + [False], bool)[names]
+    kind = np.array([COLLECTIVE if not ("send" in u or "recv" in u) else SEND if "send" in u else RECV
+                     for u in lowered] + [COLLECTIVE], np.int64)[names]  # fmt: skip
+    peer = pd.to_numeric(t["peer"], errors="coerce").to_numpy(float)
+    unnamed = int((p2p & np.isnan(peer)).sum())
+    codes, sets = intern_members(t["members"].to_numpy(object))
+    has_members = codes >= 0
     gid = np.full(len(t), -2, dtype=np.int64)  # -2: not placed; -1: point to point
-    gid[(p2p & peer.notna()).to_numpy()] = -1
-    coll = (~p2p & has_members).to_numpy()
-    descs = t["desc"].to_numpy()
-    first_desc = pd.Series(descs[coll]).groupby(codes[coll]).first() if coll.any() else pd.Series(dtype=object)
-    ids = {code: groups.id(tuple(uniques[code]), first_desc.get(code)) for code in np.unique(codes[coll])}
-    gid[coll] = [ids[c] for c in codes[coll]]
+    gid[p2p & ~np.isnan(peer)] = -1
+    coll = ~p2p & has_members
+    if coll.any():
+        first_desc = pd.Series(t["desc"].to_numpy(object)[coll]).groupby(codes[coll]).first()
+        ids = np.full(len(sets), -2, np.int64)
+        for code in np.unique(codes[coll]):
+            ids[code] = groups.id(sets[code], first_desc.get(code))
+        gid[coll] = ids[codes[coll]]
+    ranks = t["rank"].to_numpy(np.int64)
     # a rank outside the group its record names
-    ranks = t["rank"].to_numpy()
     pairs_ = pd.DataFrame({"gid": gid[coll], "rank": ranks[coll]}).drop_duplicates()
     outside = {(g, r) for g, r in zip(pairs_["gid"], pairs_["rank"]) if r not in set(groups.members[g])}
-    legacy_rank = np.array([group_counts.get(r) is None or group_counts.get(r) <= 1 for r in ranks], bool)
-    loose = (~p2p & ~has_members).to_numpy()
+    few_groups = {r for r in np.unique(ranks).tolist() if group_counts.get(r) is None or group_counts.get(r) <= 1}
+    legacy_rank = np.isin(ranks, list(few_groups))
+    loose = ~p2p & ~has_members
     legacy = loose & legacy_rank
-    for name in pd.unique(t["group"].to_numpy()[legacy]) if legacy.any() else []:
-        groups.id(("legacy", name), None)
-    gid[legacy] = [groups.ids[("legacy", g)] for g in t["group"].to_numpy()[legacy]]
-    bad = np.array([(g, r) in outside for g, r in zip(gid, ranks)], bool) if outside else np.zeros(len(t), bool)
+    if legacy.any():
+        group_names = t["group"].to_numpy(object)[legacy]
+        legacy_codes, legacy_names = pd.factorize(pd.Series(group_names, dtype=object), use_na_sentinel=False)
+        legacy_ids = np.array([groups.id(("legacy", None if pd.isna(n) else n), None) for n in legacy_names], np.int64)
+        gid[legacy] = legacy_ids[legacy_codes]
+    bad = np.zeros(len(t), bool)
+    for g, r in outside:
+        bad |= (gid == g) & (ranks == r)
     for row in t[bad].itertuples(index=False):
         unplaced.append(_entry(row.rank, row._asdict(), f"its group {ranks_text(list(row.members))} does not hold this rank"))
     for row in t[loose & ~legacy_rank].itertuples(index=False):
         unplaced.append(_entry(row.rank, row._asdict(), "its process group is not in the trace (the backend writes none) "
                                f"and the rank has {group_counts.get(row.rank)} groups"))  # fmt: skip
     keep = (gid != -2) & ~bad
-    seq = pd.to_numeric(t["seq"], errors="coerce")
-    step = pd.to_numeric(t["step"], errors="coerce")
-    frame = pd.DataFrame({"rank": ranks[keep], "host": [hosts.get(r) for r in ranks[keep]],
+    kept_ranks = ranks[keep]
+    frame = pd.DataFrame({"rank": kept_ranks, "host": pd.Series(kept_ranks).map(hosts).to_numpy(object),
                           "cycle": t["cycle"].to_numpy()[keep], "name": t["name"].to_numpy()[keep], "gid": gid[keep],
-                          "seq": seq.to_numpy()[keep], "step": step.to_numpy()[keep],
+                          "seq": pd.to_numeric(t["seq"], errors="coerce").to_numpy()[keep],
+                          "step": pd.to_numeric(t["step"], errors="coerce").to_numpy()[keep],
                           "start_us": t["start_us"].to_numpy(float)[keep], "end_us": t["end_us"].to_numpy(float)[keep],
-                          "kind": kind[keep], "peer": peer.fillna(-1).to_numpy()[keep].astype(np.int64)},
+                          "kind": kind[keep], "peer": np.nan_to_num(peer[keep], nan=-1).astype(np.int64)},
                          columns=RECORD_COLUMNS)  # fmt: skip
     notes = [f"{unnamed} point-to-point transfers (send/recv) left out of the wait: the trace does not name their "
              "peer"] if unnamed else []  # fmt: skip
     return frame, groups, unplaced, notes
+
+
+def intern_members(values: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
+    """Each row's group as a code into a list of distinct member tuples (-1: none). A table holds
+    a few groups thousands of times, mostly as one object each: a group is hashed once an object."""
+    by_object: dict[int, int] = {}
+    by_value: dict[tuple, int] = {}
+    sets: list[tuple] = []
+    codes = np.full(len(values), -1, np.int64)
+    for i, members in enumerate(values):
+        if not isinstance(members, (tuple, list, np.ndarray)) or len(members) == 0:
+            continue
+        code = by_object.get(id(members))
+        if code is None:
+            key = tuple(int(m) for m in members)
+            code = by_value.get(key)
+            if code is None:
+                code = by_value[key] = len(sets)
+                sets.append(key)
+            by_object[id(members)] = code
+        codes[i] = code
+    return codes, sets
 
 
 def match(frame: pd.DataFrame, groups: Groups, reported: list[int]) -> tuple[pd.DataFrame, list[dict], list[str]]:
@@ -132,7 +164,8 @@ def match(frame: pd.DataFrame, groups: Groups, reported: list[int]) -> tuple[pd.
     if coll.empty:
         return coll.assign(instance=[]), [], []
     coll = coll.sort_values(["rank", "start_us"], kind="stable")
-    legacy = np.array([groups.members[g][0] == "legacy" for g in coll["gid"]], bool)
+    is_legacy = np.array([m[0] == "legacy" for m in groups.members], bool)
+    legacy = is_legacy[coll["gid"].to_numpy()]
     scope_cycle = coll["cycle"].fillna(-1).astype(np.int64)
     has_step = coll["step"].notna()
     coll["scope"] = np.where(has_step, coll["step"].fillna(-1).astype(np.int64), scope_cycle)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from fractions import Fraction
 
 import numpy as np
 import pandas as pd
@@ -32,7 +33,8 @@ def find(table, steps, kept, waited_for, matched, roles, groups) -> tuple[dict |
     lateness = {r: v for r, v in lateness.items() if len(v)}
     if not lateness:
         return None, "no step has its collectives matched on every rank"
-    rank = max(lateness, key=lambda r: (float(lateness[r].median()), -r))
+    medians = {r: m for r, m in zip(lateness, (float(np.median(v.to_numpy())) for v in lateness.values()))}
+    rank = max(medians, key=lambda r: (medians[r], -r))
     late, n = int((lateness[rank] > 0).sum()), len(lateness[rank])
     p_steps = float(binomial_sf(late - 1, n, 0.5))  # P(this many steps or more | late in half the steps by chance)
     mine = kept[kept["rank"] == rank]
@@ -124,6 +126,8 @@ def binomial_sf(k: int, n: int, p: float) -> float:
         return 1.0
     if k >= n:
         return 0.0
+    if p == 0.5:  # the sign test: exactly, in integers
+        return float(Fraction(sum(math.comb(n, i) for i in range(k + 1, n + 1)), 2**n))
     log_p, log_q = math.log(p), math.log1p(-p)
     terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + i * log_p + (n - i) * log_q
              for i in range(k + 1, n + 1)]  # fmt: skip
