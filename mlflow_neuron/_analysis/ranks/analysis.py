@@ -137,12 +137,12 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None,
     per_step = per_step_of(kept, bubbles)
     waited_for = waited_for_of(kept, rule.STRAGGLER_MIN_WAIT_US, rule.INSTANCE_WAIT_TO_TRANSFER)
     last_counts = Counter(waited_for["rank"].tolist()) if len(waited_for) else Counter()
-    step_rows, waits_by_name = [], {}
+    step_rows = []
     matched = int(kept["instance"].nunique()) if len(kept) else 0
     for r in ranks:
-        step_rows += _step_rows(r, by_rank[r], per_step.get(r, {}) if matched or len(bubbles) else None)
-        waits_by_name[r] = _median_wait_by_name(per_step.get(r, {}))
-    step_frame = pd.DataFrame(step_rows, columns=STEP_COLUMNS)
+        step_rows += _step_rows(r, by_rank[r])
+    step_frame = _with_waits(pd.DataFrame(step_rows, columns=STEP_COLUMNS), per_step, bool(matched or len(bubbles)))
+    waits_by_name = _median_wait_by_name(per_step, ranks)
     device = {r: _median(_device(s, "cc_op_time") for s in by_rank[r]) for r in ranks}
     table = rank_table(step_frame, ranks, last_counts, len(waited_for), device)
     roles = roles_of(frame, groups, ranks)
@@ -174,9 +174,8 @@ def _by_rank(summaries: list[dict]) -> tuple[dict[int, list[dict]], list[str]]:
     return dict(by_rank), notes
 
 
-def _step_rows(rank: int, summaries: list[dict], waits: dict | None) -> list[dict]:
-    """The rank's steps over all its cycles (a step read twice counts once), each with its wait
-    (None where no collective was matched across ranks)."""
+def _step_rows(rank: int, summaries: list[dict]) -> list[dict]:
+    """The rank's steps over all its cycles (a step read twice counts once)."""
     rows, host = {}, _host(summaries)
     for summary in sorted(summaries, key=lambda s: (s.get("cycle_step") is None, s.get("cycle_step") or 0)):
         for step in summary["steps"]:
@@ -184,12 +183,24 @@ def _step_rows(rank: int, summaries: list[dict], waits: dict | None) -> list[dic
             key = number if number is not None else (summary.get("cycle_step"), id(step))
             if isinstance(step, dict) and _number(step.get("step_us")) and key not in rows:
                 row = {k: step.get(k) for k in STEP_COLUMNS if k in step}
-                found = None if waits is None else waits.get(step.get("step"), {})
-                wait = None if found is None else sum(v for k, v in found.items() if k != BUBBLE)
-                bubble = None if found is None else found.get(BUBBLE)
-                rows[key] = {**row, "rank": rank, "host": host, "cycle": summary.get("cycle_step"), "wait_us": wait,
-                             "bubble_us": bubble}  # fmt: skip
+                rows[key] = {**row, "rank": rank, "host": host, "cycle": summary.get("cycle_step")}
     return list(rows.values())
+
+
+def _with_waits(steps: pd.DataFrame, per_step: pd.DataFrame, any_matched: bool) -> pd.DataFrame:
+    """Each step with its wait in collectives (0 where it had none; None where nothing matched across
+    ranks at all) and its receives' bubble (None without receives)."""
+    if steps.empty:
+        return steps
+    steps = steps.drop(columns=["wait_us", "bubble_us"])
+    key = pd.to_numeric(steps["step"], errors="coerce")
+    bubble = per_step["name"] == BUBBLE
+    wait = per_step[~bubble].groupby(["rank", "step"], dropna=False)["wait_us"].sum().rename("wait_us")
+    bubbles = per_step[bubble].groupby(["rank", "step"], dropna=False)["wait_us"].sum().rename("bubble_us")
+    joined = steps.assign(_step=key).join(wait, on=["rank", "_step"]).join(bubbles, on=["rank", "_step"])
+    joined["wait_us"] = joined["wait_us"].fillna(0.0) if any_matched else None
+    joined["bubble_us"] = joined["bubble_us"].astype(object).where(joined["bubble_us"].notna(), None)
+    return joined.drop(columns=["_step"])[STEP_COLUMNS]
 
 
 def _group_count(summaries: list[dict]) -> int | None:
@@ -209,9 +220,16 @@ def _device(summary: dict, field: str):
     return device.get(field) if isinstance(device, dict) else None
 
 
-def _median_wait_by_name(waits: dict) -> dict[str, float]:
-    names = {name for per_name in waits.values() for name in per_name}
-    return {name: _median([per_name.get(name, 0.0) for per_name in waits.values()]) for name in names}
+def _median_wait_by_name(per_step: pd.DataFrame, ranks: list[int]) -> dict[int, dict[str, float]]:
+    """rank -> name -> its median wait a step in that name's collectives (0 in a step without it),
+    over the steps in which it waited anywhere."""
+    if per_step.empty:
+        return {r: {} for r in ranks}
+    table = per_step.pivot_table(index=["rank", "step"], columns="name", values="wait_us", aggfunc="sum",
+                                 fill_value=0.0, dropna=False)  # fmt: skip
+    medians = table.groupby(level="rank").median()
+    present = per_step.groupby("rank")["name"].unique()
+    return {r: {n: float(medians.loc[r, n]) for n in present.get(r, [])} if r in medians.index else {} for r in ranks}
 
 
 def _sentence(report: RankReport, why: str) -> str:

@@ -4,8 +4,6 @@ role (pure). Used by `analysis`, whose docstring says what the wait is.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 import pandas as pd
 
@@ -52,17 +50,19 @@ def bubbles(transfers: pd.DataFrame, clock: Clock) -> pd.DataFrame:
     return pd.DataFrame({"rank": transfers["dst"].astype(int), "step": transfers["step"], "bubble_us": bubble.round(3)})
 
 
-def per_step(kept: pd.DataFrame, bubbles: pd.DataFrame) -> dict:
-    """rank -> step -> name -> wait (µs); a receive's bubble under `BUBBLE`."""
-    out: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
+def per_step(kept: pd.DataFrame, bubbles: pd.DataFrame) -> pd.DataFrame:
+    """The wait (µs) of each rank in each step in each collective's name (a receive's bubble
+    under `BUBBLE`): columns rank, step (NaN: none), name, wait_us."""
+    parts = []
     if len(kept):
-        sums = kept.groupby(["rank", "step", "name"], dropna=False)["wait_us"].sum()
-        for (rank, step, name), wait in sums.items():
-            out[int(rank)][None if pd.isna(step) else int(step)][name] += float(wait)
+        parts.append(kept.groupby(["rank", "step", "name"], dropna=False)["wait_us"].sum().reset_index())
     if len(bubbles):
-        sums = bubbles.groupby(["rank", "step"], dropna=False)["bubble_us"].sum()
-        for (rank, step), wait in sums.items():
-            out[int(rank)][None if pd.isna(step) else int(step)][BUBBLE] += float(wait)
+        b = bubbles.groupby(["rank", "step"], dropna=False)["bubble_us"].sum().reset_index()
+        parts.append(b.rename(columns={"bubble_us": "wait_us"}).assign(name=BUBBLE))
+    if not parts:
+        return pd.DataFrame(columns=["rank", "step", "name", "wait_us"])
+    out = pd.concat(parts, ignore_index=True)
+    out["step"] = pd.to_numeric(out["step"], errors="coerce")
     return out
 
 
@@ -95,11 +95,14 @@ def roles(frame: pd.DataFrame, groups: Groups, ranks: list[int]) -> dict[int, tu
         return {r: () for r in ranks}
     labels = np.array([f"{groups.desc[g] or len(groups.members[g])}" for g in range(len(groups.members))] + ["p2p"],
                       dtype=object)  # fmt: skip
-    what = frame.assign(what=frame["name"].astype(str) + "/" + frame["kind"].astype(str) + "/"
-                        + labels[frame["gid"].to_numpy()])  # gid -1 (a transfer) takes the last label
-    counts = what.groupby(["rank", "cycle", "step", "what"], dropna=False).size()
+    names, unique_names = pd.factorize(frame["name"])
+    label_codes, unique_labels = pd.factorize(labels)
+    # what a record is, as one integer: its name, direction and group kind (gid -1, a transfer: the last label)
+    what = (names.astype(np.int64) * 3 + frame["kind"].to_numpy(np.int64)) * (len(unique_labels) + 1) \
+        + label_codes[frame["gid"].to_numpy()]
+    counts = frame.assign(what=what).groupby(["rank", "cycle", "step", "what"], dropna=False).size()
     per_rank = counts.groupby(["rank", "what"]).median()
     roles = {r: () for r in ranks}
     for (rank, item), n in per_rank.items():
-        roles[int(rank)] += ((item, float(n)),)
+        roles[int(rank)] += ((int(item), float(n)),)
     return {r: tuple(sorted(v, key=str)) for r, v in roles.items()}
