@@ -227,9 +227,9 @@ def _median_wait_by_name(per_step: pd.DataFrame, ranks: list[int]) -> dict[int, 
         return {r: {} for r in ranks}
     table = per_step.pivot_table(index=["rank", "step"], columns="name", values="wait_us", aggfunc="sum",
                                  fill_value=0.0, dropna=False)  # fmt: skip
-    medians = table.groupby(level="rank").median()
-    present = per_step.groupby("rank")["name"].unique()
-    return {r: {n: float(medians.loc[r, n]) for n in present.get(r, [])} if r in medians.index else {} for r in ranks}
+    medians = table.groupby(level="rank").median().to_dict("index")
+    present = per_step.groupby("rank")["name"].unique().to_dict()
+    return {r: {n: float(medians[r][n]) for n in present.get(r, [])} if r in medians else {} for r in ranks}
 
 
 def _sentence(report: RankReport, why: str) -> str:

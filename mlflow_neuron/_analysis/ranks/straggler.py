@@ -88,18 +88,21 @@ def _lateness(steps: pd.DataFrame, kept: pd.DataFrame, roles: dict) -> dict:
     # a rank with fewer matched collectives than ranks of its role (one its trace placed elsewhere)
     # would look as if it waited less: it is compared with nobody
     counts = kept.groupby("rank")["instance"].nunique().reindex(waits.columns).fillna(0)
-    role_count = counts.groupby(pd.Series({r: roles.get(r) for r in waits.columns}).astype(str)).transform("median")
-    waits = waits[[r for r in waits.columns if counts[r] == role_count[r]]]
-    role = pd.Series({r: str(roles.get(r)) for r in waits.columns})
+    role = pd.Series([str(roles.get(r)) for r in waits.columns], index=waits.columns)
+    role_count = counts.groupby(role).transform("median")
+    alike = (counts == role_count).to_numpy()
+    waits, role = waits.loc[:, alike], role[alike]
+    if role.empty:
+        return {}
     if role.value_counts().max() < 2:  # no two ranks do the same work: all the others
         role[:] = ""
     lateness = {}
     for _, members in role.groupby(role):
         if len(members) > 1:
-            block = waits[list(members.index)]
-            others = median_of_others(block.to_numpy(float))
-            for i, r in enumerate(block.columns):
-                lateness[r] = pd.Series(others[:, i] - block[r].to_numpy(float), index=block.index)
+            values = waits[list(members.index)].to_numpy(float)
+            late = median_of_others(values) - values
+            for i, r in enumerate(members.index):
+                lateness[r] = pd.Series(late[:, i], index=waits.index)
     return lateness
 
 
