@@ -72,7 +72,7 @@ def records(table: pd.DataFrame, group_counts: dict[int, int | None], hosts: dic
     (RECORD_COLUMNS), their groups, the collectives that could not be placed in a group (as
     unmatched entries), and notes. `group_counts`: rank -> how many process groups its trace lists
     (None for a format 1 summary)."""
-    groups, unplaced = Groups(), []
+    groups = Groups()
     t = table.copy()
     t["start_us"] = pd.to_numeric(t["start_us"], errors="coerce")
     t["end_us"] = pd.to_numeric(t["end_us"], errors="coerce")
@@ -82,11 +82,9 @@ def records(table: pd.DataFrame, group_counts: dict[int, int | None], hosts: dic
     ok = (is_text[names] & timed).to_numpy()
     t, names = t[ok], names[ok]
     if t.empty:
-        return pd.DataFrame(columns=RECORD_COLUMNS), groups, unplaced, []
-    lowered = [str(u).lower() for u in unique_names]
-    p2p = np.array([("send" in u or "recv" in u) for u in lowered] + [False], bool)[names]
-    kind = np.array([COLLECTIVE if not ("send" in u or "recv" in u) else SEND if "send" in u else RECV
-                     for u in lowered] + [COLLECTIVE], np.int64)[names]  # fmt: skip
+        return pd.DataFrame(columns=RECORD_COLUMNS), groups, [], []
+    kind = np.array([_kind(str(u)) for u in unique_names] + [COLLECTIVE], np.int64)[names]
+    p2p = kind != COLLECTIVE
     peer = pd.to_numeric(t["peer"], errors="coerce").to_numpy(float)
     unnamed = int((p2p & np.isnan(peer)).sum())
     codes, sets = intern_members(t["members"].to_numpy(object))
@@ -116,11 +114,7 @@ def records(table: pd.DataFrame, group_counts: dict[int, int | None], hosts: dic
     bad = np.zeros(len(t), bool)
     for g, r in outside:
         bad |= (gid == g) & (ranks == r)
-    for row in t[bad].itertuples(index=False):
-        unplaced.append(_entry(row.rank, row._asdict(), f"its group {ranks_text(list(row.members))} does not hold this rank"))
-    for row in t[loose & ~legacy_rank].itertuples(index=False):
-        unplaced.append(_entry(row.rank, row._asdict(), "its process group is not in the trace (the backend writes none) "
-                               f"and the rank has {group_counts.get(row.rank)} groups"))  # fmt: skip
+    unplaced = _unplaced(t, bad, loose & ~legacy_rank, group_counts)
     keep = (gid != -2) & ~bad
     kept_ranks = ranks[keep]
     frame = pd.DataFrame({"rank": kept_ranks, "host": pd.Series(kept_ranks).map(hosts).to_numpy(object),
@@ -130,9 +124,25 @@ def records(table: pd.DataFrame, group_counts: dict[int, int | None], hosts: dic
                           "start_us": t["start_us"].to_numpy(float)[keep], "end_us": t["end_us"].to_numpy(float)[keep],
                           "kind": kind[keep], "peer": np.nan_to_num(peer[keep], nan=-1).astype(np.int64)},
                          columns=RECORD_COLUMNS)  # fmt: skip
-    notes = [f"{unnamed} point-to-point transfers (send/recv) left out of the wait: the trace does not name their "
-             "peer"] if unnamed else []  # fmt: skip
-    return frame, groups, unplaced, notes
+    return frame, groups, unplaced, [f"{unnamed} point-to-point transfers (send/recv) left out of the wait: the "
+                                     "trace does not name their peer"] if unnamed else []  # fmt: skip
+
+
+def _kind(name: str) -> int:
+    """COLLECTIVE, or SEND / RECV for a point-to-point transfer, by the collective's name."""
+    lowered = name.lower()
+    return SEND if "send" in lowered else RECV if "recv" in lowered else COLLECTIVE
+
+
+def _unplaced(t: pd.DataFrame, outside: np.ndarray, ungrouped: np.ndarray, group_counts: dict) -> list[dict]:
+    """Unmatched entries for records whose group does not hold their rank, and for records without
+    a group on a rank with several."""
+    entries = [_entry(row.rank, row._asdict(), f"its group {ranks_text(list(row.members))} does not hold this rank")
+               for row in t[outside].itertuples(index=False)]  # fmt: skip
+    entries += [_entry(row.rank, row._asdict(), "its process group is not in the trace (the backend writes none) "
+                       f"and the rank has {group_counts.get(row.rank)} groups")
+                for row in t[ungrouped].itertuples(index=False)]  # fmt: skip
+    return entries
 
 
 def intern_members(values: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
