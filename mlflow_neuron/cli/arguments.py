@@ -292,10 +292,12 @@ def _ranks_parser(commands) -> None:
         help="every rank of a distributed run: its step, its time in collectives, the wait, and the straggler",
         description="One row per rank of a profiled torchrun job, from the rank summaries each rank logged:\n"
         "its step time (median per step, with its 95% interval), time in collectives and the wait inside\n"
-        "them before the last rank arrived (medians per step, microseconds), exposed communication % and\n"
-        "idle % of the step, and its host; then one sentence naming the straggler (the rank that arrived\n"
-        "last at most collectives while the others waited), or saying that none stands out.\n"
-        "A run without rank summaries exits 2.\n\n"
+        "them for the last member of their process group (medians per step, microseconds), a pipeline's\n"
+        "receives' wait (its bubble) where there are any, exposed communication % and idle % of the step,\n"
+        "and its host; then one sentence naming the straggler (the rank whose own time made its group wait,\n"
+        "found among ranks doing the same work) with its group, or saying that none stands out.\n"
+        "Clocks are aligned from the collectives where hosts' clocks differ. From 65 ranks the picture\n"
+        "(--log-to) is a heat map of the wait by node. A run without rank summaries exits 2.\n\n"
         "example: mlflow-neuron ranks 0123abcd... --log-to 0123abcd...",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
