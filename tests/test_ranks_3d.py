@@ -186,7 +186,7 @@ def test_at_256_ranks_the_picture_is_a_heat_map_with_the_straggler_boxed_and_the
     assert chart._cells(report.table, grid)[37] == (1, 5)
 
 
-def test_a_folder_with_one_corrupt_rank_trace_is_ingested_whole_but_for_it_in_one_line(tmp_path, capsys):
+def test_a_folder_with_one_corrupt_rank_trace_is_ingested_whole_but_for_it_in_one_line(tmp_path, capsys, monkeypatch):
     import warnings
 
     from mlflow_neuron._readback.ranks import read_ranks
@@ -197,6 +197,7 @@ def test_a_folder_with_one_corrupt_rank_trace_is_ingested_whole_but_for_it_in_on
     broken = sorted(folder.glob("*.pt.trace.json"))[2]
     broken.write_bytes(broken.read_bytes()[:5000])  # cut mid-event
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)  # the new store's artifact root, ./mlruns, lands in tmp_path
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         code = cli_main(["ingest", str(folder), "--experiment", "job", "--tracking-uri", uri])

@@ -140,10 +140,11 @@ def torchrun_3d(store, *args: str) -> list[dict]:
 def jobs_3d(tmp_path_factory):
     """The 3D job twice on one store: rank 0 sleeping 30 ms before its TP all_reduce, and no sleep."""
     store = tmp_path_factory.mktemp("ranks3d")
-    client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     out = {}
     for name, args in (("slow", ("--slow-rank", "0", "--delay-ms", str(DELAY_MS))), ("even", ())):
-        lines = torchrun_3d(store, *args)
+        # 12 steps: one step that the shared cores spoil still leaves 11 (or 10) of 12, past the sign test
+        lines = torchrun_3d(store, "--active", "12", *args)
+        client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")  # after the job made the store (its artifact root)
         out[name] = analyze(summaries_in(client, one_run(lines, 4), tmp_path_factory.mktemp(name)), expected_world_size=4)
     return out
 
