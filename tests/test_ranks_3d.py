@@ -210,3 +210,14 @@ def test_a_folder_with_one_corrupt_rank_trace_is_ingested_whole_but_for_it_in_on
     assert report.missing == [2] and len(report.table) == 63
     assert report.straggler is not None and report.straggler["rank"] == 5, report.sentence
     assert report.unmatched == [] and "tp group 0-3 matched among 3 of its 4 members (2 sent no summary)" in report.notes
+
+
+def test_a_gloo_job_read_as_one_table_gives_the_same_report_as_its_summaries():
+    from mlflow_neuron._analysis.ranks.frames import collectives_frame
+
+    summaries = gloo_job("gloo_3d_slow")
+    table = collectives_frame(summaries)  # lane and peer_index have gaps: pandas makes them floats
+    bare = [{k: v for k, v in s.items() if k != "collectives"} for s in summaries]
+    from_table, from_lists = analyze(bare, collectives=table), analyze(summaries)
+    assert from_table.unmatched == [] and from_table.straggler["rank"] == from_lists.straggler["rank"] == 2
+    assert from_table.to_json() == from_lists.to_json()

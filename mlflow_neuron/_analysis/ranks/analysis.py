@@ -112,7 +112,7 @@ def analyze(summaries: list[dict], *, expected_world_size: int | None = None,
         notes.append(f"rank{'s' if len(outside) > 1 else ''} {_ranks_phrase(outside).removeprefix('ranks ').removeprefix('rank ')} "
                      f"outside the world of {world_size} ranks: read as they are")  # fmt: skip
     hosts = {r: _host(by_rank[r]) for r in ranks}
-    table = collectives if collectives is not None else None
+    table = collectives
     if table is None or needs_placing(table):
         if table is not None:  # a gloo job's columns: placed as records, then a table again
             by_rank = with_collectives(by_rank, table)
