@@ -48,6 +48,10 @@ def members_of(record: dict, sets: list[tuple]) -> tuple | None:
     return tuple(members) if isinstance(members, list) and members else None
 
 
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
+
+
 def needs_placing(table: pd.DataFrame) -> bool:
     """Whether some collective has no group but a worker thread or a peer index (gloo's), which
     `lanes.place` may place."""
@@ -57,9 +61,13 @@ def needs_placing(table: pd.DataFrame) -> bool:
 
 def with_collectives(by_rank: dict[int, list[dict]], table: pd.DataFrame) -> dict[int, list[dict]]:
     """The summaries with their `collectives` lists made from the table's rows (by rank and cycle)."""
-    rows = table.astype(object).where(table.notna(), None)
+    columns = {name: [None if _missing(v) else v for v in table[name].tolist()] for name in table.columns}
+    for name, values in columns.items():  # a column of ints with gaps comes as floats: ints again
+        if table[name].dtype.kind == "f" and all(v is None or float(v).is_integer() for v in values):
+            columns[name] = [None if v is None else int(v) for v in values]
     lists: dict[tuple, list[dict]] = {}
-    for record in rows.to_dict("records"):
+    for values in zip(*columns.values()):
+        record = dict(zip(columns, values))
         members = record["members"]
         record["members"] = list(members) if isinstance(members, tuple) else members
         lists.setdefault((record.pop("rank"), record.pop("cycle")), []).append(record)
