@@ -8,8 +8,8 @@ time), then (on `--slow-rank`) a sleep of `--delay-ms` or of `--delay-frac`
 of the step's own compute, then one explicit `all_reduce`: the other ranks wait for the slow one
 inside it. torch.distributed is initialized before the callback, so every rank takes rank 0's
 run (one broadcast in the callback's constructor, the callback's only collective). Runs on CPU
-with gloo. Rank 0 prints one JSON line: the run id, the tracking URI and each rank's constructor
-time; every rank prints its own (`"rank"`, `"constructor_s"`).
+with gloo. Every rank prints one JSON line: the run id, the tracking URI, and its rank, the
+time its constructor took and the time its `close()` took (`"rank"`, `"constructor_s"`, `"close_s"`).
 
 `--exit-rank R --exit-at S`: rank R vanishes at step S, without `close()` (exit status 0, so
 that torchrun lets the others go on); the `all_reduce` then runs among the other ranks only. They
@@ -81,9 +81,12 @@ def main(argv: list[str] | None = None) -> None:
             if rank in stay:
                 dist.all_reduce(grad, group=group)
             prof.step()
+    closing = time.perf_counter()
     callback.close()
+    close_s = time.perf_counter() - closing
     print(json.dumps({"rank": rank, "run_id": callback.run_id, "tracking_uri": callback.tracking_uri,
-                      "constructor_s": round(constructor_s, 3), "delay_s": round(delay_s, 4)}), flush=True)  # fmt: skip
+                      "constructor_s": round(constructor_s, 3), "close_s": round(close_s, 3),
+                      "delay_s": round(delay_s, 4)}), flush=True)  # fmt: skip
     dist.destroy_process_group()
 
 

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import socket
 import threading
 import warnings
 
@@ -13,6 +14,8 @@ from torch.profiler import tensorboard_trace_handler
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
+from mlflow_neuron._record import node_file as node_file_format
+from mlflow_neuron._record.model import node_file
 
 
 def metric_steps(client, run_id, key):
@@ -48,9 +51,10 @@ def test_a_cycle_becomes_metrics_tags_params_and_artifacts(tracking_uri, strict,
     files = artifact_files(client, run.info.run_id)
     assert set(files) == {f"profiler/step_4/{name}" for name in
                           ("ops.json", "steps.json", "step_totals.json", "key_averages.txt", "manifest.json",
-                           "trace.json.gz", "timeline.json")} | {"profiler/ranks/rank_0/cycle_4.json"}
-    # One process is one rank: its summary says so, and names the host.
-    ranks = read_json_artifact(client, run.info.run_id, "profiler/ranks/rank_0/cycle_4.json", tmp_path / "dl")
+                           "trace.json.gz", "timeline.json")} | {node_file(socket.gethostname(), 4, 0)}
+    # One process is one rank: its summary, in its node's file, says so, and names the host.
+    [ranks], _ = node_file_format.read(client.download_artifacts(run.info.run_id, node_file(socket.gethostname(), 4, 0),
+                                                                 str(tmp_path / "dl")))  # fmt: skip
     assert (ranks["rank"], ranks["world_size"], ranks["cycle_step"]) == (0, 1, 4) and ranks["host"]
     assert [s["step"] for s in ranks["steps"]] == [3]
     table = read_json_artifact(client, run.info.run_id, "profiler/step_4/ops.json", tmp_path / "dl")

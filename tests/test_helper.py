@@ -9,6 +9,7 @@ and does not outlive close().
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,9 @@ from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._delivery import helper_process as _helper_process
+from mlflow_neuron._record import node_file as node_file_format
 from mlflow_neuron._record import record as _record
+from mlflow_neuron._record.model import node_file
 from mlflow_neuron._device import devices as _devices
 from mlflow_neuron._trace.device_names import CPU
 from mlflow_neuron._trace.function_events import extract_cycle
@@ -237,7 +240,7 @@ def test_the_helper_exits_when_its_parent_closes_stdin(tmp_path):
     assert proc.wait(READY_S) == 0
 
 
-def test_a_rank_that_logs_no_metrics_hands_its_files_to_the_helper(tracking_uri, strict, monkeypatch):
+def test_a_rank_that_logs_no_metrics_hands_its_files_to_the_helper(tracking_uri, strict, monkeypatch, tmp_path):
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     run_id = MlflowClient().create_run("0").info.run_id
@@ -245,8 +248,10 @@ def test_a_rank_that_logs_no_metrics_hands_its_files_to_the_helper(tracking_uri,
     profile_rmsnorm(callback)
     assert callback.cycles_logged == 1
     callback.close()
-    files = {a.path for a in MlflowClient().list_artifacts(run_id, "profiler/step_4/rank_1")}
-    assert files == {"profiler/step_4/rank_1/manifest.json"}
+    # It uploads nothing of its own: its summary and its manifest go in its node's file.
+    assert not MlflowClient().list_artifacts(run_id, "profiler/step_4")
+    path = MlflowClient().download_artifacts(run_id, node_file(socket.gethostname(), 4, 1), str(tmp_path))
+    assert [s["rank"] for s in node_file_format.read(path)[0]] == [1]
     assert MlflowClient().get_run(run_id).data.metrics == {}
 
 

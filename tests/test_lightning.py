@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import warnings
 
 import mlflow
@@ -11,6 +12,7 @@ from conftest import artifact_files, import_error_without, run_python
 from mlflow.tracking import MlflowClient
 
 from mlflow_neuron import MLflowNeuronWarning
+from mlflow_neuron._record.model import node_file
 
 L = pytest.importorskip("lightning", reason='Lightning is not installed (pip install "mlflow-neuron[lightning]")')
 from lightning.pytorch.loggers import MLFlowLogger  # noqa: E402
@@ -82,7 +84,7 @@ def test_one_run_holds_lightnings_metrics_and_params_and_the_profile(tmp_path, t
     assert metrics["profiler/calls/aten.addmm"] > 0
     assert run.data.tags["mlflow_neuron.device"] == "cpu"
     assert set(artifact_files(client, run_id)) == ({f"profiler/step_{s}/{f}" for s in (4, 8) for f in CYCLE_FILES}
-                                                   | {f"profiler/ranks/rank_0/cycle_{s}.json" for s in (4, 8)})
+                                                   | {node_file(socket.gethostname(), s, 0) for s in (4, 8)})
     # Lightning's hyperparameters and the profiler's settings side by side, none clashing.
     assert {"lr": "0.05", "hidden": "16"}.items() <= params.items()
     assert params["profiler.schedule.active"] == "2" and params["profiler.schedule.repeat"] == "2"

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
-from conftest import ROOT, TESTS
+from conftest import ROOT, TESTS, artifact_files
 from mlflow.tracking import MlflowClient
 
+from mlflow_neuron._analysis.ranks.frames import collectives_frame
+from mlflow_neuron._record import node_file as node_file_format
+from mlflow_neuron._record.model import node_file
 from mlflow_neuron._trace import chrome, collectives
 
 COUNTER = '''
@@ -62,8 +66,8 @@ def counted_reads(monkeypatch) -> Counter:
     return reads
 
 
-def rank_summaries(client: MlflowClient, run_id: str) -> list[str]:
-    return sorted(a.path for a in client.list_artifacts(run_id, "profiler/ranks/rank_0"))
+def node_files(client: MlflowClient, run_id: str) -> list[str]:
+    return sorted(p for p in artifact_files(client, run_id, "profiler/ranks"))
 
 
 def test_ingest_reads_each_trace_once_and_still_logs_its_rank_summary(tracking_uri, monkeypatch, tmp_path, capsys):
@@ -95,11 +99,15 @@ def test_the_helper_reads_each_cycles_trace_once_and_the_rank_summary_is_the_sam
         by_file = Counter(r["path"] for r in reads)
         assert len(by_file) == 3 and set(by_file.values()) == {1}, (process, reads)
         client = MlflowClient(uri)
-        assert rank_summaries(client, run_id) == [f"profiler/ranks/rank_0/cycle_{s}.json" for s in (12, 4, 8)]
-        logged = json.loads(Path(client.download_artifacts(run_id, "profiler/ranks/rank_0/cycle_8.json",
-                                                           str(tmp_path / process))).read_text())
+        host = socket.gethostname()
+        assert node_files(client, run_id) == sorted(node_file(host, s, 0) for s in (4, 8, 12))
+        [logged], frame = node_file_format.read(client.download_artifacts(run_id, node_file(host, 8, 0),
+                                                                          str(tmp_path / process)))  # fmt: skip
         assert [s["step"] for s in logged["steps"]] == [6, 7] and all(s["step_us"] > 0 for s in logged["steps"])
         trace = client.download_artifacts(run_id, "profiler/step_8/trace.json.gz", str(tmp_path / process))
         again = collectives.rank_summary_from_chrome(trace, rank=0, host=logged["host"],
                                                      world_size=logged["world_size"], cycle_step=8)  # fmt: skip
-        assert logged == json.loads(json.dumps(again))  # the same numbers as a second read would give
+        # the same numbers as a second read would give: the summary, and its collectives as columns
+        assert logged == json.loads(json.dumps({k: v for k, v in again.items() if k not in ("collectives", "member_sets")}))
+        rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
+        assert rows == collectives_frame([again]).astype(object).where(lambda f: f.notna(), None).to_dict("records")

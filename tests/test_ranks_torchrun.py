@@ -3,7 +3,7 @@ the callback holds no rank up, at its start or when a rank vanishes.
 
 The job is `examples/ranks_straggler.py`: a matmul, then one explicit `all_reduce` a step, with
 torch.distributed initialized before the callback (the documented path). What is checked is read
-back from MLflow, and the waits and the straggler come from `_analysis.ranks.analysis.analyze` on it.
+back from MLflow, as `ranks` reads it (`_readback.ranks.read_ranks`: the node files, then `analyze`).
 """
 
 import json
@@ -12,11 +12,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, artifact_files, read_json_artifact
+from conftest import ROOT, artifact_files
 from mlflow.tracking import MlflowClient
 from servers import free_port
 
-from mlflow_neuron._analysis.ranks.analysis import analyze
+from mlflow_neuron._readback.ranks import RankRead, read_ranks
 
 EXAMPLE = ROOT / "examples" / "ranks_straggler.py"
 DELAY_MS = 30.0
@@ -48,10 +48,9 @@ def torchrun(store, ranks: int, *args: str) -> list[dict]:
     return [{**line, "warnings": warned} for line in sorted(lines, key=lambda line: line["rank"])]
 
 
-def summaries_in(client: MlflowClient, run_id: str, dst) -> list[dict]:
-    """Every rank summary the run holds, read from MLflow."""
-    paths = [p for p in artifact_files(client, run_id, "profiler/ranks") if p.endswith(".json")]
-    return [read_json_artifact(client, run_id, path, dst) for path in sorted(paths)]
+def read_back(client: MlflowClient, run_id: str) -> RankRead:
+    """Every rank summary the run holds (its node files), read from MLflow as `ranks` reads them."""
+    return read_ranks(run_id, client=client)
 
 
 def one_run(lines: list[dict], ranks: int) -> str:
@@ -75,20 +74,19 @@ def slow_rank_job(store):
 def test_every_rank_starts_at_once_and_reports_each_cycle_into_one_run(slow_rank_job, tmp_path):
     lines, client, run_id = slow_rank_job
     assert max(line["constructor_s"] for line in lines) < NOT_HELD_UP_S, lines
-    summaries = summaries_in(client, run_id, tmp_path)
+    summaries = read_back(client, run_id).summaries
     cycles = sorted(int(p.split("/")[1].removeprefix("step_")) for p in artifact_files(client, run_id, "profiler")
                     if p.startswith("profiler/step_") and p.endswith("/manifest.json") and "/rank_" not in p)  # fmt: skip
     sent = {(s["rank"], s["cycle_step"]) for s in summaries}
     assert cycles and sent == {(r, c) for r in range(4) for c in cycles}, (sorted(sent), cycles, lines[0]["warnings"])
     assert all(s["world_size"] == 4 and s["host"] for s in summaries)
-    # Other ranks send their summary, not their trace or tables (all_ranks=False).
-    assert not [p for p in artifact_files(client, run_id, "profiler") if "/rank_1/" in p and "manifest" not in p
-                and not p.startswith("profiler/ranks/")]  # fmt: skip
+    # Other ranks send their summary (in their node's file), not their trace, tables or manifest (all_ranks=False).
+    assert not [p for p in artifact_files(client, run_id, "profiler") if "/rank_" in p], run_id
 
 
 def test_the_slow_rank_is_named_and_the_others_waited_for_it(slow_rank_job, tmp_path):
     _, client, run_id = slow_rank_job
-    report = analyze(summaries_in(client, run_id, tmp_path), expected_world_size=4)
+    report = read_back(client, run_id).report
     assert report.straggler is not None and report.straggler["rank"] == 2, report.sentence
     waits = report.table.set_index("rank")["wait_us"]
     others = sorted(waits[r] for r in (0, 1, 3))
@@ -100,7 +98,7 @@ def test_without_the_sleep_no_rank_is_named_on_an_existing_store(store, slow_ran
     lines = torchrun(store, 4, *STEPS)
     assert max(line["constructor_s"] for line in lines) < NOT_HELD_UP_S, lines
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
-    report = analyze(summaries_in(client, one_run(lines, 4), tmp_path), expected_world_size=4)
+    report = read_back(client, one_run(lines, 4)).report
     # Four ranks on two shared cores beside other tests: a rank the scheduler holds back is really
     # late, by a few ms (seen in CI: 2.5 ms a step, 16 of 20 steps). What no load may make is a
     # straggler the size of the sleep.
@@ -114,9 +112,9 @@ def test_a_rank_that_vanishes_holds_nobody_up_and_is_named_missing(store, slow_r
     lines = torchrun(store, 2, "--exit-rank", "1", "--exit-at", "3")
     assert [line["rank"] for line in lines] == [0] and lines[0]["constructor_s"] < NOT_HELD_UP_S, lines
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
-    summaries = summaries_in(client, lines[0]["run_id"], tmp_path)
-    assert {s["rank"] for s in summaries} == {0} and len(summaries) == 2
-    report = analyze(summaries, expected_world_size=2)
+    read = read_back(client, lines[0]["run_id"])
+    assert {s["rank"] for s in read.summaries} == {0} and len(read.summaries) == 2
+    report = read.report
     assert report.missing == [1] and report.straggler is None, report.sentence
 
 
@@ -145,7 +143,7 @@ def jobs_3d(tmp_path_factory):
         # 12 steps: one step that the shared cores spoil still leaves 11 (or 10) of 12, past the sign test
         lines = torchrun_3d(store, "--active", "12", *args)
         client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")  # after the job made the store (its artifact root)
-        out[name] = analyze(summaries_in(client, one_run(lines, 4), tmp_path_factory.mktemp(name)), expected_world_size=4)
+        out[name] = read_back(client, one_run(lines, 4)).report
     return out
 
 

@@ -7,6 +7,7 @@ logs to.
 from __future__ import annotations
 
 import types
+import socket
 import warnings
 
 import mlflow
@@ -16,6 +17,7 @@ from conftest import artifact_files, import_error_without
 from mlflow.tracking import MlflowClient
 
 from mlflow_neuron import MLflowNeuronWarning
+from mlflow_neuron._record.model import node_file
 
 transformers = pytest.importorskip(
     "transformers", reason='Transformers is not installed (pip install "mlflow-neuron[transformers]")'
@@ -94,7 +96,7 @@ def test_one_run_holds_the_trainers_metrics_and_params_and_the_profile(tmp_path,
     assert metrics["profiler/calls/aten.addmm"] > 0
     assert run.data.tags["mlflow_neuron.device"] == "cpu"
     assert set(artifact_files(client, run_id)) == ({f"profiler/step_{s}/{f}" for s in (4, 8) for f in CYCLE_FILES}
-                                                   | {f"profiler/ranks/rank_0/cycle_{s}.json" for s in (4, 8)})
+                                                   | {node_file(socket.gethostname(), s, 0) for s in (4, 8)})
     # The Trainer's arguments and model config next to the profiler's settings, none clashing.
     assert params["max_steps"] == "10" and params["hidden_size"] == "32"
     assert params["profiler.schedule.active"] == "2" and params["profiler.device"] == "cpu"

@@ -147,7 +147,8 @@ class MLflowProfilerCallback:
                                        experiment_id=experiment_id, run_name=run_name)  # fmt: skip
         preparer = {"top_k": top_k, "rank": self.rank.rank, "primary": self.rank.is_primary, "all_ranks": all_ranks}
         self._producer = Producer(run, self.reporter, preparer=preparer, outbox=outbox, background=background,
-                                  helper=process == "helper", retries=retries, retry_wait_s=retry_wait_s)  # fmt: skip
+                                  helper=process == "helper", retries=retries, retry_wait_s=retry_wait_s,
+                                  first=self.rank.first_on_node)  # fmt: skip
         # A callback dropped unclosed leaves no helper behind; at exit, close() does it all.
         if self._producer.helper is not None:
             weakref.finalize(self, self._producer.helper.release).atexit = False

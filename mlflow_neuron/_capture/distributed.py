@@ -22,19 +22,28 @@ class Rank:
     rank: int = 0
     world_size: int = 1
     host: str = ""
+    local_rank: int | None = None  # torchrun's LOCAL_RANK, where it is set
 
     @property
     def is_primary(self) -> bool:
         return self.rank == 0
+
+    @property
+    def first_on_node(self) -> bool:
+        """The node's first local rank (LOCAL_RANK 0; without LOCAL_RANK, rank 0): its drain sends
+        what every rank of its node queued (`_delivery.producer`)."""
+        return self.local_rank == 0 if self.local_rank is not None else self.is_primary
 
 
 def current_rank() -> Rank:
     """From torch.distributed when it is initialized, else torchrun's `RANK`/`WORLD_SIZE`."""
     dist = _initialized_dist()
     host = socket.gethostname()
+    local = os.environ.get("LOCAL_RANK", "")
+    local_rank = int(local) if local.isdigit() else None
     if dist is not None:
-        return Rank(dist.get_rank(), dist.get_world_size(), host)
-    return Rank(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), host)
+        return Rank(dist.get_rank(), dist.get_world_size(), host, local_rank)
+    return Rank(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), host, local_rank)
 
 
 def in_distributed_job() -> bool:

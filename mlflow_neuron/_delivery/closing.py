@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
+from . import node_parts
 from . import outbox as _outbox
 from .drain import KEPT
 from .outbox import human_size
@@ -97,12 +98,14 @@ def summaries(producer) -> None:
 
 def left(producer) -> None:
     """One warning for what close() leaves in the outbox: how many cycles, their steps, why, where,
-    and the command that sends them."""
+    and the command that sends them; and the node files of the run's rank summaries that the last
+    local rank to leave could not send (`node_parts`; while another local rank lives, that one does)."""
     unsettled = producer._unsettled()
     cycles = [step for _, step in unsettled if step is not None]
-    if not unsettled:
+    nodes = producer.node_files_left() if node_parts.alone(producer.outbox, producer.parts_area) else []
+    if not unsettled and not nodes:
         return
-    if not cycles:  # only the run's end
+    if not cycles and not nodes:  # only the run's end
         producer.reporter.problem("end_run", f"run {producer.run_id} was left RUNNING: it could not be ended in "
                                   f"time; `mlflow-neuron sync --outbox {producer.outbox}` ends it")  # fmt: skip
         return
@@ -116,12 +119,13 @@ def left(producer) -> None:
     if any(step is None for _, step in unsettled):  # the run's end waits behind them
         ending = (" The run stays RUNNING until then; sync ends it." if producer.run_id else
                   " That sync creates the run and ends it.")  # fmt: skip
-    folders = sorted({str(entry.parent) for entry, _ in unsettled})
+    folders = sorted({str(entry.parent) for entry, _ in unsettled} | ({str(producer.outbox)} if nodes else set()))
     commands = " and ".join(f"`mlflow-neuron sync --outbox {folder}`" for folder in folders)
+    what = [f"{len(cycles)} profiler cycle(s) (steps {', '.join(map(str, cycles))})"] if cycles else []
+    what += [f"the rank summaries of {len(nodes)} cycle(s) (steps {', '.join(map(str, nodes))})"] if nodes else []
     producer.reporter.problem(
         "kept",
-        f"{len(cycles)} profiler cycle(s) (steps {', '.join(map(str, cycles))}) were not sent to "
-        f"{producer.run.tracking_uri} ({one_line(RuntimeError(why))}); they are kept in "
-        f"{' and '.join(folders)}: run {commands} to send them.{ending}",
+        f"{' and '.join(what)} were not sent to {producer.run.tracking_uri} ({one_line(RuntimeError(why))}); "
+        f"they are kept in {' and '.join(folders)}: run {commands} to send them.{ending}",
     )  # fmt: skip
     _log.debug("kept entries: %s", [str(entry) for entry, _ in unsettled])

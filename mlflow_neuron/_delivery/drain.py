@@ -6,10 +6,12 @@
     writing, left by a process that died before it was queued (a kill, a container's end) --> cut short (removed)
     end.json: once no earlier entry of its run is left, the run is ended (FINISHED): here only.
 
-The helper process runs it (`follow`), the training process while it waits at a stop or at close,
-`mlflow-neuron sync` once: the same code. Each pass holds the outbox's consumer lock (`entries`), a
-lock the kernel releases: one drain of an outbox at a time, and one that dies leaves its entry
-whole for the next. Sending an entry twice leaves its data once.
+A rank's summary of a cycle goes to its node's parts (`node_parts`); a cycle's parts become its
+node's file, in the entry that completed them or in one more entry, once every local rank is
+accounted for. The helper process runs it (`follow`), the training process while it waits at a
+stop or at close, `mlflow-neuron sync` once: the same code. Each pass holds the outbox's consumer
+lock (`entries`), a lock the kernel releases: one drain of an outbox at a time, and one that dies
+leaves its entry whole for the next. Sending an entry twice leaves its data once.
 """
 
 from __future__ import annotations
@@ -23,18 +25,20 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from . import entries
+from . import entries, node_parts
 from . import outbox as _outbox
 from .courier import Courier
-from .entries import END, FILES, JOB, TRIED, Held
+from .entries import FILES, Held
 from .failures import is_permanent, is_unreachable, reason
-from .outbox import sent_files
-from .._record.job import CycleJob
+from .outbox import nothing_to_send, sent_files
 from .._record.model import MANIFEST, Delivery, RunRef
 from .report import WAIT_IN_OUTBOX, report_delivery
+from .preparing import Preparing, batch_key as _key
+from .run_end import end_when_due
 from .seal import DamagedRecord
 
 BATCH = 16  # prepared entries of one run sent together at most (one log_batch, one artifact pass)
+WAITING_POLL_S = 0.5  # `follow` looks again this often while a node's file waits for a rank (which may go)
 DELIVERED, REJECTED, DAMAGED, KEPT, ENDED = "delivered", "rejected", "damaged", "kept", "ended"
 BUSY = "busy"  # the training thread of some process is writing it
 CUT = "cut short"  # its writer died before it was queued: the one cycle a kill can take; removed
@@ -62,6 +66,7 @@ class Pass:
 
     outcomes: list[Outcome] = field(default_factory=list)
     busy: int = 0  # entries a training thread is still writing, or an end waiting for its run's cycles
+    waiting: int = 0  # cycles whose node's file waits for a local rank's part (`node_parts.due`)
     other: bool = False  # another consumer held the outbox: nothing was done
     unreachable: dict[str, str] = field(default_factory=dict)  # tracking URI -> why
 
@@ -76,7 +81,7 @@ class _Ready:
     run: RunRef
 
 
-class Drain:
+class Drain(Preparing):
     """Drains one outbox folder (`rejected=True`: its `rejected/` records, for `sync --retry-rejected`)."""
 
     def __init__(self, outbox: str | os.PathLike, reporter, *, credentials: dict[str, str] | None = None,
@@ -94,16 +99,18 @@ class Drain:
         self.memory: dict[Path, object] = {}  # entry -> its cycle's numbers held in this process (read first)
         self._preparers: dict[tuple, object] = {}
         self._state = entries.SharedState()  # each run's state in the outbox, as this drain last saw it
+        self._parts: list[tuple[Path, int]] = []  # (run's parts area, cycle) of parts taken since last looked at
         self._lock = threading.Lock()  # one pass at a time in this process (the consumer lock is per open file)
 
     # -- a pass --------------------------------------------------------------------------------------
 
     def once(self, *, stop: threading.Event | None = None, deadline: float | None = None,
              on_outcome: Callable[[Outcome], None] | None = None, wait_s: float = 0.0,
-             before: Callable[[], object] = lambda: None) -> Pass:  # fmt: skip
+             before: Callable[[], object] = lambda: None, sends: Callable[[Path], bool] | None = None) -> Pass:  # fmt: skip
         """Works through every entry there is now, in order, holding the outbox's consumer lock
         (`before` runs first, under it); stops early at `stop` or `deadline`. Another consumer
-        holding the lock past `wait_s`: nothing done, `Pass.other`."""
+        holding the lock past `wait_s`: nothing done, `Pass.other`. `sends`: the entries this pass
+        may send (None: all); it prepares the others and leaves them prepared."""
         with self._lock:
             try:
                 held = entries.lock_file(self.outbox / entries.CONSUMER_LOCK, blocking=wait_s > 0, timeout=wait_s)
@@ -114,17 +121,21 @@ class Drain:
             try:
                 entries.mark_holder(held)
                 before()
-                return self._pass(stop, deadline, on_outcome)
+                return self._pass(stop, deadline, on_outcome, sends)
             finally:
                 held.release()
 
-    def _pass(self, stop, deadline, on_outcome) -> Pass:
+    def _pass(self, stop, deadline, on_outcome, sends=None) -> Pass:
         done = Pass()
         ready: list[_Ready] = []
+        send = partial(self._add, done=done, on_outcome=on_outcome, stop=stop, deadline=deadline, sends=sends)
         try:
+            self._node_files(done, on_outcome)  # node files that can be made now: listed below, sent in order
             for entry in entries.listed(self.folder):
                 if _over(stop, deadline):
                     break
+                if sends is not None and not sends(entry) and entries.state(entry) in (entries.PREPARED, entries.ENDING):
+                    continue  # another process sends it
                 held = entries.try_claim(entry)
                 if held is None:
                     if entry.exists():
@@ -134,14 +145,14 @@ class Drain:
                 if ready and entries.state(entry) == entries.ENDING:  # the cycles before it go first
                     self._send(ready, done, on_outcome, stop, deadline)
                     ready = []
+                self._parts = []
                 item = self._take(held, done, on_outcome)
                 if item is None:
                     held.release()
-                    continue
-                if ready and (len(ready) >= BATCH or _key(ready[0].run) != _key(item.run)):
-                    self._send(ready, done, on_outcome, stop, deadline)
-                    ready = []
-                ready.append(item)
+                ready = send(ready, ([item] if item else []) + self._node_files(done, on_outcome, self._parts)[0])
+            if not _over(stop, deadline):  # every queued entry prepared: a gone rank's cycles may go now
+                made, done.waiting = self._node_files(done, on_outcome, [(None, None)])
+                ready = send(ready, made)
             if ready:
                 self._send(ready, done, on_outcome, stop, deadline)
                 ready = []
@@ -150,13 +161,49 @@ class Drain:
                 item.held.release()
         return done
 
+    def _add(self, ready: list[_Ready], items: list[_Ready], done, on_outcome, stop, deadline, sends) -> list[_Ready]:
+        """`items` added to the batch `ready` (sent first where full or of another run); an item
+        this pass does not send (`sends`) is left prepared."""
+        for item in items:
+            if sends is not None and not sends(item.held.path):
+                item.held.release()  # another process sends it
+                continue
+            if ready and (len(ready) >= BATCH or _key(ready[0].run) != _key(item.run)):
+                self._send(ready, done, on_outcome, stop, deadline)
+                ready = []
+            ready.append(item)
+        return ready
+
+    def _node_files(self, done: Pass, on_outcome, parts: list | None = None) -> tuple[list[_Ready], int]:
+        """Makes the node entries of the cycles whose files can be made now; with `parts`, (run
+        folder, cycle) pairs to look at ((None, None): all), returns them held, to go with the
+        entries before them. Also how many cycles wait for a local rank. A file that cannot be made
+        keeps its parts (said)."""
+        made, waiting = [], 0
+        for folder, cycle in parts if parts is not None else [(None, None)]:
+            ready, waits = node_parts.due(self.folder, folder, cycle)
+            waiting += waits
+            for run_folder, step in ready:
+                try:
+                    entry = node_parts.make_entry(self.folder, run_folder, step, self.copy_max_bytes)
+                except (OSError, ValueError, TypeError, KeyError) as error:
+                    self.reporter.problem("node_file", f"the rank summaries of step {step} could not be put in their "
+                                          f"node's file ({type(error).__name__}: {error}); they stay in {run_folder}")
+                    continue
+                held = entries.try_claim(entry) if entry is not None and parts is not None else None
+                item = self._take(held, done, on_outcome) if held is not None else None
+                made += [item] if item else []
+                if held is not None and not item:
+                    held.release()
+        return made, waiting
+
     def follow(self, stop: threading.Event, poll_s: float = 0.05,
                on_pass: Callable[[Pass], object] = lambda done: None) -> None:  # fmt: skip
         """Drains until `stop`: a pass at each change of the folder (looked at every `poll_s`), or
         while another consumer has it; kept entries again with a growing wait (to 30 s)."""
         backoff = 0.0
         while not stop.is_set():
-            mtime = _mtime(self.folder)
+            mtime, looked = _mtime(self.folder), time.monotonic()
             done = self.once(stop=stop)
             on_pass(done)
             if done.count(KEPT) or done.unreachable:
@@ -165,7 +212,8 @@ class Drain:
                 continue
             backoff = 0.0
             while not stop.wait(poll_s) and not (done.busy or done.other) and _mtime(self.folder) == mtime:
-                pass
+                if done.waiting and time.monotonic() - looked >= WAITING_POLL_S:  # a rank may have gone
+                    break
 
     # -- one entry -------------------------------------------------------------------------------------
 
@@ -184,7 +232,9 @@ class Drain:
             self._outcome(done, on_outcome, Outcome(held.path, CUT, why))
             return None
         if state == entries.ENDING:
-            self._end(held.path, done, on_outcome)
+            ended = end_when_due(self, held.path, done, on_outcome)
+            if ended is not None:
+                self._outcome(done, on_outcome, Outcome(held.path, ENDED, run=ended))
             return None
         if state == entries.QUEUED:
             try:
@@ -200,78 +250,15 @@ class Drain:
         except DamagedRecord as damage:
             self._damaged(held.path, str(damage), done, on_outcome)
             return None
+        if nothing_to_send(delivery):  # a rank's cycle whose summary went to its node's file: no request
+            entries.remove(held.path)
+            self._outcome(done, on_outcome, Outcome(held.path, DELIVERED, "", delivery, run))
+            return None
         if self.courier.server(run) in done.unreachable:
             self._outcome(done, on_outcome, Outcome(held.path, KEPT, done.unreachable[self.courier.server(run)], delivery,
                                                     run, unreachable=True))  # fmt: skip
             return None
         return _Ready(held, delivery, run)
-
-    def _prepare_entry(self, entry: Path, done: Pass, on_outcome) -> bool:
-        try:
-            data = entries.read_json(entry / JOB)
-            job = CycleJob.from_entry(data["job"], entry)
-            job.source = self.memory.pop(entry, None) or job.source
-            run, settings = RunRef(**data["run"]), dict(data["preparer"])
-            problems = [tuple(p) for p in data.get("problems", ())]
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            self._damaged(entry, f"its {JOB} cannot be read ({type(error).__name__}: {error})", done, on_outcome)
-            return False
-        self.prepare(entry, job, run, settings, problems)
-        return True
-
-    def prepare(self, entry: Path, job: CycleJob, run: RunRef, settings: dict, problems=()) -> None:
-        """Turns a held entry's job into its record (queued -> prepared): the cycle read, its files
-        written into `files/`, record.json sealed, job.json removed. The op keys of a run are shared
-        by every process that prepares its cycles (`.keys-<run>.json` in the outbox)."""
-        from .._record.prepare import Preparer
-
-        key = (_key(run), tuple(sorted(settings.items())))
-        preparer = self._preparers.get(key)
-        if preparer is None:
-            preparer = self._preparers[key] = Preparer(self.reporter, **settings)
-        keys_file = self.outbox / f".keys-{run.run_key or run.run_id or 'none'}.json"
-        with entries.store_lock(self.outbox), contextlib.suppress(OSError, ValueError):
-            self._state.take(keys_file, preparer.absorb)
-        job.tried = (entry / TRIED).exists()
-        delivery = preparer.prepare(job)
-        with entries.store_lock(self.outbox):  # the run's summary: after what others wrote, before they write again
-            delivery = self._state.put(keys_file, preparer.absorb, preparer.export,
-                                       partial(preparer.with_run_summary, delivery))  # fmt: skip
-        self.last_profile = preparer.last_profile or self.last_profile
-        _outbox.write_record(entry, delivery, run, copy_max_bytes=self.copy_max_bytes, files_dir=FILES, skip=(JOB, END))
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(entry / JOB)
-        for kind, message in [*problems, *job.problems]:
-            self.reporter.problem(kind, message)
-
-    def _end(self, entry: Path, done: Pass, on_outcome) -> None:
-        """Ends the run an end entry names once no earlier cycle of it is left in the queue."""
-        try:
-            run = RunRef(**entries.read_json(entry / END)["run"])
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            self._damaged(entry, f"its {END} cannot be read ({error})", done, on_outcome)
-            return
-        earlier = [e for e in entries.listed(self.folder) if e.name < entry.name and _outbox.run_key_of(e) == run.run_key]
-        if earlier:  # delivered, or kept, by this drain or another: ended on a later pass
-            done.busy += 1
-            return
-        logger = None
-        try:
-            logger = self.courier.logger(run, create=False)
-            if logger.run.run_id is not None:
-                from mlflow.entities import RunStatus
-
-                if logger.client.get_run(logger.run.run_id).info.status == RunStatus.to_string(RunStatus.RUNNING):
-                    logger.end_run()
-                    self.courier.wrote = True
-        except Exception as error:  # noqa: BLE001 - classified: kept unless the run is gone for good
-            if not is_permanent(error):
-                self._kept(entry, error, done, on_outcome, run=run)
-                return
-        with contextlib.suppress(OSError):  # the run's id stays for its callback to read (`Producer.run_id`)
-            os.unlink(self.outbox / f".keys-{run.run_key}.json")
-        entries.remove(entry)
-        self._outcome(done, on_outcome, Outcome(entry, ENDED, run=logger.run if logger is not None else run))
 
     # -- delivery and settling ------------------------------------------------------------------------
 
@@ -365,11 +352,6 @@ class Drain:
         done.outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)
-
-
-def _key(run: RunRef) -> str:
-    """Runs are told apart for batching by server and run; a URI's credentials do not count."""
-    return f"{_outbox.without_credentials(run.tracking_uri)}|{run.run_id}|{run.run_key}"
 
 
 def _unreachable_why(error: BaseException, uri: str) -> str:

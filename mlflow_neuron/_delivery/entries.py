@@ -82,15 +82,18 @@ class Held:
         return self.path.name
 
 
-def create(outbox: Path) -> Held:
+def create(outbox: Path, after: str | None = None) -> Held:
     """A new entry, held by this process until `release()`; raises OSError when the outbox
-    cannot be written, OutboxRefused when it is not this user's private folder.
+    cannot be written, OutboxRefused when it is not this user's private folder. `after`: an
+    entry's name, which the new one follows in the queue's order (a node's file of the cycle
+    that entry began).
 
     Made under a hidden name, locked, then renamed into the queue: a consumer that lists it finds
     it held already (an entry visible before its lock was taken would be taken for cut short by a
     consumer that came between; the lock follows the folder through the rename). A process that
     dies before the rename leaves an empty hidden folder, which `remove_if_idle` clears."""
     name = f"{time.time_ns():020d}-{os.getpid()}-{next(_sequence):06d}"
+    name = f"{after}.{name}" if after else name
     folder = _outbox.private_folder(outbox)
     new = folder / f".{name}{_NEW}"
     (new / FILES).mkdir(parents=True, mode=0o700)

@@ -323,6 +323,14 @@ def sent_files(delivery: Delivery, vanished: list[str] = ()) -> dict[str, int]:
     return files
 
 
+def nothing_to_send(d: Delivery) -> bool:
+    """Whether a delivery holds nothing for the server (a rank's cycle whose summary went to its
+    node's file, `node_parts`): it is settled without a request."""
+    if d.metrics or d.tags or d.params or d.uploads or d.table or d.series or d.timeline or d.summary or d.placed:
+        return False
+    return not (d.files_dir and any(p.is_file() for p in Path(d.files_dir).rglob("*")))
+
+
 def human_size(count: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if count < 1024 or unit == "GiB":

@@ -27,7 +27,7 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from . import closing, entries
+from . import closing, entries, node_parts
 from .closing import HeldUnreachable
 from . import outbox as _outbox
 from .drain import BUSY, DELIVERED, SETTLED, Drain, Pass
@@ -41,7 +41,7 @@ PROGRESS_AFTER_S = 2.0  # a wait longer than this prints one progress line on st
 class Producer:
     def __init__(self, run: RunRef, reporter, *, preparer: dict, outbox: str | os.PathLike, helper: bool,
                  background: bool = True, retries: int = 2, retry_wait_s: float = 0.5,
-                 command: tuple[str, ...] | None = None) -> None:  # fmt: skip
+                 command: tuple[str, ...] | None = None, first: bool = True) -> None:  # fmt: skip
         self.run = run  # with its credentials: in memory only
         self.reporter = reporter
         self.unreachable = HeldUnreachable(reporter)  # what the drains and the helper report through
@@ -63,6 +63,13 @@ class Producer:
         self._stop = threading.Event()
         self._worker: threading.Thread | None = None
         self._last: Pass | None = None  # the latest pass this process made
+        # While it lives, its node's files wait for this rank's part of each cycle (`node_parts`).
+        self.parts_area = node_parts.area_name(run)  # named now: every rank of the job names the same
+        self.presence = node_parts.Presence(self.outbox, self.parts_area, int(preparer.get("rank") or 0))
+        self._closing: float | None = None  # when close() began: it also waits for its node's files
+        # Its node's first local rank: its drain sends every rank's entries, where the others' send
+        # only their own while a helper follows the outbox (an extra rank costs no requests of its own).
+        self.first = first
         if self.helper is not None:
             self.helper.ensure()  # now: its imports take a second or two, before the first cycle
 
@@ -135,9 +142,11 @@ class Producer:
         run = {**asdict(self.run), "tracking_uri": _outbox.without_credentials(self.run.tracking_uri)}
         if job.portable:
             entries.write_json(held.path / JOB, {"format": entries.FORMAT, "run": run, "preparer": self.preparer,
-                                                 "job": job.to_entry(held.path), "problems": job.problems})  # fmt: skip
+                                                 "job": job.to_entry(held.path), "problems": job.problems,
+                                                 "parts": self.parts_area})  # fmt: skip
         else:
-            self._drain_for(held.path.parent).prepare(held.path, job, RunRef(**run), self.preparer)
+            self._drain_for(held.path.parent).prepare(held.path, job, RunRef(**run), self.preparer,
+                                                      parts=self.parts_area)  # fmt: skip
 
     def _drain_for(self, folder: Path) -> Drain:
         if folder not in self.drains:
@@ -198,6 +207,23 @@ class Producer:
     def _unsettled(self) -> list[tuple[Path, int | None]]:
         return [(entry, step) for entry, step, state in self._states() if state in _QUEUE]
 
+    def node_files_left(self) -> list[int]:
+        """At close: the cycles of this run whose node files it waits for (`node_parts.left_at_close`)."""
+        if self._closing is None:
+            return []
+        return node_parts.left_at_close(self.outbox, self.parts_area, self.first, self._closing)
+
+    def _sends(self, folder: Path):
+        """Which entries this process's drain sends: all, or (not its node's first local rank,
+        beside a helper) its own."""
+        if self.first or not entries.helper_running(folder):
+            return None
+        mine = {entry.name for entry, _ in self.mine}
+        return lambda entry: entry.name in mine
+
+    def _outstanding(self) -> bool:
+        return bool(self._unsettled() or self.node_files_left())
+
     # -- waiting ----------------------------------------------------------------------------------------
 
     def flush(self, timeout: float | None = None, *, progress: bool = False) -> bool:
@@ -207,7 +233,7 @@ class Producer:
         deadline = None if timeout is None else started + timeout
         said = not progress
         self._last = None
-        while self._unsettled() and not self._stop.is_set():  # once closed, nothing here drains: no wait
+        while self._outstanding() and not self._stop.is_set():  # once closed, nothing here drains: no wait
             if self._unreachable():
                 break
             left = None if deadline is None else deadline - time.monotonic()
@@ -227,7 +253,7 @@ class Producer:
                 self._cond.wait(0.05 if left is None else min(left, 0.05))
         self._say_refusals()
         self.raise_errors()
-        return not self._unsettled()
+        return not self._outstanding()
 
     def close(self, timeout: float | None, *, end_run: bool) -> None:
         """Stops the helper, queues the run's end (`end_run`: a run the callback created, ended once
@@ -237,15 +263,20 @@ class Producer:
             self.helper.stop(STOP_WAIT_S if timeout is None else min(max(timeout, 0.1), STOP_WAIT_S))
         if end_run and (self.mine or self.run.run_id):
             self._queue_end()
+        self.presence.leave()  # every cycle of this rank is queued: its node's files stop waiting for it
+        self._closing = time.monotonic()
         self.flush(None if timeout is None else max(timeout - (time.monotonic() - started), 0.0), progress=True)
         self._stop.set()
+        if self._worker is not None:  # its pass ends at the next entry: the process's exit never cuts a write (pyarrow's)
+            self._worker.join(STOP_WAIT_S if timeout is None else min(STOP_WAIT_S, max(timeout - (time.monotonic() - started), 0)))
         for drain in self.drains.values():
             drain.memory.clear()  # what is left is read from its entry by whoever drains it next
         self._say_left()  # names the server found dead, where it was, as the reason: one warning
         self.unreachable.release(say=False)
         self.say_refused()
         self._learn_run_id()  # before the run's id file goes with the outbox
-        if not self._unsettled():
+        if not self._outstanding():
+            node_parts.tidy(self.outbox, self.parts_area)
             for folder in self.drains:
                 entries.remove_if_idle(folder)
         self.raise_errors()
@@ -271,9 +302,9 @@ class Producer:
             self._worker.start()
 
     def _work(self, deadline: float | None) -> None:
-        while self._unsettled() and not self._stop.is_set():
+        while self._outstanding() and not self._stop.is_set():
             done = self._drain_here(deadline)
-            if done is None or not (_progress(done) or done.busy or done.other):
+            if done is None or not (_progress(done) or done.busy or done.other or done.waiting):
                 return
             if not _progress(done):
                 time.sleep(0.05)  # a training thread writes an entry, or another consumer drains: look again shortly
@@ -284,7 +315,7 @@ class Producer:
         done = Pass()
         try:
             for folder in {entry.parent for entry, _ in self._unsettled()} or {self.outbox}:
-                _merge(done, self._drain_for(folder).once(stop=self._stop, deadline=deadline))
+                _merge(done, self._drain_for(folder).once(stop=self._stop, deadline=deadline, sends=self._sends(folder)))
         except BaseException as error:  # noqa: BLE001 - strict mode: raised on the training thread
             self.errors.append(error)
             return None
@@ -360,6 +391,7 @@ def _move_paths(job: CycleJob, old: Path, new: Path) -> None:
 def _merge(into: Pass, one: Pass) -> None:
     into.outcomes += one.outcomes
     into.busy += one.busy
+    into.waiting += one.waiting
     into.other = into.other or one.other
     into.unreachable.update(one.unreachable)
 

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import entries, outbox
+from . import entries, node_parts, outbox
 from .drain import BUSY, CUT, DAMAGED, DELIVERED, ENDED, KEPT, REJECTED, Drain, Outcome
 from .outbox import human_size
 from .report import RedactingStream
@@ -89,13 +89,15 @@ def _sync_held(folder: str, tracking_uri: str | None, out, err, result: SyncResu
         if retry_damaged:
             for record in outbox.damaged(folder):
                 outbox.restore(record)
-        total[0] = sum(entries.state(entry) != entries.ENDING for entry in entries.listed(drain.folder))
+        total[0] = sum(entries.state(entry) != entries.ENDING and not node_parts.is_node_entry(entry)
+                       for entry in entries.listed(drain.folder))  # fmt: skip
 
     def say(done: Outcome) -> None:
-        if done.state != ENDED:
+        counted = done.state != ENDED and not node_parts.is_node_entry(done.entry)  # a node's file: said, not counted
+        if counted:
             seen.append(done)
-        _say(done, f"[{len(seen)}/{total[0]}] {done.entry.name}" if done.state != ENDED else done.entry.name, folder,
-             result, out, err)  # fmt: skip
+        _say(done, f"[{len(seen)}/{total[0]}] {done.entry.name}" if counted else done.entry.name, folder, result, out,
+             err)  # fmt: skip
 
     if drain.once(on_outcome=say, wait_s=BUSY_WAIT_S, before=first).other:
         lock = Path(folder) / entries.CONSUMER_LOCK
@@ -105,7 +107,10 @@ def _sync_held(folder: str, tracking_uri: str | None, out, err, result: SyncResu
 
 
 def _say(done: Outcome, prefix: str, folder: str, result: SyncResult, out, err) -> None:
-    if done.state == DELIVERED:
+    if done.state == DELIVERED and node_parts.is_node_entry(done.entry):
+        print(f"{prefix}: the rank summaries of step {done.delivery.step}, in their node's file -> run "
+              f"{done.run.run_id} at {done.run.tracking_uri}", file=out, flush=True)  # fmt: skip
+    elif done.state == DELIVERED:
         result.delivered += 1
         note = f" ({len(done.vanished)} file(s) had disappeared)" if done.vanished else ""
         print(f"{prefix}: step {done.delivery.step} -> run {done.run.run_id} at {done.run.tracking_uri}: "

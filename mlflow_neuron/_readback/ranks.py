@@ -5,29 +5,32 @@ Example::
     ranks = read_ranks(run_id, tracking_uri)          # every rank's summary of every cycle
     report = ranks.report                             # `_analysis.ranks.analysis.analyze`: waits, straggler
 
-Each rank of a job uploads one small JSON file per profiled cycle,
-`profiler/ranks/rank_<r>/cycle_<step>.json` (the format is in docs/ranks.md). Only a reader sees
-every rank, so the analysis happens here: the folder is downloaded at once (`download_folder`:
-its rank folders listed and their files fetched side by side), each file checked, and the
-summaries handed to `analyze` (once, when `report` is first asked for). A file that is not a rank summary of this format, or whose content
-disagrees with its name, is left out and named (`RankRead.notes`); it never stops the others.
-A run without the folder raises `NoRankSummaries` (a ValueError: the CLI's exit 2).
+The consumer of each node of a job uploads one Parquet file per profiled cycle holding every local
+rank's summary, `profiler/ranks/node_<host>/cycle_<step>_rank_<first>.parquet`; runs logged
+before (and `ingest`) hold one JSON file per rank per cycle, `profiler/ranks/rank_<r>/cycle_<step>.json`
+(the formats are in docs/ranks.md). Only a reader sees every rank, so the analysis happens here: the
+folder is downloaded at once (`download_folder`: its node and rank folders listed and their files
+fetched side by side), each file checked (`rank_files`), and the summaries and their collectives,
+one table, handed to `analyze` (once, when `report` is first asked for). A file that is not a rank
+summary or node file of a format read here, or whose content disagrees with its name, is left out
+and named (`RankRead.notes`); it never stops the others. A run without the folder raises
+`NoRankSummaries` (a ValueError: the CLI's exit 2).
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from .rank_files import parse_folder
 from .runs import RunNotFound
-from .._record.model import RANK_SUMMARY_NAME, RANKS_FOLDER, rank_summary_of
-from .._trace.collectives import FORMAT, VERSION, VERSIONS_READ
+from .._record.model import RANKS_FOLDER
 
 FETCHERS = 8  # requests at once: each a rank folder's listing or a file
 
@@ -38,10 +41,12 @@ class NoRankSummaries(ValueError):
 
 @dataclass
 class RankRead:
-    """What was read from one run: the summaries that passed the checks, and what did not."""
+    """What was read from one run: the summaries that passed the checks (without their
+    `collectives`), their collectives as one table (`frames.FRAME_COLUMNS`), and what did not pass."""
 
     run_id: str
     summaries: list[dict]
+    collectives: pd.DataFrame
     notes: list[str] = field(default_factory=list)  # files left out, and why
     cycles: list[int] = field(default_factory=list)
     _report: object = None
@@ -57,7 +62,7 @@ class RankRead:
         if self._report is None:
             from .._analysis.ranks.analysis import analyze
 
-            self._report = analyze(self.summaries, expected_world_size=self.world_size)
+            self._report = analyze(self.summaries, collectives=self.collectives, expected_world_size=self.world_size)
         return self._report
 
     @property
@@ -84,16 +89,17 @@ def read_run(client: MlflowClient, run, step: int | None = None) -> RankRead:
         if folder is None:
             raise NoRankSummaries(f"run {run_id} has no rank summaries (no {RANKS_FOLDER}/ artifacts): it was profiled "
                                   "without them, by an older mlflow-neuron or from elsewhere")  # fmt: skip
-        summaries, notes = parse_folder(folder)
+        summaries, collectives, notes = parse_folder(folder)
     cycles = sorted({s["cycle_step"] for s in summaries})
     if step is not None:
         if step not in cycles:
             raise NoRankSummaries(f"run {run_id} has no rank summaries at step {step}; steps that have: "
                                   f"{', '.join(map(str, cycles)) or 'none'}")  # fmt: skip
         summaries, cycles = [s for s in summaries if s["cycle_step"] == step], [step]
+        collectives = collectives[(collectives["cycle"] == step).to_numpy(bool)].reset_index(drop=True)
     if not summaries:
         raise NoRankSummaries(f"run {run_id} has no readable rank summaries: {'; '.join(notes)}")
-    return RankRead(run_id, summaries, notes, cycles)
+    return RankRead(run_id, summaries, collectives, notes, cycles)
 
 
 def _run(client: MlflowClient, run_id: str):
@@ -135,40 +141,3 @@ def _fetch(repo, path: str, dest: Path) -> None:
         repo.download_artifacts(path, str(dest))
     else:
         fetch(path, str(dest / path))
-
-
-def parse_folder(folder: Path) -> tuple[list[dict], list[str]]:
-    """The rank summaries under a downloaded `profiler/ranks/`, in (rank, cycle) order, and a note per
-    file left out."""
-    found, notes = [], []
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        name = path.relative_to(folder).as_posix()
-        summary, problem = _checked(path, name)
-        if problem:
-            notes.append(f"{RANKS_FOLDER}/{name} left out: {problem}")
-        else:
-            found.append(summary)
-    found.sort(key=lambda s: (s["rank"], s["cycle_step"]))
-    return found, notes
-
-
-def _checked(path: Path, name: str) -> tuple[dict | None, str | None]:
-    """(the summary, None), or (None, why it cannot be used)."""
-    named = rank_summary_of(name)
-    if named is None:
-        return None, f"not named {RANK_SUMMARY_NAME.format(rank='<r>', step='<step>')}"
-    try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        return None, f"not JSON ({error})"
-    if not isinstance(summary, dict) or summary.get("format") != FORMAT:
-        return None, f"not a rank summary (format is not {FORMAT!r})"
-    if summary.get("version") not in VERSIONS_READ:
-        return None, f"format version {summary.get('version')!r}, this mlflow-neuron reads {VERSION}"
-    rank, cycle = named
-    if summary.get("rank") != rank or summary.get("cycle_step") != cycle:
-        return None, (f"it says rank {summary.get('rank')!r}, cycle {summary.get('cycle_step')!r}; its name says "
-                      f"rank {rank}, cycle {cycle}")  # fmt: skip
-    if not isinstance(summary.get("steps"), list) or not isinstance(summary.get("collectives"), list):
-        return None, "no steps or collectives lists"
-    return summary, None

@@ -35,14 +35,24 @@ TIMELINE = "timeline.json"  # the cycle's span tree (`_trace.timeline.Timeline`)
 TRACE_SPANS = ".trace_spans.json"
 TRACE = "trace.json.gz"  # the framework trace, when no Neuron session folder holds one
 MANIFEST = "manifest.json"  # every file found, where it went, its checksum; NTFFs with their NEFFs
-# Every rank's compact summary of each cycle (`_trace.collectives`), one file per rank per cycle,
-# at this artifact path; in the cycle's files it lies as RANK_SUMMARY_FILE until it is sent.
+# Every rank's compact summary of each cycle (`_trace.collectives`). The callback sends one
+# columnar file per node per cycle, NODE_FILE (`node_file`: every local rank's summary of the
+# cycle), made by the node's consumer; `ingest`, and runs profiled before node files, one JSON file per
+# rank per cycle, RANK_SUMMARY. Readers read both. In a cycle's files the rank's own summary lies
+# as RANK_SUMMARY_FILE until it is sent (or handed to its node's file, `Delivery.rank_part`).
 RANKS_FOLDER = PROFILER_FOLDER + "/ranks"
 RANK_SUMMARY_NAME = "rank_{rank}/cycle_{step}.json"  # under RANKS_FOLDER
 RANK_SUMMARY = f"{RANKS_FOLDER}/{RANK_SUMMARY_NAME}"
 RANK_SUMMARY_FILE = "rank_summary.json"
+RANK_MANIFEST_FILE = "rank_manifest.json"  # a rank that uploads nothing: its manifest rides in its node's file
 _RANK_SUMMARY_RE = re.compile("^" + re.escape(RANK_SUMMARY_NAME).replace(re.escape("{rank}"), r"(\d+)")
                               .replace(re.escape("{step}"), r"(\d+)") + "$")  # fmt: skip
+# `<host>`: the node's host name (letters, digits, `.`, `-`, `_`; anything else `_`); `<first>`:
+# the lowest rank in the file, so that two outboxes on one host, or a rank's summary that came
+# after its node's file was sent, never overwrite another file of the same cycle.
+NODE_FILE_NAME = "node_{host}/cycle_{step}_rank_{first}.parquet"  # under RANKS_FOLDER
+NODE_FILE = f"{RANKS_FOLDER}/{NODE_FILE_NAME}"
+_NODE_FILE_RE = re.compile(r"^node_([A-Za-z0-9._-]+)/cycle_(\d+)_rank_(\d+)\.parquet$")
 # What `mlflow-neuron ranks --log-to` writes on a run: metrics, a tag, files under RANKS_LOGGED_FOLDER.
 RANKS_STRAGGLER_METRIC = "profiler/ranks/straggler"  # the straggler's rank; NO_STRAGGLER where none stands out
 RANKS_SKEW_METRIC = "profiler/ranks/step_time_skew_pct"
@@ -92,6 +102,17 @@ def rank_summary_of(name: str) -> tuple[int, int] | None:
     return (int(found.group(1)), int(found.group(2))) if found else None
 
 
+def node_file(host: str | None, step: int, first: int) -> str:
+    """The artifact path of a node's file of the cycle logged at `step` whose lowest rank is `first`."""
+    return NODE_FILE.format(host=re.sub(r"[^A-Za-z0-9._-]", "_", host or "") or "unknown", step=step, first=first)
+
+
+def node_file_of(name: str) -> tuple[str, int, int] | None:
+    """(host, step, lowest rank) of a path under RANKS_FOLDER named as NODE_FILE_NAME, or None."""
+    found = _NODE_FILE_RE.match(name)
+    return (found.group(1), int(found.group(2)), int(found.group(3))) if found else None
+
+
 @dataclass(frozen=True)
 class RunRef:
     """Which run a delivery belongs to. A run the callback creates itself is known, until it
@@ -127,3 +148,7 @@ class Delivery:
     summary_at: tuple[int, int] | None = None
     # (file in files_dir, its artifact path in the run): generated files logged outside artifact_dir
     placed: tuple[tuple[str, str], ...] = ()
+    # (summary file, manifest file or None) in files_dir: the rank's summary of the cycle, for its
+    # node's file (and, for a rank that uploads nothing, its manifest); the drain takes them out
+    # before the delivery is recorded (`_delivery.node_parts`), so no record holds it
+    rank_part: tuple[str, str | None] | None = None

@@ -27,7 +27,18 @@ from .._trace.profile import MISSING, PRESENT, CycleProfile
 from .._trace.summarize import CycleSettings, CycleSummary, empty_summary
 from .job import CycleJob
 from .keys import OpKeys
-from .model import DEVICE_TAG, DEVICE_TIME_TAG, KEY_AVERAGES, MANIFEST, OPS_TABLE, TIMELINE, TRACE, TRACE_SPANS, Delivery
+from .model import (
+    DEVICE_TAG,
+    DEVICE_TIME_TAG,
+    KEY_AVERAGES,
+    MANIFEST,
+    OPS_TABLE,
+    RANK_MANIFEST_FILE,
+    TIMELINE,
+    TRACE,
+    TRACE_SPANS,
+    Delivery,
+)
 from .record import (
     cycle_metrics,
     host_metrics,
@@ -44,12 +55,17 @@ from .trace_text import TraceDraft, TraceText
 
 
 class Preparer:
-    def __init__(self, reporter: Any, *, top_k: int, rank: int = 0, primary: bool = True, all_ranks: bool = False):
+    """`node_parts`: the rank summary is staged for its node's file (`Delivery.rank_part`, taken by
+    the drain: `_delivery.node_parts`), not placed at its own path (`ingest` places it)."""
+
+    def __init__(self, reporter: Any, *, top_k: int, rank: int = 0, primary: bool = True, all_ranks: bool = False,
+                 node_parts: bool = False):  # fmt: skip
         self.reporter = reporter
         self.top_k = top_k
         self.rank = rank
         self.primary = primary
         self.all_ranks = all_ranks
+        self.node_parts = node_parts
         self.keys = OpKeys()
         self.last_profile: CycleProfile | None = None
         self._device_time_seen = False
@@ -102,12 +118,18 @@ class Preparer:
         if self.primary:  # the keys carry no rank: one host's numbers per cycle
             metrics = {**metrics, **host_metrics(job.host)}
         placed = self._stage_trace(job, made)
-        (staged / MANIFEST).write_text(json.dumps(job.manifest, indent=2), encoding="utf-8")
+        part = None
+        if self.node_parts and placed:  # its node's file carries it; a rank sending nothing else, its manifest too
+            quiet = job.source is None and not job.uploads and not job.summary_sessions
+            part, placed = (placed[0][0], RANK_MANIFEST_FILE if quiet else None), ()
+        (staged / (RANK_MANIFEST_FILE if part and part[1] else MANIFEST)).write_text(json.dumps(job.manifest, indent=2),
+                                                                                     encoding="utf-8")  # fmt: skip
         explorer_metrics, version_tags = self._summary_metrics(job)
         return Delivery(
             step=job.step, timestamp_ms=job.timestamp_ms, artifact_dir=job.artifact_dir,
             metrics={**metrics, **explorer_metrics}, tags={**tags, **version_tags}, params=job.params, files_dir=str(staged),
             uploads=job.uploads, table=table, series=series, timeline=timeline, trace_spans=trace_spans, placed=placed,
+            rank_part=part,
         )  # fmt: skip
 
     def _numbers(self, job: CycleJob, rank: dict | None = None) -> tuple[CycleSummary, pd.DataFrame, dict, tuple, dict]:

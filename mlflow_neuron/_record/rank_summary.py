@@ -1,12 +1,13 @@
 """A cycle's rank summary: what every rank of a job sends, by default, about each profiled step.
 
-One small JSON file per rank per cycle (`_trace.collectives`' format: each step's time, its time in
-collectives, exposed communication, idle time, copies, and each collective's start and end), made
-off the training thread from the trace the training thread saved (in the same read as the cycle's
-numbers where the rank logs them: `one_pass`), and logged at
-`model.RANK_SUMMARY` in the job's one run. The trace of a rank that logs no metrics of its own
-serves this file only and is not uploaded, so each rank costs MLflow one small file a cycle.
-Reading the summaries back across ranks (waits, the straggler) is the read side's (`_readback.ranks`, `_analysis.ranks`).
+One small JSON document per rank per cycle (`_trace.collectives`' format: each step's time, its
+time in collectives, exposed communication, idle time, copies, and each collective's start and
+end), made off the training thread from the trace the training thread saved (in the same read as
+the cycle's numbers where the rank logs them: `one_pass`). The callback's drain hands it to its
+node's file (`Delivery.rank_part`; `_delivery.node_parts`, `node_file`: every local rank's summary
+of a cycle in one file); `ingest` logs it at `model.RANK_SUMMARY`. The trace of a rank that logs no
+metrics of its own serves this summary only and is not uploaded. Reading the summaries back across
+ranks (waits, the straggler) is the read side's (`_readback.ranks`, `_analysis.ranks`).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def one_pass(job: CycleJob, raw_trace: Path | None) -> dict | None:
 
 def write_rank_summary(job: CycleJob, raw_trace: Path | None, made=None) -> tuple[tuple[str, str], ...]:
     """Writes the job's rank summary into its staged folder; returns the `Delivery.placed` entry
-    that sends it, or () where the job asks for none or has no trace. `made`: the summary made in
+    that sends it at its own path (which `Preparer(node_parts=True)` turns into the delivery's
+    `rank_part`), or () where the job asks for none or has no trace. `made`: the summary made in
     the cycle's own read (`one_pass`), or the error that read gave it; None: read its trace now. A
     trace that cannot be summarized is one of the job's problems, reported when it is sent; the
     rest of the cycle goes as it is."""
