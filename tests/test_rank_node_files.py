@@ -211,11 +211,11 @@ def _summary_v2(rank: int, cycle: int) -> dict:
 
 
 def test_a_node_file_holds_the_summaries_and_their_collectives_as_the_analysis_reads_them(tmp_path):
-    assert node_file.COLLECTIVE_COLUMNS == FRAME_COLUMNS
     summaries = [_summary_v2(0, 6), _summary_v2(1, 6)]
     node_file.write([{"summary": s, "manifest": {"rank": s["rank"]}} for s in summaries], tmp_path / "n.parquet",
                     host="h", cycle_step=6)  # fmt: skip
     read, frame = node_file.read(tmp_path / "n.parquet")
+    assert frame.columns.tolist() == FRAME_COLUMNS  # the analysis's table, as it is
     assert read == [{k: v for k, v in s.items() if k not in ("collectives", "member_sets")} for s in summaries]
     expected = collectives_frame(summaries)
     assert frame["members"].tolist() == expected["members"].tolist() == [(0, 1), None, (0, 1), None]
@@ -223,6 +223,28 @@ def test_a_node_file_holds_the_summaries_and_their_collectives_as_the_analysis_r
                                   expected.drop(columns="members").astype(object).where(expected.notna(), None),
                                   check_dtype=False)  # fmt: skip
 
+
+
+def test_a_gloo_job_read_from_its_node_files_gives_the_same_report_as_its_summaries(tmp_path):
+    """Two nodes of two ranks each: read back as one table (a worker thread's id and a peer index
+    with gaps come as floats; beside an all-null column, as floats in an object column), the
+    collectives are placed in their groups as from the summaries themselves."""
+    from test_ranks_3d import gloo_job
+
+    from mlflow_neuron._analysis.ranks.analysis import analyze
+    from mlflow_neuron._readback.rank_files import parse_folder
+
+    summaries = gloo_job("gloo_3d_slow")
+    (tmp_path / "node_h").mkdir()
+    for first in (0, 2):
+        node_file.write([{"summary": s, "manifest": None} for s in summaries[first:first + 2]],
+                        tmp_path / "node_h" / f"cycle_8_rank_{first}.parquet", host="h", cycle_step=8)  # fmt: skip
+    read, table, notes = parse_folder(tmp_path)
+    assert notes == [] and len(read) == 4 and table["lane"].dtype.kind == "f"
+    from_lists = analyze(summaries)
+    assert from_lists.unmatched == [] and from_lists.straggler["rank"] == 2
+    for collectives in (table, table.astype({"lane": object, "peer_index": object})):
+        assert analyze(read, collectives=collectives).to_json() == from_lists.to_json()
 
 def _give(outbox: Path, area: str, rank: int, cycle: int, job: Job | None = None) -> None:
     """A rank's part of a cycle, handed over as the drain hands it (`node_parts.take`)."""

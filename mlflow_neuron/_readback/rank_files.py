@@ -4,7 +4,7 @@ cycle; `ingest` still logs these). Read only, no MLflow.
 
     summaries, collectives, notes = parse_folder(folder)
     # summaries: every rank summary without its "collectives", in (rank, cycle) order
-    # collectives: all their records as one table (`frames.FRAME_COLUMNS`; "rank" and "cycle" say whose)
+    # collectives: all their records as one table (`model.FRAME_COLUMNS`; "rank" and "cycle" say whose)
 
 Each file is checked: one that is not a rank summary or node file of a version read here, or whose
 content disagrees with its name, is left out and named in a note; a rank's cycle found twice is
@@ -14,14 +14,13 @@ read once. The others are read.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pandas as pd
 
-from .._analysis.ranks.frames import FRAME_COLUMNS, collectives_frame
+from .._analysis.ranks.frames import collectives_frame
 from .._record import node_file
-from .._record.model import NODE_FILE_NAME, RANK_SUMMARY_NAME, RANKS_FOLDER, node_file_of, rank_summary_of
+from .._record.model import FRAME_COLUMNS, NODE_FILE_NAME, RANK_SUMMARY_NAME, RANKS_FOLDER, node_file_of, rank_summary_of
 from .._trace.collectives import FORMAT, VERSION, VERSIONS_READ
 
 
@@ -51,25 +50,7 @@ def parse_folder(folder: Path) -> tuple[list[dict], pd.DataFrame, list[str]]:
     found.sort(key=lambda s: (s["rank"], s["cycle_step"]))
     frames = [f for f in frames if not f.empty]
     table = pd.concat(frames, ignore_index=True) if frames else collectives_frame([])
-    return found, _whole_numbers(table[FRAME_COLUMNS].copy()), notes
-
-
-_WHOLE = ("seq", "step", "bytes", "peer", "peer_index", "lane")
-
-
-def _whole_numbers(table: pd.DataFrame) -> pd.DataFrame:
-    """The integer columns that may be missing as the summaries hold them, int or None, not as
-    pandas' floats (`lanes.place` takes a worker thread's id only as an int)."""
-    for name in _WHOLE:
-        if table[name].dtype.kind in "fO":
-            table[name] = pd.Series([_whole(v) for v in table[name].tolist()], index=table.index, dtype=object)
-    return table
-
-
-def _whole(value):
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    return int(value) if isinstance(value, float) and value.is_integer() else value
+    return found, table[FRAME_COLUMNS], notes
 
 
 def _read(path: Path, name: str) -> tuple[list[dict], pd.DataFrame | None, str | None]:

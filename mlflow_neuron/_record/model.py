@@ -53,6 +53,10 @@ _RANK_SUMMARY_RE = re.compile("^" + re.escape(RANK_SUMMARY_NAME).replace(re.esca
 NODE_FILE_NAME = "node_{host}/cycle_{step}_rank_{first}.parquet"  # under RANKS_FOLDER
 NODE_FILE = f"{RANKS_FOLDER}/{NODE_FILE_NAME}"
 _NODE_FILE_RE = re.compile(r"^node_([A-Za-z0-9._-]+)/cycle_(\d+)_rank_(\d+)\.parquet$")
+# Every rank's collectives as one table, a row per record ("rank" and "cycle" say whose): the
+# columns of a node file's table (`node_file`) and of the read side's table (`_analysis.ranks.frames`).
+FRAME_COLUMNS = ["rank", "cycle", "name", "group", "members", "desc", "seq", "step", "start_us", "end_us", "bytes",
+                 "peer", "peer_index", "lane"]  # fmt: skip
 # What `mlflow-neuron ranks --log-to` writes on a run: metrics, a tag, files under RANKS_LOGGED_FOLDER.
 RANKS_STRAGGLER_METRIC = "profiler/ranks/straggler"  # the straggler's rank; NO_STRAGGLER where none stands out
 RANKS_SKEW_METRIC = "profiler/ranks/step_time_skew_pct"

@@ -1,6 +1,6 @@
 """A node's file: every local rank's summary of one cycle in one Parquet file (`model.NODE_FILE`).
 
-    the table: one row per collective record of every rank in the file, COLLECTIVE_COLUMNS
+    the table: one row per collective record of every rank in the file, `model.FRAME_COLUMNS`
         rank, cycle, name, group, members (its group's global ranks, or null), desc, seq, step,
         start_us, end_us, bytes, peer, peer_index, lane
     its key-value metadata, METADATA_KEY: one JSON text
@@ -22,12 +22,11 @@ import math
 from pathlib import Path
 
 from .._trace.json_text import dumps, parse
+from .model import FRAME_COLUMNS
 
 NODE_FORMAT = "mlflow-neuron/node-ranks"
 NODE_VERSION = 1
 METADATA_KEY = b"mlflow_neuron.ranks"
-COLLECTIVE_COLUMNS = ["rank", "cycle", "name", "group", "members", "desc", "seq", "step", "start_us", "end_us",
-                      "bytes", "peer", "peer_index", "lane"]  # fmt: skip
 _INTS = ("rank", "cycle", "seq", "step", "bytes", "peer", "peer_index")
 _FLOATS = ("start_us", "end_us")
 _TEXTS = ("name", "group", "desc")
@@ -39,7 +38,7 @@ def write(ranks: list[dict], path: str | Path, *, host: str | None, cycle_step: 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    columns: dict[str, list] = {name: [] for name in COLLECTIVE_COLUMNS}
+    columns: dict[str, list] = {name: [] for name in FRAME_COLUMNS}
     kept = []
     for part in ranks:
         summary = dict(part["summary"])
@@ -48,7 +47,7 @@ def write(ranks: list[dict], path: str | Path, *, host: str | None, cycle_step: 
         cycle = summary.get("cycle_step") if isinstance(summary.get("cycle_step"), int) else cycle_step
         columns["rank"] += [summary.get("rank")] * len(records)
         columns["cycle"] += [cycle] * len(records)
-        for name in COLLECTIVE_COLUMNS[2:]:
+        for name in FRAME_COLUMNS[2:]:
             columns[name] += [_members(r.get(name), sets) if name == "members" else r.get(name) for r in records]
         kept.append({"summary": summary, "manifest": part.get("manifest")})
     arrays = {name: pa.array([_int(v) for v in columns[name]], pa.int64()) for name in _INTS}
@@ -58,14 +57,14 @@ def write(ranks: list[dict], path: str | Path, *, host: str | None, cycle_step: 
     arrays["members"] = pa.array(columns["members"], pa.list_(pa.int64()))
     arrays["lane"] = _lanes(columns["lane"])
     meta = {"format": NODE_FORMAT, "version": NODE_VERSION, "host": host, "cycle_step": cycle_step, "ranks": kept}
-    table = pa.table([arrays[name] for name in COLLECTIVE_COLUMNS], names=COLLECTIVE_COLUMNS)
+    table = pa.table([arrays[name] for name in FRAME_COLUMNS], names=FRAME_COLUMNS)
     table = table.replace_schema_metadata({METADATA_KEY: dumps(meta)})  # a NaN stays NaN, as in a rank's JSON
     pq.write_table(table, str(path), compression="zstd")
 
 
 def read(path: str | Path):
     """(the rank summaries, without `collectives`, in the file's order; their collectives as one
-    DataFrame of COLLECTIVE_COLUMNS, `members` as tuples or None). ValueError saying why for a
+    DataFrame of FRAME_COLUMNS, `members` as tuples or None). ValueError saying why for a
     file that is not a node's file of this version."""
     import pyarrow.parquet as pq
 
@@ -84,12 +83,12 @@ def read(path: str | Path):
         raise ValueError(f"not a node's file (format is not {NODE_FORMAT!r})")
     if meta.get("version") != NODE_VERSION:
         raise ValueError(f"node file version {meta.get('version')!r}, this mlflow-neuron reads {NODE_VERSION}")
-    missing = [name for name in COLLECTIVE_COLUMNS if name not in table.column_names]
+    missing = [name for name in FRAME_COLUMNS if name not in table.column_names]
     ranks = meta.get("ranks")
     if missing or not isinstance(ranks, list) or not all(isinstance(r, dict) and isinstance(r.get("summary"), dict)
                                                          for r in ranks):  # fmt: skip
         raise ValueError(f"its columns or rank list are not a node's file's (missing: {', '.join(missing) or 'none'})")
-    frame = table.select(COLLECTIVE_COLUMNS).to_pandas()
+    frame = table.select(FRAME_COLUMNS).to_pandas()
     frame["members"] = [None if m is None else tuple(int(x) for x in m) for m in frame["members"]]
     return [r["summary"] for r in ranks], frame
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-FRAME_COLUMNS = ["rank", "cycle", "name", "group", "members", "desc", "seq", "step", "start_us", "end_us", "bytes",
-                 "peer", "peer_index", "lane"]  # fmt: skip
+from ..._record.model import FRAME_COLUMNS  # a node file's columns: this table, as it is logged
 _FIELDS = FRAME_COLUMNS[2:]
 
 
@@ -62,9 +61,10 @@ def needs_placing(table: pd.DataFrame) -> bool:
 def with_collectives(by_rank: dict[int, list[dict]], table: pd.DataFrame) -> dict[int, list[dict]]:
     """The summaries with their `collectives` lists made from the table's rows (by rank and cycle)."""
     columns = {name: [None if _missing(v) else v for v in table[name].tolist()] for name in table.columns}
-    for name, values in columns.items():  # a column of ints with gaps comes as floats: ints again
-        if table[name].dtype.kind == "f" and all(v is None or float(v).is_integer() for v in values):
-            columns[name] = [None if v is None else int(v) for v in values]
+    for name, values in columns.items():  # ints with gaps (or beside an all-null column) come as floats: ints again
+        floats = [v for v in values if isinstance(v, float)]
+        if floats and all(v.is_integer() for v in floats):
+            columns[name] = [int(v) if isinstance(v, float) else v for v in values]
     lists: dict[tuple, list[dict]] = {}
     for values in zip(*columns.values()):
         record = dict(zip(columns, values))
