@@ -303,3 +303,85 @@ def test_a_cycle_does_not_wait_for_a_rank_that_is_gone_or_past_it_nor_past_the_l
     assert [step for _, step in ready] == [6] and waiting == 1
     monkeypatch.setattr(node_parts, "NODE_WAIT_S", 0.0)  # a rank that lives on and never sends one: hung
     assert sorted(step for _, step in node_parts.due(outbox)[0]) == [6, 12]
+
+
+class _Killed(BaseException):
+    """The process that prepares an entry, ended there (a kill): nothing after it runs."""
+
+
+class _Preparer:
+    """`_record.prepare.Preparer` as the drain uses it, for rank 0's cycle 6: sent anyway (a
+    metric), its summary staged for its node's file while its trace is there to read."""
+
+    trace_left = True
+
+    def __init__(self, reporter, **settings) -> None:
+        self.last_profile = None
+
+    def absorb(self, data: dict) -> None:
+        pass
+
+    def export(self) -> dict:
+        return {}
+
+    def with_run_summary(self, delivery: Delivery) -> Delivery:
+        return delivery
+
+    def prepare(self, job) -> Delivery:
+        part = None
+        if _Preparer.trace_left:  # read once: a preparation read its trace and removed it
+            (job.staged_dir / RANK_SUMMARY_FILE).write_text(json.dumps(Job(world_size=4).cycle(6, range(4, 6))[0]))
+            part, _Preparer.trace_left = (RANK_SUMMARY_FILE, None), False
+        return Delivery(step=6, timestamp_ms=0, artifact_dir="profiler/step_6", files_dir=str(job.staged_dir),
+                        metrics={"profiler/step_time_us": 1.0}, rank_part=part)  # fmt: skip
+
+
+def _node_summaries(outbox: Path, entry: Path) -> dict[str, list[int]]:
+    """{artifact path: its ranks} of every node file of the outbox: in the entry's record, and in
+    the node entries its parts still make."""
+    files = {}
+    for ready, step in node_parts.due(outbox)[0]:
+        node_parts.make_entry(outbox, ready, step, outbox_records.DEFAULT_COPY_MAX_BYTES)
+    for each in entries.listed(outbox):
+        delivery, _ = outbox_records.load(each)
+        for name, artifact in delivery.placed:
+            files[artifact] = [s["rank"] for s in node_file.read(Path(delivery.files_dir) / name)[0]]
+    return files
+
+
+def test_a_drain_killed_after_its_cycle_took_the_node_s_file_loses_none_of_the_other_ranks_summaries(node,
+                                                                                                    monkeypatch):
+    """Rank 0's part completes cycle 6 and its node's file rides in rank 0's entry; the drain
+    preparing it is killed before the entry's record is written. The next drain prepares it again
+    (its trace read already: no summary of its own now): every rank's summary of the cycle is
+    still sent, in one file, and nothing is sent at a path of the cycle's own."""
+    from types import SimpleNamespace
+
+    from mlflow_neuron._delivery import preparing
+    from mlflow_neuron._delivery.drain import Drain
+    from mlflow_neuron._record import prepare
+
+    outbox, _ = node
+    for rank in (1, 2, 3):
+        _give(outbox, "run1", rank, 6)
+    monkeypatch.setattr(prepare, "Preparer", _Preparer)
+    monkeypatch.setattr(_Preparer, "trace_left", True)
+    held = entries.create(outbox)
+    job = SimpleNamespace(staged_dir=held.path / "files", problems=[])
+    drain = Drain(outbox, SimpleNamespace(problem=lambda *args: None))
+    write_record = outbox_records.write_record
+
+    def killed(*args, **kwargs):
+        raise _Killed()
+
+    monkeypatch.setattr(preparing._outbox, "write_record", killed)
+    with pytest.raises(_Killed):
+        drain.prepare(held.path, job, RunRef("http://x", "run1"), {"top_k": 1}, parts="run1")
+    monkeypatch.setattr(preparing._outbox, "write_record", write_record)
+    Drain(outbox, SimpleNamespace(problem=lambda *args: None)).prepare(held.path, job, RunRef("http://x", "run1"),
+                                                                       {"top_k": 1}, parts="run1")  # fmt: skip
+    held.release()
+    assert _node_summaries(outbox, held.path) == {"profiler/ranks/node_ip-10-0-0-0/cycle_6_rank_0.parquet": [0, 1, 2, 3]}
+    delivery, _ = outbox_records.load(held.path)
+    assert not list(Path(delivery.files_dir).iterdir())  # no node file left at profiler/step_6/
+

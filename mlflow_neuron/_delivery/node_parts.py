@@ -28,7 +28,9 @@ named by its lowest rank, so it never overwrites the first. The node entry is na
 cycle's earliest entry, so a run's end (`end.json`, which waits for the run's earlier entries)
 waits for it. Everything here runs under the outbox's consumer lock (one drain at a time); a part
 is written whole (renamed in) before the entry that gave it is recorded, so a drain that dies
-between the two prepares the entry again and writes the same part.
+between the two prepares the entry again and writes the same part. The parts a node file holds
+are removed only once the record that sends it is written (a drain killed before that leaves them
+for the next, which makes the file again; one killed right after, the same file at the same path).
 """
 
 from __future__ import annotations
@@ -253,17 +255,30 @@ def make_entry(outbox: Path, folder: Path, cycle: int, copy_max_bytes: int) -> P
     return held.path
 
 
-def ride_along(delivery: Delivery, folder: Path) -> Delivery:
+def ride_along(delivery: Delivery, folder: Path) -> tuple[Delivery, list[Path]]:
     """`delivery` (a rank's cycle that is sent anyway, not yet recorded) with its cycle's node file
-    among its files, where the cycle's parts are all in now (`due`): one entry instead of two."""
+    among its files, where the cycle's parts are all in now (`due`): one entry instead of two; and
+    the parts it holds, to be removed (`carried`) once the record that sends it is written."""
     if not due(folder.parent, folder, delivery.step)[0]:
-        return delivery
+        return delivery, []
     parts, read = _parts_of(folder, delivery.step)
-    if not parts or not delivery.files_dir or Path(delivery.files_dir, NODE_FILE).exists():
-        return delivery
+    if not parts or not delivery.files_dir:
+        return delivery, []
     placed = _write(parts, Path(delivery.files_dir, NODE_FILE), delivery.step)
-    _remove(read)
-    return replace(delivery, placed=(*delivery.placed, placed))
+    return replace(delivery, placed=(*delivery.placed, placed)), read
+
+
+def carried(parts: list[Path]) -> None:
+    """The parts a node file holds, removed once the record that sends it is written: a drain
+    killed before that leaves them, and the entry, for the next (which writes the file again)."""
+    _remove(parts)
+
+
+def unrecorded(files: Path) -> None:
+    """Removes a node file from an entry whose record is not written yet (a drain killed while
+    preparing it): its parts are still in their area, and the entry is prepared again."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(files / NODE_FILE)
 
 
 def _parts_of(folder: Path, cycle: int) -> tuple[list[tuple[dict, RunRef]], list[Path]]:

@@ -51,19 +51,22 @@ class Preparing:
         with entries.store_lock(self.outbox), contextlib.suppress(OSError, ValueError):
             self._state.take(keys_file, preparer.absorb)
         job.tried = (entry / TRIED).exists()
+        node_parts.unrecorded(entry / FILES)
         delivery = preparer.prepare(job)
         with entries.store_lock(self.outbox):  # the run's summary: after what others wrote, before they write again
             delivery = self._state.put(keys_file, preparer.absorb, preparer.export,
                                        partial(preparer.with_run_summary, delivery))  # fmt: skip
         self.last_profile = preparer.last_profile or self.last_profile
+        carried = []
         if delivery.rank_part is not None:  # into its node's parts, before the record: see `node_parts`
             folder = node_parts.run_folder(entry.parent, parts or node_parts.area_name(run))
             delivery = node_parts.take(entry, delivery, run, folder)
             if nothing_to_send(delivery):  # its node's file, when it can be made, is an entry of its own
                 self._parts.append((folder, delivery.step))
             else:  # sent anyway: where its part completes the cycle, the cycle's file goes with it
-                delivery = node_parts.ride_along(delivery, folder)
+                delivery, carried = node_parts.ride_along(delivery, folder)
         _outbox.write_record(entry, delivery, run, copy_max_bytes=self.copy_max_bytes, files_dir=FILES, skip=(JOB, END))
+        node_parts.carried(carried)  # its record sends them now
         with contextlib.suppress(FileNotFoundError):
             os.unlink(entry / JOB)
         for kind, message in [*problems, *job.problems]:
