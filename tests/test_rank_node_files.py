@@ -385,3 +385,32 @@ def test_a_drain_killed_after_its_cycle_took_the_node_s_file_loses_none_of_the_o
     delivery, _ = outbox_records.load(held.path)
     assert not list(Path(delivery.files_dir).iterdir())  # no node file left at profiler/step_6/
 
+
+def test_a_node_file_that_cannot_be_written_costs_nothing_else_and_is_said(node, monkeypatch):
+    """A rank's summary holds a number past 64 bits: rank 0's cycle, which would carry the node's
+    file, is prepared without it, and the drain says the file could not be made and keeps the parts
+    (it never raises into the process that drains: the helper, or a training process at close)."""
+    from types import SimpleNamespace
+
+    from mlflow_neuron._delivery.drain import Drain
+    from mlflow_neuron._record import prepare
+
+    outbox, _ = node
+    for rank in (1, 2, 3):
+        _give(outbox, "run1", rank, 6)
+    part = node_parts.run_folder(outbox, "run1") / "cycle_6" / "rank_3.json"
+    data = json.loads(part.read_text())
+    data["summary"]["collectives"][0]["bytes"] = 2**64
+    part.write_text(json.dumps(data))
+    monkeypatch.setattr(prepare, "Preparer", _Preparer)
+    monkeypatch.setattr(_Preparer, "trace_left", True)
+    said = []
+    drain = Drain(outbox, SimpleNamespace(problem=lambda kind, message, error=None: said.append((kind, message))))
+    held = entries.create(outbox)
+    drain.prepare(held.path, SimpleNamespace(staged_dir=held.path / "files", problems=[]), RunRef("http://x", "run1"),
+                  {"top_k": 1}, parts="run1")  # fmt: skip
+    held.release()
+    assert outbox_records.load(held.path)[0].placed == ()  # its metrics go; the node's file is not with them
+    drain.once(sends=lambda entry: False)  # sends nothing: the file is made (or not) at the pass's start
+    assert {kind for kind, _ in said} == {"node_file"} and "step 6" in said[0][1], said  # the reporter says it once
+    assert node_parts.pending(outbox, "run1") == [6]  # kept: `sync` tries again, the closing warning names them

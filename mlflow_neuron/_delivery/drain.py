@@ -186,7 +186,7 @@ class Drain(Preparing):
             for run_folder, step in ready:
                 try:
                     entry = node_parts.make_entry(self.folder, run_folder, step, self.copy_max_bytes)
-                except (OSError, ValueError, TypeError, KeyError) as error:
+                except node_parts.UNWRITABLE as error:
                     self.reporter.problem("node_file", f"the rank summaries of step {step} could not be put in their "
                                           f"node's file ({type(error).__name__}: {error}); they stay in {run_folder}")
                     continue

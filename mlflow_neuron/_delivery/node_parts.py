@@ -54,6 +54,9 @@ NODE_WAIT_S = 60.0  # a cycle's file waits at most this long for a rank that liv
 # for the node files that other local ranks, still alive, have yet to complete; the last to leave sends the rest.
 FIRST_WAIT_S = 5.0
 NODE_FILE = "node.parquet"  # in a node entry's files/
+# What making a node's file may raise: the disk's refusals, pyarrow's (a number past 64 bits), a part
+# not as written. Its parts stay, and the drain says so (`drain`), never raises it.
+UNWRITABLE = (OSError, ValueError, TypeError, KeyError, ArithmeticError)
 _PREFIX, _ALIVE, _SEEN, _CYCLE = ".ranks-", "alive-", "seen.json", "cycle_"
 
 
@@ -264,7 +267,11 @@ def ride_along(delivery: Delivery, folder: Path) -> tuple[Delivery, list[Path]]:
     parts, read = _parts_of(folder, delivery.step)
     if not parts or not delivery.files_dir:
         return delivery, []
-    placed = _write(parts, Path(delivery.files_dir, NODE_FILE), delivery.step)
+    try:
+        placed = _write(parts, Path(delivery.files_dir, NODE_FILE), delivery.step)
+    except UNWRITABLE:  # the parts stay: an entry of their own tries again, and says why it cannot
+        unrecorded(Path(delivery.files_dir))
+        return delivery, []
     return replace(delivery, placed=(*delivery.placed, placed)), read
 
 
