@@ -246,7 +246,7 @@ def test_a_gloo_job_read_from_its_node_files_gives_the_same_report_as_its_summar
     for collectives in (table, table.astype({"lane": object, "peer_index": object})):
         assert analyze(read, collectives=collectives).to_json() == from_lists.to_json()
 
-def _give(outbox: Path, area: str, rank: int, cycle: int, job: Job | None = None) -> None:
+def _give(outbox: Path, area: str, rank: int, cycle: int, job: Job | None = None, run: RunRef | None = None) -> None:
     """A rank's part of a cycle, handed over as the drain hands it (`node_parts.take`)."""
     entry = outbox / f"{time.time_ns():020d}-1-{rank:06d}"
     (entry / "files").mkdir(parents=True)
@@ -254,7 +254,7 @@ def _give(outbox: Path, area: str, rank: int, cycle: int, job: Job | None = None
     (entry / "files" / RANK_SUMMARY_FILE).write_text(json.dumps(summary), encoding="utf-8")
     delivery = Delivery(step=cycle, timestamp_ms=0, artifact_dir="profiler", files_dir=str(entry / "files"),
                         rank_part=(RANK_SUMMARY_FILE, None))  # fmt: skip
-    left = node_parts.take(entry, delivery, RunRef("http://x", "run1"), node_parts.run_folder(outbox, area))
+    left = node_parts.take(entry, delivery, run or RunRef("http://x", "run1"), node_parts.run_folder(outbox, area))
     assert left.rank_part is None and not list((entry / "files").iterdir())
     entries.remove(entry)  # its entry is settled: it held nothing else
 
@@ -414,3 +414,84 @@ def test_a_node_file_that_cannot_be_written_costs_nothing_else_and_is_said(node,
     drain.once(sends=lambda entry: False)  # sends nothing: the file is made (or not) at the pass's start
     assert {kind for kind, _ in said} == {"node_file"} and "step 6" in said[0][1], said  # the reporter says it once
     assert node_parts.pending(outbox, "run1") == [6]  # kept: `sync` tries again, the closing warning names them
+
+
+def test_a_run_is_ended_only_once_its_node_files_went(node, tracking_uri):
+    """Rank 0 created the run and closed (its end queued) while ranks 1-3 live on with cycle 6 to
+    give: the run stays RUNNING, its end queued, until cycle 6's file is sent; then it is ended."""
+    from types import SimpleNamespace
+
+    from mlflow_neuron._delivery.drain import Drain
+
+    outbox, _ = node
+    client = MlflowClient(tracking_uri)
+    run = RunRef(tracking_uri, client.create_run("0").info.run_id, run_key="key1")
+    _give(outbox, "run1", 0, 6, run=run)
+    held = entries.create(outbox)  # as `Producer._queue_end` queues it
+    entries.write_json(held.path / entries.END, {"format": entries.FORMAT, "run": vars(run), "parts": "run1"})
+    held.release()
+    drain = Drain(outbox, SimpleNamespace(problem=lambda *args: None))
+    done = drain.once()
+    assert done.waiting == 1 and entries.state(held.path) == entries.ENDING
+    assert client.get_run(run.run_id).info.status == "RUNNING"  # not ended before its node's files went
+    for rank in (1, 2, 3):
+        _give(outbox, "run1", rank, 6, run=run)
+    drain.once()
+    assert node_files(client, run.run_id) == ["profiler/ranks/node_ip-10-0-0-0/cycle_6_rank_0.parquet"]
+    assert client.get_run(run.run_id).info.status == "FINISHED" and not entries.listed(outbox)
+
+
+def test_the_rank_that_created_the_run_closes_within_its_wait_and_leaves_the_end_to_a_rank_that_lives_on(
+        tmp_path, tracking_uri, monkeypatch):  # fmt: skip
+    """Rank 0 closes while rank 1 lives on, cycle 6 still to give: rank 0's close() waits for it
+    `FIRST_WAIT_S`, not its whole timeout, and says nothing is left (rank 1 sends the file and
+    ends the run: its drain, here, once it gave its part and left)."""
+    from types import SimpleNamespace
+
+    from mlflow_neuron._delivery.drain import Drain
+    from mlflow_neuron._delivery.producer import Producer
+
+    monkeypatch.setattr(node_parts, "FIRST_WAIT_S", 0.5)
+    outbox, client, said = tmp_path / "outbox", MlflowClient(tracking_uri), []
+    run = RunRef(tracking_uri, client.create_run("0").info.run_id, run_key="key1")
+    producer = Producer(run, SimpleNamespace(problem=lambda kind, message, error=None: said.append((kind, message))),
+                        preparer={"rank": 0}, outbox=outbox, helper=False, background=False)  # fmt: skip
+    area = producer.parts_area
+    other = node_parts.Presence(outbox, area, 1)
+    _give(outbox, area, 0, 6, Job(world_size=2), run=run)
+    started = time.monotonic()
+    producer.close(30.0, end_run=True)
+    assert time.monotonic() - started < 10.0 and said == []
+    assert client.get_run(run.run_id).info.status == "RUNNING" and len(entries.listed(outbox)) == 1  # its end
+    _give(outbox, area, 1, 6, Job(world_size=2), run=run)
+    other.leave()
+    Drain(outbox, SimpleNamespace(problem=lambda *args: None)).once()
+    assert node_files(client, run.run_id) == ["profiler/ranks/node_ip-10-0-0-0/cycle_6_rank_0.parquet"]
+    assert client.get_run(run.run_id).info.status == "FINISHED" and not entries.listed(outbox)
+
+
+def test_the_last_local_rank_to_leave_ends_the_run_another_rank_queued_the_end_of(tmp_path, tracking_uri):
+    """Rank 0 left the run's end queued; rank 2 died before cycle 6; rank 1 closes last, with an
+    entry behind the end that is still to be prepared (damaged): cycle 6's file can go only once
+    that one is, after its pass met the end. Rank 1's close() still ends the run."""
+    from types import SimpleNamespace
+
+    from mlflow_neuron._delivery.producer import Producer
+
+    outbox, client, said = tmp_path / "outbox", MlflowClient(tracking_uri), []
+    run = RunRef(tracking_uri, client.create_run("0").info.run_id, run_key="key1")
+    area = node_parts.area_name(run)
+    gone = [node_parts.Presence(outbox, area, rank) for rank in (0, 2)]
+    for rank in (0, 1):
+        _give(outbox, area, rank, 6, Job(world_size=3), run=run)
+    for queued in (entries.END, entries.JOB):  # the run's end, then an entry still to prepare
+        held = entries.create(outbox)
+        entries.write_json(held.path / queued, {"format": entries.FORMAT, "run": vars(run), "parts": area})
+        held.release()
+    for presence in gone:
+        presence.leave()
+    producer = Producer(run, SimpleNamespace(problem=lambda kind, message, error=None: said.append(kind)),
+                        preparer={"rank": 1}, outbox=outbox, helper=False, background=False, first=False)  # fmt: skip
+    producer.close(30.0, end_run=False)
+    assert node_files(client, run.run_id) == ["profiler/ranks/node_ip-10-0-0-0/cycle_6_rank_0.parquet"]
+    assert client.get_run(run.run_id).info.status == "FINISHED" and not entries.listed(outbox), said

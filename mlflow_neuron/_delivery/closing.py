@@ -100,7 +100,7 @@ def left(producer) -> None:
     """One warning for what close() leaves in the outbox: how many cycles, their steps, why, where,
     and the command that sends them; and the node files of the run's rank summaries that the last
     local rank to leave could not send (`node_parts`; while another local rank lives, that one does)."""
-    unsettled = producer._unsettled()
+    unsettled = producer.waited_for()  # the run's end, where a local rank that lives on ends it, is not named
     cycles = [step for _, step in unsettled if step is not None]
     nodes = producer.node_files_left() if node_parts.alone(producer.outbox, producer.parts_area) else []
     if not unsettled and not nodes:

@@ -139,6 +139,18 @@ def left_at_close(outbox: Path, name: str, first: bool, since: float) -> list[in
     return pending(outbox, name)
 
 
+def waited_at_close(outbox: Path, name: str, unsettled: list, first: bool, since: float) -> list:
+    """What a rank that began to close at `since` waits for and names, of (entry, step; None: the
+    run's end): its own entries still in the queue (`unsettled`); as the last local rank to leave,
+    also the run's end another rank queued (`run_ends`); but not its own run's end while the run's
+    node files wait, past `left_at_close`, for a local rank that lives on (whose close ends it)."""
+    if alone(outbox, name):
+        return unsettled + [(end, None) for end in run_ends(outbox, name) if end not in {e for e, _ in unsettled}]
+    if not left_at_close(outbox, name, first, since) and pending(outbox, name):
+        return [(entry, step) for entry, step in unsettled if step is not None]
+    return unsettled
+
+
 # -- parts ----------------------------------------------------------------------------------------
 
 
@@ -338,6 +350,18 @@ def pending(outbox: Path, name: str) -> list[int]:
                 if name in (data["run"].get("run_id"), data["run"].get("run_key")):
                     steps.append(data["step"])
     return sorted(steps)
+
+
+def run_ends(outbox: Path, name: str) -> list[Path]:
+    """The run's ends in the queue (`run_end`) whose run's parts area is `name`: the last local rank
+    to leave waits for them too, whichever rank queued them."""
+    found = []
+    for entry in entries.listed(outbox):
+        if entries.state(entry) == entries.ENDING:
+            with contextlib.suppress(OSError, ValueError):
+                if entries.read_json(entry / entries.END).get("parts") == name:
+                    found.append(entry)
+    return found
 
 
 def tidy(outbox: Path, name: str) -> None:

@@ -221,8 +221,15 @@ class Producer:
         mine = {entry.name for entry, _ in self.mine}
         return lambda entry: entry.name in mine
 
+    def waited_for(self) -> list[tuple[Path, int | None]]:
+        """Its entries in the queue that close() waits for and names (`node_parts.waited_at_close`)."""
+        unsettled = self._unsettled()
+        if self._closing is None:
+            return unsettled
+        return node_parts.waited_at_close(self.outbox, self.parts_area, unsettled, self.first, self._closing)
+
     def _outstanding(self) -> bool:
-        return bool(self._unsettled() or self.node_files_left())
+        return bool(self.waited_for() or self.node_files_left())
 
     # -- waiting ----------------------------------------------------------------------------------------
 
@@ -248,10 +255,10 @@ class Producer:
                 continue
             self._kick(deadline)
             if not said and time.monotonic() - started >= PROGRESS_AFTER_S:
-                said = self._say_progress(left)
+                said = closing.progress(self, left)
             with self._cond:
                 self._cond.wait(0.05 if left is None else min(left, 0.05))
-        self._say_refusals()
+        closing.refusals(self)
         self.raise_errors()
         return not self._outstanding()
 
@@ -271,7 +278,7 @@ class Producer:
             self._worker.join(STOP_WAIT_S if timeout is None else min(STOP_WAIT_S, max(timeout - (time.monotonic() - started), 0)))
         for drain in self.drains.values():
             drain.memory.clear()  # what is left is read from its entry by whoever drains it next
-        self._say_left()  # names the server found dead, where it was, as the reason: one warning
+        closing.left(self)  # names the server found dead, where it was, as the reason: one warning
         self.unreachable.release(say=False)
         self.say_refused()
         self._learn_run_id()  # before the run's id file goes with the outbox
@@ -340,7 +347,7 @@ class Producer:
             return
         try:
             run = {**asdict(self.run), "tracking_uri": _outbox.without_credentials(self.run.tracking_uri)}
-            entries.write_json(held.path / END, {"format": entries.FORMAT, "run": run})
+            entries.write_json(held.path / END, {"format": entries.FORMAT, "run": run, "parts": self.parts_area})
         except BaseException:
             entries.remove(held.path)
             raise
@@ -348,17 +355,8 @@ class Producer:
             held.release()
         self.mine.append((held.path, None))
 
-    def _say_progress(self, left: float | None) -> bool:
-        return closing.progress(self, left)
-
-    def _say_refusals(self) -> None:
-        closing.refusals(self)
-
     def say_refused(self) -> None:
         closing.summaries(self)
-
-    def _say_left(self) -> None:
-        closing.left(self)
 
     def _writable(self, outbox: Path) -> Path:
         """`outbox`, or where it cannot be written, the fallback folder (said once)."""

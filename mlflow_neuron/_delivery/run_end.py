@@ -1,5 +1,6 @@
 """A run's end in the queue (`end.json`, queued by the `close()` of the callback that created
-the run): the run is ended (FINISHED) here, once no earlier entry of it is left, by whichever
+the run): the run is ended (FINISHED) here, once no earlier entry of it is left and its node's
+files of the rank summaries went (`node_parts`: other local ranks may close after it), by whichever
 drain meets it; the only place that ends a run."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from . import entries
+from . import entries, node_parts
 from . import outbox as _outbox
 from .entries import END
 from .failures import is_permanent
@@ -20,7 +21,8 @@ def end_when_due(drain, entry: Path, done, on_outcome) -> RunRef | None:
     cycles, and the node files of its cycles: `node_parts`); returns the run once ended (the
     entry gone), None while it waits or where it was set aside."""
     try:
-        run = RunRef(**entries.read_json(entry / END)["run"])
+        data = entries.read_json(entry / END)
+        run, parts = RunRef(**data["run"]), data.get("parts")  # its node's parts area (an end queued before: none)
     except (OSError, ValueError, KeyError, TypeError) as error:
         drain._damaged(entry, f"its {END} cannot be read ({error})", done, on_outcome)
         return None
@@ -28,6 +30,8 @@ def end_when_due(drain, entry: Path, done, on_outcome) -> RunRef | None:
     if earlier:  # delivered, or kept, by this drain or another: ended on a later pass
         done.busy += 1
         return None
+    if isinstance(parts, str) and node_parts.pending(drain.outbox, parts):  # counted in `Pass.waiting`
+        return None  # its node's files wait for a local rank's part, or are queued: ended once they went
     logger = None
     try:
         logger = drain.courier.logger(run, create=False)
