@@ -495,3 +495,26 @@ def test_the_last_local_rank_to_leave_ends_the_run_another_rank_queued_the_end_o
     producer.close(30.0, end_run=False)
     assert node_files(client, run.run_id) == ["profiler/ranks/node_ip-10-0-0-0/cycle_6_rank_0.parquet"]
     assert client.get_run(run.run_id).info.status == "FINISHED" and not entries.listed(outbox), said
+
+
+def test_one_sync_sends_a_node_file_it_can_make_only_at_its_pass_s_end_and_then_ends_the_run(tmp_path, tracking_uri):
+    """Every rank is gone; rank 2 died before cycle 6, and an entry behind the run's end is still
+    to be prepared (damaged): cycle 6's file can be made only once that one is, after the pass met
+    the end. One `sync` sends the file and ends the run."""
+    from mlflow_neuron._delivery.sync import sync_outbox
+
+    outbox, client = tmp_path / "outbox", MlflowClient(tracking_uri)
+    run = RunRef(tracking_uri, client.create_run("0").info.run_id, run_key="key1")
+    area = node_parts.area_name(run)
+    gone = [node_parts.Presence(outbox, area, rank) for rank in (0, 1, 2)]
+    for rank in (0, 1):
+        _give(outbox, area, rank, 6, Job(world_size=3), run=run)
+    for queued in (entries.END, entries.JOB):  # the run's end, then an entry still to prepare
+        held = entries.create(outbox)
+        entries.write_json(held.path / queued, {"format": entries.FORMAT, "run": vars(run), "parts": area})
+        held.release()
+    for presence in gone:
+        presence.leave()
+    sync_outbox(str(outbox), tracking_uri=tracking_uri)
+    assert node_files(client, run.run_id) == ["profiler/ranks/node_ip-10-0-0-0/cycle_6_rank_0.parquet"]
+    assert client.get_run(run.run_id).info.status == "FINISHED" and not entries.listed(outbox)

@@ -150,12 +150,15 @@ class Drain(Preparing):
                 if item is None:
                     held.release()
                 ready = send(ready, ([item] if item else []) + self._node_files(done, on_outcome, self._parts)[0])
+            made = []
             if not _over(stop, deadline):  # every queued entry prepared: a gone rank's cycles may go now
                 made, done.waiting = self._node_files(done, on_outcome, [(None, None)])
                 ready = send(ready, made)
             if ready:
                 self._send(ready, done, on_outcome, stop, deadline)
                 ready = []
+            if made:  # a run's end this pass met before them waited for them: it may be due now
+                self._ends(done, on_outcome, stop, deadline, sends)
         finally:
             for item in ready:
                 item.held.release()
@@ -196,6 +199,15 @@ class Drain(Preparing):
                 if held is not None and not item:
                     held.release()
         return made, waiting
+
+    def _ends(self, done: Pass, on_outcome, stop, deadline, sends) -> None:
+        """The runs' ends in the queue (those this pass may send), looked at again (`run_end`)."""
+        for entry in entries.listed(self.folder):
+            if not _over(stop, deadline) and entries.state(entry) == entries.ENDING and (sends is None or sends(entry)):
+                held = entries.try_claim(entry)
+                if held is not None:
+                    self._take(held, done, on_outcome)
+                    held.release()
 
     def follow(self, stop: threading.Event, poll_s: float = 0.05,
                on_pass: Callable[[Pass], object] = lambda done: None) -> None:  # fmt: skip
