@@ -470,26 +470,33 @@ def test_the_rank_that_created_the_run_closes_within_its_wait_and_leaves_the_end
     assert client.get_run(run.run_id).info.status == "FINISHED" and not entries.listed(outbox)
 
 
-def test_the_last_local_rank_to_leave_ends_the_run_another_rank_queued_the_end_of(tmp_path, tracking_uri):
-    """Rank 0 left the run's end queued; rank 2 died before cycle 6; rank 1 closes last, with an
-    entry behind the end that is still to be prepared (damaged): cycle 6's file can go only once
-    that one is, after its pass met the end. Rank 1's close() still ends the run."""
-    from types import SimpleNamespace
-
-    from mlflow_neuron._delivery.producer import Producer
-
-    outbox, client, said = tmp_path / "outbox", MlflowClient(tracking_uri), []
-    run = RunRef(tracking_uri, client.create_run("0").info.run_id, run_key="key1")
+def _end_then_a_file_only_a_pass_s_end_can_make(outbox: Path, client: MlflowClient, gone: tuple) -> RunRef:
+    """A run whose end is queued (rank 0 left it), ranks 0 and 1 of 3 with their parts of cycle 6
+    in, rank 2 gone without one, and behind the end an entry still to prepare (damaged): cycle 6's
+    file can be made only once that one is, after a pass met the end. The ranks `gone` came and left."""
+    run = RunRef(client.tracking_uri, client.create_run("0").info.run_id, run_key="key1")
     area = node_parts.area_name(run)
-    gone = [node_parts.Presence(outbox, area, rank) for rank in (0, 2)]
+    present = [node_parts.Presence(outbox, area, rank) for rank in gone]
     for rank in (0, 1):
         _give(outbox, area, rank, 6, Job(world_size=3), run=run)
     for queued in (entries.END, entries.JOB):  # the run's end, then an entry still to prepare
         held = entries.create(outbox)
         entries.write_json(held.path / queued, {"format": entries.FORMAT, "run": vars(run), "parts": area})
         held.release()
-    for presence in gone:
+    for presence in present:
         presence.leave()
+    return run
+
+
+def test_the_last_local_rank_to_leave_ends_the_run_another_rank_queued_the_end_of(tmp_path, tracking_uri):
+    """Rank 1 closes last, after the pass that met the run's end (rank 0's): its close() sends
+    the node's file and still ends the run."""
+    from types import SimpleNamespace
+
+    from mlflow_neuron._delivery.producer import Producer
+
+    outbox, client, said = tmp_path / "outbox", MlflowClient(tracking_uri), []
+    run = _end_then_a_file_only_a_pass_s_end_can_make(outbox, client, gone=(0, 2))
     producer = Producer(run, SimpleNamespace(problem=lambda kind, message, error=None: said.append(kind)),
                         preparer={"rank": 1}, outbox=outbox, helper=False, background=False, first=False)  # fmt: skip
     producer.close(30.0, end_run=False)
@@ -498,23 +505,12 @@ def test_the_last_local_rank_to_leave_ends_the_run_another_rank_queued_the_end_o
 
 
 def test_one_sync_sends_a_node_file_it_can_make_only_at_its_pass_s_end_and_then_ends_the_run(tmp_path, tracking_uri):
-    """Every rank is gone; rank 2 died before cycle 6, and an entry behind the run's end is still
-    to be prepared (damaged): cycle 6's file can be made only once that one is, after the pass met
-    the end. One `sync` sends the file and ends the run."""
+    """Every rank is gone: one `sync` sends cycle 6's file and ends the run (its one pass met the
+    end before it could make the file)."""
     from mlflow_neuron._delivery.sync import sync_outbox
 
     outbox, client = tmp_path / "outbox", MlflowClient(tracking_uri)
-    run = RunRef(tracking_uri, client.create_run("0").info.run_id, run_key="key1")
-    area = node_parts.area_name(run)
-    gone = [node_parts.Presence(outbox, area, rank) for rank in (0, 1, 2)]
-    for rank in (0, 1):
-        _give(outbox, area, rank, 6, Job(world_size=3), run=run)
-    for queued in (entries.END, entries.JOB):  # the run's end, then an entry still to prepare
-        held = entries.create(outbox)
-        entries.write_json(held.path / queued, {"format": entries.FORMAT, "run": vars(run), "parts": area})
-        held.release()
-    for presence in gone:
-        presence.leave()
+    run = _end_then_a_file_only_a_pass_s_end_can_make(outbox, client, gone=(0, 1, 2))
     sync_outbox(str(outbox), tracking_uri=tracking_uri)
     assert node_files(client, run.run_id) == ["profiler/ranks/node_ip-10-0-0-0/cycle_6_rank_0.parquet"]
     assert client.get_run(run.run_id).info.status == "FINISHED" and not entries.listed(outbox)
