@@ -1,4 +1,4 @@
-"""A collective's group from a `replica_group` argument.
+"""A collective's group from a `replica_group` argument, and a gloo send/recv's peer index.
 
 `replica_group` is how Neuron Explorer's `CcOp` table names a collective's groups (FACTS.md 6);
 that a framework trace carries it is not verified, so it is read only where it is there, without
@@ -8,9 +8,12 @@ gives no group and says why, in the summary and in the report across ranks.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from mlflow_neuron._analysis.ranks.analysis import analyze
+from mlflow_neuron._trace.collective_records import peers_in_groups
 from mlflow_neuron._trace.collectives import rank_summary_from_chrome
 
 TP = "[[0,1,2,3],[4,5,6,7]]"  # text, as a Parquet cell holds it
@@ -101,3 +104,29 @@ def test_the_rank_of_a_trace_without_one_gives_no_group():
     s = rank_summary_from_chrome(trace)
     assert all(c["members"] is None and "the trace's rank is unknown" in c["unplaced"] for c in s["collectives"])
 
+
+# ---------------------------------------------------------------- peers_in_groups
+
+
+def quadratic_peers(p2p_calls: list):
+    """The scan `peers_in_groups` replaced, kept as the reference."""
+    calls = sorted(p2p_calls, key=lambda c: c[0])
+
+    def peer(start: float, tid):
+        found = [p for s, t, p in calls if t == tid and s <= start]
+        return found[-1] if found else None
+
+    return peer
+
+
+def test_peers_in_groups_gives_what_the_quadratic_scan_gave():
+    rng = random.Random(7)
+    threads = [11, 12, 13, "main"]
+    calls = [(float(rng.randrange(0, 5000)), rng.choice(threads), rng.choice([0, 1, 2, 3, None]))
+             for _ in range(3000)]  # coarse times: many calls start together  # fmt: skip
+    queries = [(float(rng.randrange(-10, 5010)) + rng.choice([0.0, 0.5]), rng.choice(threads + [99]))
+               for _ in range(3000)]  # fmt: skip
+    queries += [(s, t) for s, t, _ in calls[:500]]  # exactly at a call's start
+    fast, slow = peers_in_groups(calls), quadratic_peers(calls)
+    assert [fast(s, t) for s, t in queries] == [slow(s, t) for s, t in queries]
+    assert peers_in_groups([])(1.0, 11) is None

@@ -89,12 +89,18 @@ def _rounded(value):
 
 def peers_in_groups(p2p_calls: list):
     """(start, thread) of a gloo send/recv -> its peer's rank within the group: the last c10d
-    send/recv that started on that thread before it (gloo runs them on the calling thread)."""
-    calls = sorted(p2p_calls, key=lambda c: c[0])
+    send/recv that started on that thread before it (gloo runs them on the calling thread). Calls
+    are sorted once and looked up by bisection per thread; of calls that start together, the
+    later listed is the last."""
+    starts: dict = {}
+    peers: dict = {}
+    for s, t, p in sorted(p2p_calls, key=lambda c: c[0]):
+        starts.setdefault(t, []).append(s)
+        peers.setdefault(t, []).append(p)
 
     def peer(start: float, tid) -> int | None:
-        found = [p for s, t, p in calls if t == tid and s <= start]
-        return found[-1] if found else None
+        i = bisect.bisect_right(starts.get(tid, ()), start) - 1
+        return peers[tid][i] if i >= 0 else None
 
     return peer
 
