@@ -56,7 +56,7 @@ _NODE_FILE_RE = re.compile(r"^node_([A-Za-z0-9._-]+)/cycle_(\d+)_rank_(\d+)\.par
 # Every rank's collectives as one table, a row per record ("rank" and "cycle" say whose): the
 # columns of a node file's table (`node_file`) and of the read side's table (`_analysis.ranks.frames`).
 FRAME_COLUMNS = ["rank", "cycle", "name", "group", "members", "desc", "seq", "step", "start_us", "end_us", "bytes",
-                 "peer", "peer_index", "lane"]  # fmt: skip
+                 "peer", "peer_index", "lane", "unplaced"]  # fmt: skip
 # What `mlflow-neuron ranks --log-to` writes on a run: metrics, a tag, files under RANKS_LOGGED_FOLDER.
 RANKS_STRAGGLER_METRIC = "profiler/ranks/straggler"  # the straggler's rank; NO_STRAGGLER where none stands out
 RANKS_SKEW_METRIC = "profiler/ranks/step_time_skew_pct"

@@ -2,7 +2,7 @@
 
     the table: one row per collective record of every rank in the file, `model.FRAME_COLUMNS`
         rank, cycle, name, group, members (its group's global ranks, or null), desc, seq, step,
-        start_us, end_us, bytes, peer, peer_index, lane
+        start_us, end_us, bytes, peer, peer_index, lane, unplaced
     its key-value metadata, METADATA_KEY: one JSON text
         {"format": NODE_FORMAT, "version": NODE_VERSION, "host": ..., "cycle_step": ...,
          "ranks": [{"summary": the rank's summary without "collectives" (and "member_sets",
@@ -29,7 +29,7 @@ NODE_VERSION = 1
 METADATA_KEY = b"mlflow_neuron.ranks"
 _INTS = ("rank", "cycle", "seq", "step", "bytes", "peer", "peer_index")
 _FLOATS = ("start_us", "end_us")
-_TEXTS = ("name", "group", "desc")
+_TEXTS = ("name", "group", "desc", "unplaced")
 
 
 def write(ranks: list[dict], path: str | Path, *, host: str | None, cycle_step: int) -> None:

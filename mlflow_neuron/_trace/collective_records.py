@@ -1,7 +1,8 @@
 """A collective's record in a rank summary, from its trace event's args (pure).
 
 Used by `collectives`: name, process group (`groups`), sequence number, time, bytes, and for a
-send or a receive its peer.
+send or a receive its peer. A collective whose `replica_group` (Neuron Explorer's name for its
+groups) gives no group says why in `unplaced`, a key only such records have.
 """
 
 from __future__ import annotations
@@ -11,26 +12,32 @@ import math
 import re
 
 from .dtypes import ELEMENT_BYTES
-from .groups import description, members
+from .groups import description, members, replica_group_of, replica_members
 
 # send/recv (gloo:send, c10d's recv_anysource, NCCL's SendRecv kernels): between two ranks, never all
 POINT_TO_POINT = re.compile(r"send|recv", re.IGNORECASE)
 
 
 def record(name: str, args: dict, start: float, end: float, anchor: float, groups: list[dict], lane=None,
-           cache: dict | None = None) -> dict:
+           cache: dict | None = None, rank: int | None = None, world_size: int | None = None) -> dict:
     """A collective: its name, group (name as the trace wrote it, `members` as global ranks,
     `desc`), `Seq`, its place in time and bytes; for a point-to-point transfer its `peer` (global
     rank, where the trace names it). `lane` is the thread of a backend span (gloo runs each group's
-    work on threads of its own)."""
-    group = args.get("Process Group Name")
-    ranks = members(args, groups, cache)
-    if ranks is None and len(groups) == 1 and not POINT_TO_POINT.search(str(name)):
+    work on threads of its own). `rank` and `world_size` (the trace's) read a `replica_group`."""
+    group, replica, why = args.get("Process Group Name"), replica_group_of(args), None
+    if replica is not None:
+        ranks, why = replica_members(replica, rank, world_size, cache)
+    else:
+        ranks = members(args, groups, cache)
+    if ranks is None and why is None and len(groups) == 1 and not POINT_TO_POINT.search(str(name)):
         ranks = groups[0]["ranks"]  # the rank's only group: where every collective of the rank runs
-    return {"name": str(name), "group": None if group is None else str(group), "members": ranks,
-            "desc": description(args, groups, ranks), "seq": _int_or_none(args.get("Seq")), "step": None,
-            "start_us": _rounded(start), "end_us": _rounded(end), "bytes": _bytes(args),
-            "peer": _peer(name, args, ranks), "peer_index": None, "lane": lane, "_anchor": anchor}  # fmt: skip
+    found = {"name": str(name), "group": None if group is None else str(group), "members": ranks,
+             "desc": description(args, groups, ranks), "seq": _int_or_none(args.get("Seq")), "step": None,
+             "start_us": _rounded(start), "end_us": _rounded(end), "bytes": _bytes(args),
+             "peer": _peer(name, args, ranks), "peer_index": None, "lane": lane, "_anchor": anchor}  # fmt: skip
+    if why is not None:
+        found["unplaced"] = why
+    return found
 
 
 def _peer(name: str, args: dict, ranks: list[int] | None) -> int | None:
@@ -82,12 +89,18 @@ def _rounded(value):
 
 def peers_in_groups(p2p_calls: list):
     """(start, thread) of a gloo send/recv -> its peer's rank within the group: the last c10d
-    send/recv that started on that thread before it (gloo runs them on the calling thread)."""
-    calls = sorted(p2p_calls, key=lambda c: c[0])
+    send/recv that started on that thread before it (gloo runs them on the calling thread). Calls
+    are sorted once and looked up by bisection per thread; of calls that start together, the
+    later listed is the last."""
+    starts: dict = {}
+    peers: dict = {}
+    for s, t, p in sorted(p2p_calls, key=lambda c: c[0]):
+        starts.setdefault(t, []).append(s)
+        peers.setdefault(t, []).append(p)
 
     def peer(start: float, tid) -> int | None:
-        found = [p for s, t, p in calls if t == tid and s <= start]
-        return found[-1] if found else None
+        i = bisect.bisect_right(starts.get(tid, ()), start) - 1
+        return peers[tid][i] if i >= 0 else None
 
     return peer
 

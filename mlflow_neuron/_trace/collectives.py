@@ -117,12 +117,12 @@ class RankEvents:
         """The rank summary of what was fed; `meta` is the trace without its events."""
         info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
         groups = process_groups(meta)
-        steps, collectives, source, timeline = self.summarize(groups)
+        rank = rank if rank is not None else _int_or_none(info.get("rank"))
+        world_size = world_size if world_size is not None else _int_or_none(info.get("world_size"))
+        steps, collectives, source, timeline = self.summarize(groups, rank=rank, world_size=world_size)
         member_sets = member_sets_of(collectives)
         return {
-            "format": FORMAT, "version": VERSION,
-            "rank": rank if rank is not None else _int_or_none(info.get("rank")),
-            "world_size": world_size if world_size is not None else _int_or_none(info.get("world_size")),
+            "format": FORMAT, "version": VERSION, "rank": rank, "world_size": world_size,
             "host": host if host is not None else (meta.get("host_name") or None),
             "cycle_step": cycle_step,
             "timeline": timeline, "collective_source": source, "pid": self.pid,
@@ -154,8 +154,8 @@ class RankEvents:
     def feed(self, chunk: list) -> None:
         """Keeps what a summary needs of a list of events; the role of a category and the class of a
         kernel name are worked out once each (a trace repeats a few of them 100,000 times)."""
-        steps, cpu_ops, device, launches, roles, classes = (self.steps, self.cpu_ops, self.device, self.launches,
-                                                            self.roles, self.classes)  # fmt: skip
+        cpu_ops, device, launches, roles, classes = (self.cpu_ops, self.device, self.launches, self.roles,
+                                                     self.classes)  # fmt: skip
         for event in chunk:
             if not isinstance(event, dict):
                 continue
@@ -230,21 +230,23 @@ class RankEvents:
         if isinstance(total, (int, float)) and isinstance(ts, (int, float)):
             self.memory.append((float(ts), float(total), args.get("Device Type", 0) not in (0, None)))
 
-    def summarize(self, groups: list[dict] | None = None) -> tuple[list[dict], list[dict], str | None, str]:
+    def summarize(self, groups: list[dict] | None = None, *, rank: int | None = None,
+                  world_size: int | None = None) -> tuple[list[dict], list[dict], str | None, str]:
         steps = sorted({number: (number, start, end) for number, start, end in self.steps}.values(), key=lambda s: s[1])
         if not steps:  # no ProfilerStep: the whole trace is one step, numbered None
             spans = self.cpu_ops + [(s, e) for s, e, *_ in self.device] + [(s, e) for s, e, *_ in self.spans]
             if spans:
                 steps = [(None, min(s for s, _ in spans), max(e for _, e in spans))]
         timeline = "device" if self.device else "cpu"
-        collectives, source = self._collectives(groups or [])
+        collectives, source = self._collectives(groups or [], {"rank": rank, "world_size": world_size})
         anchors = np.fromiter((record.pop("_anchor") for record in collectives), float, len(collectives))
         for record, i in zip(collectives, step_indices(steps, anchors).tolist()):
             record["step"] = None if i < 0 else steps[i][0]
         windows = self._device_windows(steps) if timeline == "device" else [(s, e) for _, s, e in steps]
         return self._steps(steps, windows, collectives, timeline), collectives, source, timeline
 
-    def _collectives(self, groups: list[dict]) -> tuple[list[dict], str | None]:
+    def _collectives(self, groups: list[dict], where: dict) -> tuple[list[dict], str | None]:
+        """The collectives, from the first source the trace has; `where`: the trace's rank and world size."""
         kernels = [d for d in self.device if d[2] == COMM]
         cache: dict = {}  # a group's members, once per trace
         if kernels:
@@ -253,21 +255,21 @@ class RankEvents:
             for start, end, _, correlation, args in kernels:
                 launch = self.launches.get(correlation, start)
                 name = args.get("Collective name") or named(launch) or args["_name"]
-                records.append(collective_record(name, args, start, end, launch, groups, cache=cache))
+                records.append(collective_record(name, args, start, end, launch, groups, cache=cache, **where))
             return sorted(records, key=lambda r: r["start_us"]), "device_kernels"
         if self.spans:
             peer_index = peers_in_groups(self.p2p_calls)
             records = []
             for start, end, name, args, tid in self.spans:
                 record = collective_record(BACKEND_SPAN.match(name).group(2), args, start, end, start, groups,
-                                           lane=None if tid in self.callers else tid, cache=cache)
+                                           lane=None if tid in self.callers else tid, cache=cache, **where)
                 if record["peer"] is None and POINT_TO_POINT.search(record["name"]):
                     record["peer_index"] = peer_index(start, tid)
                 records.append(record)
             return sorted(records, key=lambda r: r["start_us"]), "backend_spans"
         named = [(start, end, args) for start, end, args in self.param_comms if args.get("Collective name")]
         if named:
-            records = [collective_record(args["Collective name"], args, start, end, start, groups, cache=cache)
+            records = [collective_record(args["Collective name"], args, start, end, start, groups, cache=cache, **where)
                        for start, end, args in named]
             return sorted(records, key=lambda r: r["start_us"]), "record_param_comms"
         return [], None

@@ -11,6 +11,11 @@ short for a large group), `Group size`, `Global rank start` and `Global rank str
 `distributedInfo.pg_config` lists the rank's own groups with their full rank lists. A group's
 name is the creating process's counter and can differ across ranks (NxD creates groups only on
 their members): a group is known by its members, never by its name.
+
+Neuron Explorer's `CcOp` table names a collective's groups as `replica_group`
+(`[[0,1,2,3],[4,5,6,7]]`: every group of the collective, one list each). Where a trace event
+carries such an argument and none of torch's (`replica_group_of`), `replica_members` reads the
+rank's group from it, or says why not.
 """
 
 from __future__ import annotations
@@ -20,6 +25,9 @@ import math
 import re
 
 _INTS = re.compile(r"-?\d+")
+# torch's own process-group arguments (`saveNcclMeta`): where one is there, `replica_group` is not read
+TORCH_GROUP_ARGS = ("Process Group Name", "Process Group Ranks", "Group size", "Global rank start",
+                    "Global rank stride")  # fmt: skip
 
 
 def process_groups(meta: dict) -> list[dict]:
@@ -86,6 +94,66 @@ def description(args: dict, groups: list[dict], ranks: list[int] | None) -> str 
         if ranks is not None and (group["ranks"] is ranks or group["ranks"] == ranks) and group["desc"]:
             return group["desc"]
     return None
+
+
+def replica_group_of(args: dict):
+    """The `replica_group` argument of an event without torch's process-group arguments, else None."""
+    if "replica_group" not in args or any(key in args for key in TORCH_GROUP_ARGS):
+        return None
+    return args["replica_group"]
+
+
+def replica_members(value, rank: int | None, world_size: int | None,
+                    cache: dict | None = None) -> tuple[list[int] | None, str | None]:
+    """The sorted members of the sub-list of a `replica_group` (`"[[0,1,2,3],[4,5,6,7]]"` or the
+    nested list) that holds `rank`, and None; or None and why there is no group (never a guess).
+
+    Its members are replica ids. They are read as global ranks only where they cover the world
+    consistently: the world size is known, every id is below it, each rank of the world is in
+    exactly one sub-list, and one sub-list holds `rank`. Anything else (text that is not a list of
+    lists of ids, an id >= the world size, a rank in no or two sub-lists) gives no group. With a
+    `cache` (one per trace: its rank and world size are the trace's) a value is read once."""
+    key = ("replica_group", str(value))
+    if cache is not None and key in cache:
+        return cache[key]
+    found = _replica_members(value, rank, world_size)
+    if cache is not None:
+        cache[key] = found
+    return found
+
+
+def _replica_members(value, rank: int | None, world_size: int | None) -> tuple[list[int] | None, str | None]:
+    lists = _nested_ids(value)
+    shown = str(value) if len(str(value)) <= 80 else str(value)[:77] + "..."
+    if lists is None:
+        return None, f"its replica_group {shown!r} is not a list of replica id lists"
+    if rank is None or world_size is None:
+        unknown = "rank" if rank is None else "world size"
+        return None, f"its replica_group cannot be read as global ranks: the trace's {unknown} is unknown"
+    ids = [i for ids in lists for i in ids]
+    if max(ids) >= world_size:
+        return None, f"its replica_group holds replica id {max(ids)} in a world of {world_size}: not global ranks"
+    holding = [ids for ids in lists if rank in ids]
+    if len(holding) != 1:
+        return None, f"{'no' if not holding else len(holding)} sub-lists of its replica_group {shown} hold rank {rank}"
+    if len(ids) != world_size or len(set(ids)) != world_size:
+        return None, f"its replica_group {shown} does not hold each of the {world_size} ranks once: not global ranks"
+    return sorted(holding[0]), None
+
+
+def _nested_ids(value) -> list[list[int]] | None:
+    """A list of non-empty lists of non-negative ints without repeats, from the list or its JSON text."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(value, list) or not value or not all(isinstance(ids, list) and ids for ids in value):
+        return None
+    for ids in value:
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids) or len(set(ids)) != len(ids):
+            return None
+    return value
 
 
 def rank_list(value) -> list[int] | None:

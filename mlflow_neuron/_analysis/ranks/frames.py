@@ -6,7 +6,8 @@ Example::
     analyze(summaries_without_collectives, collectives=table)   # the same report
 
 A per-node columnar file (Parquet) holds this table for its ranks; reading it needs no pass over
-records in Python. `members` is a tuple of global ranks or None; `cycle` is -1 where unknown.
+records in Python. `members` is a tuple of global ranks or None; `cycle` is -1 where unknown;
+`unplaced`: why a record has no group, where its summary says (a table without the column is read).
 """
 
 from __future__ import annotations

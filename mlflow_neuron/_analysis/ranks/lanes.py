@@ -110,7 +110,7 @@ class _View:
         return out
 
     def _with_group(self, c: dict, lane_members: dict, views: dict) -> dict:
-        if c.get("members") is not None:
+        if c.get("members") is not None or c.get("unplaced"):  # its summary says why it has no group
             return c
         if c.get("lane") in lane_members:
             ranks = lane_members[c["lane"]]

@@ -11,7 +11,8 @@ receiver's receive, in order, per direction), where the trace names the peer.
 A summary of format version 1 (no members) or a collective whose group the trace does not give on
 a rank with one group: its group is the rank's only one, every rank that reported. A collective
 whose group cannot be told on a rank with several groups (gloo writes none) is left unmatched,
-with the reason; it is never paired by guesswork.
+with the reason; it is never paired by guesswork. So is one whose summary says why it has no group
+(`unplaced`: a `replica_group` that does not fit), with the summary's reason.
 """
 
 from __future__ import annotations
@@ -99,22 +100,19 @@ def records(table: pd.DataFrame, group_counts: dict[int, int | None], hosts: dic
             ids[code] = groups.id(sets[code], first_desc.get(code))
         gid[coll] = ids[codes[coll]]
     ranks = t["rank"].to_numpy(np.int64)
-    # a rank outside the group its record names
-    pairs_ = pd.DataFrame({"gid": gid[coll], "rank": ranks[coll]}).drop_duplicates()
-    outside = {(g, r) for g, r in zip(pairs_["gid"], pairs_["rank"]) if r not in set(groups.members[g])}
     few_groups = {r for r in np.unique(ranks).tolist() if group_counts.get(r) is None or group_counts.get(r) <= 1}
     legacy_rank = np.isin(ranks, list(few_groups))
     loose = ~p2p & ~has_members
+    said = loose & _says_why(t)  # never given a group by the rules below
+    loose &= ~said
     legacy = loose & legacy_rank
     if legacy.any():
         group_names = t["group"].to_numpy(object)[legacy]
         legacy_codes, legacy_names = pd.factorize(pd.Series(group_names, dtype=object), use_na_sentinel=False)
         legacy_ids = np.array([groups.id(("legacy", None if pd.isna(n) else n), None) for n in legacy_names], np.int64)
         gid[legacy] = legacy_ids[legacy_codes]
-    bad = np.zeros(len(t), bool)
-    for g, r in outside:
-        bad |= (gid == g) & (ranks == r)
-    unplaced = _unplaced(t, bad, loose & ~legacy_rank, group_counts)
+    bad = _outside(gid, ranks, coll, groups)
+    unplaced = _unplaced(t, bad, loose & ~legacy_rank, group_counts, said)
     keep = (gid != -2) & ~bad
     kept_ranks = ranks[keep]
     frame = pd.DataFrame({"rank": kept_ranks, "host": pd.Series(kept_ranks).map(hosts).to_numpy(object),
@@ -134,14 +132,33 @@ def _kind(name: str) -> int:
     return SEND if "send" in lowered else RECV if "recv" in lowered else COLLECTIVE
 
 
-def _unplaced(t: pd.DataFrame, outside: np.ndarray, ungrouped: np.ndarray, group_counts: dict) -> list[dict]:
-    """Unmatched entries for records whose group does not hold their rank, and for records without
-    a group on a rank with several."""
+def _outside(gid: np.ndarray, ranks: np.ndarray, coll: np.ndarray, groups: Groups) -> np.ndarray:
+    """Which records name a group (by members) that does not hold their rank."""
+    pairs_ = pd.DataFrame({"gid": gid[coll], "rank": ranks[coll]}).drop_duplicates()
+    bad = np.zeros(len(gid), bool)
+    for g, r in zip(pairs_["gid"], pairs_["rank"]):
+        if r not in set(groups.members[g]):
+            bad |= (gid == g) & (ranks == r)
+    return bad
+
+
+def _says_why(t: pd.DataFrame) -> np.ndarray:
+    """Which records' summaries say why they have no group (`unplaced`; a table may lack the column)."""
+    if "unplaced" not in t.columns:
+        return np.zeros(len(t), bool)
+    return np.array([isinstance(why, str) and bool(why) for why in t["unplaced"].to_numpy(object)], bool)
+
+
+def _unplaced(t: pd.DataFrame, outside: np.ndarray, ungrouped: np.ndarray, group_counts: dict,
+              said: np.ndarray) -> list[dict]:
+    """Unmatched entries for records whose group does not hold their rank, for records without
+    a group on a rank with several, and for records whose summary says why they have none."""
     entries = [_entry(row.rank, row._asdict(), f"its group {ranks_text(list(row.members))} does not hold this rank")
                for row in t[outside].itertuples(index=False)]  # fmt: skip
     entries += [_entry(row.rank, row._asdict(), "its process group is not in the trace (the backend writes none) "
                        f"and the rank has {group_counts.get(row.rank)} groups")
                 for row in t[ungrouped].itertuples(index=False)]  # fmt: skip
+    entries += [_entry(row.rank, row._asdict(), row.unplaced) for row in t[said].itertuples(index=False)]
     return entries
 
 
