@@ -99,9 +99,7 @@ def records(table: pd.DataFrame, group_counts: dict[int, int | None], hosts: dic
             ids[code] = groups.id(sets[code], first_desc.get(code))
         gid[coll] = ids[codes[coll]]
     ranks = t["rank"].to_numpy(np.int64)
-    # a rank outside the group its record names
-    pairs_ = pd.DataFrame({"gid": gid[coll], "rank": ranks[coll]}).drop_duplicates()
-    outside = {(g, r) for g, r in zip(pairs_["gid"], pairs_["rank"]) if r not in set(groups.members[g])}
+    outside = _outside(gid[coll], ranks[coll], groups)
     few_groups = {r for r in np.unique(ranks).tolist() if group_counts.get(r) is None or group_counts.get(r) <= 1}
     legacy_rank = np.isin(ranks, list(few_groups))
     loose = ~p2p & ~has_members
@@ -128,6 +126,13 @@ def records(table: pd.DataFrame, group_counts: dict[int, int | None], hosts: dic
                                      "trace does not name their peer"] if unnamed else []  # fmt: skip
 
 
+def _outside(gids: np.ndarray, ranks: np.ndarray, groups: Groups) -> set[tuple[int, int]]:
+    """(group, rank) of each record whose group does not hold its rank."""
+    pairs_ = pd.DataFrame({"gid": gids, "rank": ranks}).drop_duplicates()
+    holds = {g: set(groups.members[g]) for g in pd.unique(pairs_["gid"])}  # each group's members once
+    return {(g, r) for g, r in zip(pairs_["gid"], pairs_["rank"]) if r not in holds[g]}
+
+
 def _kind(name: str) -> int:
     """COLLECTIVE, or SEND / RECV for a point-to-point transfer, by the collective's name."""
     lowered = name.lower()
@@ -147,23 +152,27 @@ def _unplaced(t: pd.DataFrame, outside: np.ndarray, ungrouped: np.ndarray, group
 
 def intern_members(values: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
     """Each row's group as a code into a list of distinct member tuples (-1: none). A table holds
-    a few groups thousands of times, mostly as one object each: a group is hashed once an object."""
-    by_object: dict[int, int] = {}
+    a few groups thousands of times, mostly as one object each: a group is hashed once an object,
+    and the rows are told apart by their objects' ids, at once."""
+    codes = np.full(len(values), -1, np.int64)
+    if not len(values):
+        return codes, []
+    objects, first, inverse = np.unique(np.fromiter(map(id, values), np.int64, len(values)), return_index=True,
+                                        return_inverse=True)  # fmt: skip
     by_value: dict[tuple, int] = {}
     sets: list[tuple] = []
-    codes = np.full(len(values), -1, np.int64)
-    for i, members in enumerate(values):
+    object_codes = np.full(len(objects), -1, np.int64)
+    for k in np.argsort(first, kind="stable"):  # codes in the order the groups first appear, as rows go
+        members = values[first[k]]
         if not isinstance(members, (tuple, list, np.ndarray)) or len(members) == 0:
             continue
-        code = by_object.get(id(members))
+        key = tuple(int(m) for m in members)
+        code = by_value.get(key)
         if code is None:
-            key = tuple(int(m) for m in members)
-            code = by_value.get(key)
-            if code is None:
-                code = by_value[key] = len(sets)
-                sets.append(key)
-            by_object[id(members)] = code
-        codes[i] = code
+            code = by_value[key] = len(sets)
+            sets.append(key)
+        object_codes[k] = code
+    codes[:] = object_codes[inverse.reshape(-1)]
     return codes, sets
 
 
