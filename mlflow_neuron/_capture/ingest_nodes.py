@@ -15,8 +15,7 @@ summaries, made in the full read of its cycles, join the first block, which is r
 that. A task holds one block's summaries; whatever the job's size, memory is the workers times a
 block. A trace that cannot be read costs its own summary: its task says why, the rest is written.
 
-Each summary goes through JSON on its way to the file, as the callback's does (`node_parts`). This
-module imports no MLflow and no pandas: a worker starts in a fraction of a second.
+This module imports no MLflow and no pandas: a worker starts in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ def read_block(traces: list[tuple[str, int]], world_size: int, out: str, lowest:
         summary["cycle_step"] = cycle = cycle_of(summary)
         record = manifest([], neuron_dir=neuron_dir(cycle), output_dir="", trace_source=trace, max_file_bytes=None,
                           rank=rank)  # fmt: skip
-        parts.setdefault((summary["host"], cycle), []).append({"summary": parse(dumps(summary)), "manifest": record})
+        parts.setdefault((summary["host"], cycle), []).append({"summary": summary, "manifest": record})
         lines.append((trace, rank, cycle, None))
     files = []
     for (host, cycle), group in sorted(parts.items(), key=lambda item: (item[0][1], str(item[0][0]))):

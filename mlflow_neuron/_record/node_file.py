@@ -128,6 +128,8 @@ def _members(value, sets: list) -> list[int] | None:
         value = sets[value] if 0 <= value < len(sets) else None
     if not isinstance(value, (list, tuple)) or not value:
         return None
+    if all(type(v) is int for v in value):  # as a summary has them: no call a rank
+        return list(value)
     ranks = [_int(v) for v in value]
     return None if any(r is None for r in ranks) else ranks
 
