@@ -186,13 +186,15 @@ def _send(job: CycleJob, preparer: Preparer, logger: RunLogger, reporter: Report
 
 
 def _send_block(block: Block, logger: RunLogger, reporter: Reporter, out) -> None:
-    """A block's node files, sent in one artifact pass, then a line per trace."""
+    """A block's node files, sent in one artifact pass; a line for each, then a line per trace."""
     if block.files:
         logger.deliver_many([Delivery(step=cycle, timestamp_ms=int(time.time() * 1000), artifact_dir=cycle_dir(cycle),
                                       files_dir=str(Path(local).parent), placed=((Path(local).name, artifact),))
-                             for local, artifact, cycle in block.files])  # fmt: skip
-    for local, _, _ in block.files:
+                             for local, artifact, cycle, _ in block.files])  # fmt: skip
+    for local, artifact, _, count in block.files:
+        size = Path(local).stat().st_size
         shutil.rmtree(Path(local).parent, ignore_errors=True)
+        print(f"[node file] {artifact}: {count} rank summaries, 1 file(s), {human_size(size)}", file=out, flush=True)
     for trace, rank, cycle, problem in block.lines:
         if problem is None:
             print(f"[rank {rank}] {trace} -> its rank summary, step {cycle}", file=out, flush=True)

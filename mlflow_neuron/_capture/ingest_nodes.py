@@ -3,7 +3,7 @@
     with RankBlocks(others, world_size, tmp) as blocks:     # the pool starts on `others` at once
         ...                                                 # meanwhile: the lowest rank's cycles, in full
         for block in blocks.results(lowest):                # `lowest`: their summaries (JSON bytes)
-            block.files                                     # (local file, artifact path, cycle) to send
+            block.files                                     # (local file, artifact path, cycle, ranks) to send
             block.lines                                     # (trace, rank, cycle, why it has no summary)
 
 `ingest` logs the lowest rank's cycles in full and takes every other rank's trace for its rank
@@ -46,7 +46,7 @@ NODE_FILE_NAME = "node.parquet"  # each in a folder of its own (one delivery's f
 class Block:
     """What one block gave: its node files, and a line per trace."""
 
-    files: tuple[tuple[str, str, int], ...]  # (local file, artifact path, cycle)
+    files: tuple[tuple[str, str, int, int], ...]  # (local file, artifact path, cycle, ranks in it)
     lines: tuple[tuple[str, int, int | None, str | None], ...]  # (trace, rank, cycle or None, problem or None)
 
 
@@ -76,7 +76,7 @@ def read_block(traces: list[tuple[str, int]], world_size: int, out: str, lowest:
         folder = Path(out, f"cycle_{cycle}_rank_{first}_{len(files)}")
         folder.mkdir(parents=True)
         node_file.write(group, folder / NODE_FILE_NAME, host=host, cycle_step=cycle)
-        files.append((str(folder / NODE_FILE_NAME), node_file_path(host, cycle, first), cycle))
+        files.append((str(folder / NODE_FILE_NAME), node_file_path(host, cycle, first), cycle, len(group)))
     return Block(tuple(files), tuple(lines))
 
 
