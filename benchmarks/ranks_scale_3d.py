@@ -3,6 +3,9 @@ run, at 64, 1,024 and 4,096 ranks, through a real `mlflow server`: seconds, peak
 
     python benchmarks/ranks_scale_3d.py [--ranks 64 1024 4096] [--repeats 2] [--traces DIR]
 
+About 3 minutes on 2 quiet cores, and 40 s more the first time, to make the traces (1.9 GB at
+4,096 ranks). Figures: docs/figures.md, "Ranks at scale".
+
 Each job is made by the trace generator (`tests/rank3d.py`: NCCL-format Kineto traces, one file a
 rank, 6 profiled steps, TP 8 x PP 4 x DP (ranks / 32), TP 4 x PP 2 x DP 8 at 64 ranks; 32 ranks a
 host, host clocks up to 5 ms apart, one rank 15 ms slow before each of its TP all_reduces), once:
