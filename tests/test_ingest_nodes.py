@@ -5,12 +5,13 @@ gives the report the ranks' summaries give in this process."""
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 from conftest import artifact_files
 from mlflow.tracking import MlflowClient
 from rank3d import Job3D, generate
 
 from mlflow_neuron._analysis.ranks.analysis import analyze
-from mlflow_neuron._capture.ingest_nodes import blocks_of
+from mlflow_neuron._capture.ingest_nodes import RankBlocks, blocks_of
 from mlflow_neuron._readback.ranks import read_ranks
 from mlflow_neuron._record.model import node_file_of
 from mlflow_neuron._trace.collectives import rank_summary_from_chrome
@@ -44,3 +45,14 @@ def test_ranks_are_read_in_blocks_of_whole_hosts_the_lowest_rank_in_the_first():
     assert all(len({ranks[i] // 64 for i in block}) == 1 for block in blocks)
     assert [len(b) for b in blocks_of(list(range(64)), workers=2)] == [8] * 8  # a few: small blocks, for both workers
     assert [len(b) for b in blocks_of([0, 0, 1, 1], workers=2)] == [4]  # two cycles a rank
+
+
+def test_a_worker_that_dies_is_said_at_once_and_the_others_are_stopped(tmp_path):
+    truth = generate(Job3D(tp=4, pp=2, dp=8), tmp_path / "job")
+    others = [(truth["files"][r], r) for r in range(1, 64)]
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")  # where each block's files should go: every task fails, and its worker ends
+    with pytest.raises(RuntimeError, match="a process reading rank traces ended"):
+        with RankBlocks(others, 64, not_a_folder, 0, workers=2) as blocks:
+            list(blocks.results([]))
+    assert all(process.poll() is not None for process, _ in blocks.workers)

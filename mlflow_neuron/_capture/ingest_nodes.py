@@ -100,6 +100,19 @@ def blocks_of(ranks: list[int], workers: int) -> list[list[int]]:
     return [grouped[key] for key in sorted(grouped)]
 
 
+def worker_env() -> dict[str, str]:
+    """This environment, with the folder this `mlflow_neuron` was imported from on PYTHONPATH where
+    it is a source checkout (a caller may have put it on `sys.path` itself), not where it is
+    installed (site-packages ahead of the standard library could hide a module of it)."""
+    import site
+
+    home = Path(__file__).resolve().parents[2]
+    installed = [*getattr(site, "getsitepackages", list)(), site.getusersitepackages()]
+    if any(home == Path(p).resolve() for p in installed):
+        return dict(os.environ)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(home), os.environ.get("PYTHONPATH")) if p)}
+
+
 def default_workers() -> int:
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -146,10 +159,8 @@ class RankBlocks:
             yield got
 
     def _start(self) -> None:
-        package_home = str(Path(__file__).resolve().parents[2])  # where `mlflow_neuron` is imported from
-        path = os.pathsep.join(p for p in (package_home, os.environ.get("PYTHONPATH")) if p)
         process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   env={**os.environ, "PYTHONPATH": path})  # fmt: skip
+                                   env=worker_env())  # fmt: skip
         thread = threading.Thread(target=self._drive, args=(process,), name="mlflow-neuron-ingest", daemon=True)
         self.workers.append((process, thread))
         thread.start()
@@ -167,7 +178,7 @@ class RankBlocks:
                 if not answer:
                     raise RuntimeError(f"a process reading rank traces ended (exit code {process.wait()})")
                 self.done.put(Block(*(tuple(map(tuple, part)) for part in parse(answer))))
-            except (OSError, RuntimeError, ValueError) as error:
+            except Exception as error:  # noqa: BLE001 - whatever it is, the reader must hear of it, not wait
                 self.done.put(RuntimeError(f"mlflow-neuron ingest: {error}"))
                 return
 
