@@ -261,10 +261,11 @@ def test_ingest_and_sync_progress_lines_count_every_file_with_its_size(tracking_
         profile_rmsnorm(MLflowProfilerCallback(tensorboard_trace_handler(str(folder))))
     capsys.readouterr()
     assert cli_main(["ingest", str(folder), "--experiment", "ingested"]) == 0
-    line = capsys.readouterr().out.splitlines()[0]
-    # trace.json.gz, ops.json, steps.json, step_totals.json, timeline.json, key_averages.txt, manifest.json,
-    # and the rank summary
-    assert " 8 file(s), " in line and not line.endswith(" 0 B"), line
+    cycle, node = capsys.readouterr().out.splitlines()[:2]
+    # trace.json.gz, ops.json, steps.json, step_totals.json, timeline.json, key_averages.txt, manifest.json;
+    # then the node file that holds the rank summary
+    assert " 7 file(s), " in cycle and not cycle.endswith(" 0 B"), cycle
+    assert node.startswith("[node file] profiler/ranks/node_") and " 1 file(s), " in node and " 0 B" not in node, node
 
     outbox = tmp_path / "outbox"
     offline = MLflowProfilerCallback(tracking_uri=refusing_server, experiment_id="0", outbox=outbox, retry_wait_s=0.01)

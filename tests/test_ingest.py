@@ -13,7 +13,8 @@ from torch.profiler import tensorboard_trace_handler
 from workloads import profile_rmsnorm
 
 from mlflow_neuron import MLflowProfilerCallback
-from mlflow_neuron._analysis.ranks.analysis import analyze
+from mlflow_neuron._readback.ranks import read_ranks
+from mlflow_neuron._record.model import node_file_of
 from mlflow_neuron.cli import main as cli_main
 
 NUMBERS = ["calls", "self_device_time_us", "device_time_us", "self_cpu_time_us", "cpu_time_us"]
@@ -135,9 +136,11 @@ def test_unknown_categories_are_ignored(tracking_uri, tmp_path):
 MULTI_RANK = Path(__file__).parent / "fixtures" / "multi_rank" / "gloo_4rank_slow2"  # rank 2 slept before each all_reduce
 
 
-def rank_summaries(client, run_id, dst):
-    paths = sorted(p for p in artifact_files(client, run_id, "profiler/ranks"))
-    return [read_json_artifact(client, run_id, p, dst) for p in paths]
+def rank_summaries(client, run_id):
+    """The run's rank summaries as `ranks` reads them; every file under profiler/ranks/ a node file."""
+    paths = sorted(p.removeprefix("profiler/ranks/") for p in artifact_files(client, run_id, "profiler/ranks"))
+    assert paths and all(node_file_of(p) for p in paths), paths
+    return read_ranks(run_id, client=client)
 
 
 def test_a_folder_of_one_trace_per_rank_makes_one_run_with_every_ranks_summary(tracking_uri, tmp_path):
@@ -154,8 +157,8 @@ def test_a_folder_of_one_trace_per_rank_makes_one_run_with_every_ranks_summary(t
         assert cli_main(["ingest", str(folder), "--experiment", "ranks", "--run-name", name]) == 0
         [run] = client.search_runs([client.get_experiment_by_name("ranks").experiment_id],
                                    filter_string=f"attributes.run_name = '{name}'")  # fmt: skip
-        summaries = rank_summaries(client, run.info.run_id, tmp_path / name)
-        assert sorted((s["rank"], s["world_size"]) for s in summaries) == [(r, 4) for r in range(4)]
-        assert len({s["cycle_step"] for s in summaries}) == 1
+        read = rank_summaries(client, run.info.run_id)
+        assert sorted((s["rank"], s["world_size"]) for s in read.summaries) == [(r, 4) for r in range(4)]
+        assert len(read.cycles) == 1 and read.notes == []
         assert "profiler/total/aten_calls" in run.data.metrics  # rank 0's cycle, in full
-        assert analyze(summaries, expected_world_size=4).straggler["rank"] == 2
+        assert read.report.straggler["rank"] == 2

@@ -20,6 +20,7 @@ from conftest import ROOT, TESTS, artifact_files
 from mlflow.tracking import MlflowClient
 
 from mlflow_neuron._analysis.ranks.frames import collectives_frame
+from mlflow_neuron._readback.ranks import read_ranks
 from mlflow_neuron._record import node_file as node_file_format
 from mlflow_neuron._record.model import node_file
 from mlflow_neuron._trace import chrome, collectives
@@ -79,7 +80,7 @@ def test_ingest_reads_each_trace_once_and_still_logs_its_rank_summary(tracking_u
     traces = sorted(p.name for p in folder.iterdir() if ".json" in p.name)
     assert dict(reads) == {name: 1 for name in traces}
     run = MlflowClient().search_runs([MlflowClient().get_experiment_by_name("once").experiment_id])[0]
-    assert len(MlflowClient().list_artifacts(run.info.run_id, "profiler/ranks")) == len(traces)
+    assert len(read_ranks(run.info.run_id).summaries) == len(traces)  # in its node's file
 
 
 def test_the_helper_reads_each_cycles_trace_once_and_the_rank_summary_is_the_same(tmp_path):

@@ -246,6 +246,31 @@ def test_a_gloo_job_read_from_its_node_files_gives_the_same_report_as_its_summar
     for collectives in (table, table.astype({"lane": object, "peer_index": object})):
         assert analyze(read, collectives=collectives).to_json() == from_lists.to_json()
 
+
+def test_each_group_is_written_once_a_file_and_a_version_1_file_is_still_read(tmp_path):
+    """Version 2 writes a group's ranks once a file (an index a record, an index a process group);
+    version 1 wrote them on every record and in every rank's process groups. Both read the same."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    summaries = [{**_summary_v2(r, 6), "groups": [{"name": "0", "desc": "default_pg", "ranks": [0, 1]}]} for r in (0, 1)]
+    node_file.write([{"summary": s, "manifest": None} for s in summaries], tmp_path / "v2.parquet", host="h", cycle_step=6)
+    table = pq.read_table(tmp_path / "v2.parquet")
+    meta = json.loads(table.schema.metadata[node_file.METADATA_KEY])
+    assert meta["version"] == 2 and meta["member_sets"] == [[0, 1]] and table.column("members").to_pylist() == [0, None] * 2
+    assert [r["summary"]["groups"][0]["ranks"] for r in meta["ranks"]] == [0, 0]
+    old = {**meta, "version": 1, "ranks": [{**r, "summary": {**r["summary"], "groups": s["groups"]}}
+                                           for r, s in zip(meta["ranks"], summaries)]}  # fmt: skip
+    old.pop("member_sets")
+    listed = pa.array([[0, 1], None] * 2, pa.list_(pa.int64()))
+    v1 = table.set_column(table.column_names.index("members"), "members", listed)
+    pq.write_table(v1.replace_schema_metadata({node_file.METADATA_KEY: json.dumps(old)}), tmp_path / "v1.parquet")
+    (read_2, frame_2), (read_1, frame_1) = node_file.read(tmp_path / "v2.parquet"), node_file.read(tmp_path / "v1.parquet")
+    assert read_1 == read_2 == [{k: v for k, v in s.items() if k not in ("collectives", "member_sets")} for s in summaries]
+    pd.testing.assert_frame_equal(frame_1, frame_2)
+    assert frame_2["members"].tolist() == [(0, 1), None, (0, 1), None] and frame_2["members"][0] is frame_2["members"][2]
+
+
 def _give(outbox: Path, area: str, rank: int, cycle: int, job: Job | None = None, run: RunRef | None = None) -> None:
     """A rank's part of a cycle, handed over as the drain hands it (`node_parts.take`)."""
     entry = outbox / f"{time.time_ns():020d}-1-{rank:06d}"

@@ -1,10 +1,10 @@
 """Ingesting profiles produced elsewhere: a Neuron profile output folder, a
 `tensorboard_trace_handler` folder, a folder of one chrome trace per rank, or one chrome-trace file.
 
-Every cycle also gets its rank summary (`profiler/ranks/rank_<r>/cycle_<step>.json`), as the
-callback sends it. Where the traces come from several ranks (`ranks`), the lowest rank's cycles
-are logged as the callback's rank 0 logs them, and every other rank's trace gives its rank summary
-only: one run for the job.
+Every cycle also gets its rank summary, in a node file (`profiler/ranks/node_<host>/cycle_<step>_rank_<first>.parquet`)
+as the callbacks of a node send them. Where the traces come from several ranks (`ranks`), the lowest
+rank's cycles are logged as the callback's rank 0 logs them, and every other rank's trace gives its
+rank summary only, read in a pool of processes meanwhile (`ingest_nodes`): one run for the job.
 
 Each cycle goes through the callback's own pipeline (`_trace.summarize`, then `Preparer`), so
 per-op numbers, keys and files come out as the callback's would for the same cycle, and an
@@ -20,14 +20,14 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .._delivery.outbox import human_size, link_or_copy, sent_files
 from .._record.job import CycleJob
 from .._neuron.manifest import manifest
 from .._delivery.mlflow_io import RunLogger
-from .._record.model import SOURCE_TAG, RunRef, cycle_dir
+from .._record.model import SOURCE_TAG, Delivery, RunRef, cycle_dir
 from .._record.rank_summary import rank_keywords
 from .._record.prepare import Preparer
 from .._delivery.report import Reporter
@@ -40,6 +40,7 @@ from .._trace.json_text import cycle_collector_paused
 from .._trace.summarize import CycleSettings, CycleSummary, RankPass, Summarized, summarize
 from .._trace.timeline import DEFAULT_MAX_SPANS
 from . import ingest_ranks as ranks
+from .ingest_nodes import Block, RankBlocks
 
 TENSORBOARD_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 CHROME_SUFFIXES = (".json", ".json.gz")
@@ -127,47 +128,54 @@ def weak_attribution(linking: Linking) -> str | None:
 
 
 def ingest(path: Path, run: RunRef | Callable[[], RunRef], *, top_k: int = 50, max_file_bytes: int | None = None,
-           out=None, log_timeline: bool = True, timeline_max_spans: int = DEFAULT_MAX_SPANS) -> tuple[str, int]:  # fmt: skip
+           out=None, log_timeline: bool = True, timeline_max_spans: int = DEFAULT_MAX_SPANS,
+           workers: int | None = None) -> tuple[str, int]:  # fmt: skip
     """Logs every cycle under `path` into `run`; returns (run id, cycles logged). With
-    `log_timeline`, each cycle is also a trace, as the callback logs it.
+    `log_timeline`, each cycle is also a trace, as the callback logs it. The other ranks' traces
+    are read in `workers` processes (default: one a CPU, at most 8).
 
     `run` may be a function that makes the run: it is called only once the first cycle has been
     read, so a path that holds no readable trace creates nothing."""
     out = out or sys.stdout
     reporter = Reporter()
-    preparer = Preparer(reporter, top_k=top_k)
+    preparer = Preparer(reporter, top_k=top_k, node_parts=True)  # the rank summaries go in node files
     cycles, others, world_size = ranks.split_by_rank(find_cycles(path))
-    logger = None
-    for index, cycle in enumerate(cycles, 1):
-        spec = ranks.summary_spec(cycle.trace, world_size)
-        step, summary, linking = read_cycle(cycle.trace, index, log_timeline=log_timeline, max_spans=timeline_max_spans,
-                                            rank=rank_keywords(spec))  # fmt: skip
-        attribution = linking.as_dict()
-        weak = weak_attribution(linking)
-        if weak:
-            attribution["warning"] = weak
-            warnings.warn(f"mlflow-neuron: {cycle.trace}: {weak}", MLflowNeuronWarning, stacklevel=2)
-        job = _job_for(cycle, summary, step, max_file_bytes, first=index == 1, attribution=attribution)
-        job.rank_summary = spec
-        if logger is None:
-            logger = RunLogger(run() if callable(run) else run)
-        delivery, files = _send(job, preparer, logger, reporter, cycle.trace)
-        print(f"[{index}/{len(cycles)}] {cycle.trace} -> step {step}: {len(summary.profile.ops)} ops, "
-              f"{len(delivery.metrics)} metrics, {len(files)} file(s), {human_size(sum(files.values()))}",
-              file=out, flush=True)  # fmt: skip
-    for trace in others:
-        job = ranks.summary_job(trace, world_size)
-        _send(job, preparer, logger, reporter, trace, run_summary=False)
-        print(f"[rank {job.rank_summary['rank']}] {trace} -> its rank summary, step {job.step}", file=out, flush=True)
+    logger, lowest = None, []
+    with tempfile.TemporaryDirectory(prefix="mlflow-neuron-ingest-") as tmp, \
+            RankBlocks(others, world_size, Path(tmp), ranks.summary_spec(cycles[0].trace, world_size)["rank"],
+                       workers) as blocks:  # fmt: skip
+        for index, cycle in enumerate(cycles, 1):
+            spec = ranks.summary_spec(cycle.trace, world_size)
+            step, summary, linking = read_cycle(cycle.trace, index, log_timeline=log_timeline,
+                                                max_spans=timeline_max_spans, rank=rank_keywords(spec))  # fmt: skip
+            attribution = linking.as_dict()
+            weak = weak_attribution(linking)
+            if weak:
+                attribution["warning"] = weak
+                warnings.warn(f"mlflow-neuron: {cycle.trace}: {weak}", MLflowNeuronWarning, stacklevel=2)
+            job = _job_for(cycle, summary, step, max_file_bytes, first=index == 1, attribution=attribution)
+            job.rank_summary = spec
+            if logger is None:
+                logger = RunLogger(run() if callable(run) else run)
+            delivery, files = _send(job, preparer, logger, reporter, cycle.trace, lowest)
+            print(f"[{index}/{len(cycles)}] {cycle.trace} -> step {step}: {len(summary.profile.ops)} ops, "
+                  f"{len(delivery.metrics)} metrics, {len(files)} file(s), {human_size(sum(files.values()))}",
+                  file=out, flush=True)  # fmt: skip
+        for block in blocks.results(lowest):
+            _send_block(block, logger, reporter, out)
     return logger.run.run_id, len(cycles)
 
 
-def _send(job: CycleJob, preparer: Preparer, logger: RunLogger, reporter: Reporter, trace: Path,
-          run_summary: bool = True):  # fmt: skip
-    """Prepares and delivers one job; (its delivery, {file: bytes} uploaded)."""
+def _send(job: CycleJob, preparer: Preparer, logger: RunLogger, reporter: Reporter, trace: Path, lowest: list):
+    """Prepares and delivers one job; (its delivery, {file: bytes} uploaded). Its rank summary is
+    added to `lowest` (JSON bytes), for its node's file."""
     try:
-        delivery = preparer.prepare(job)
-        delivery = preparer.with_run_summary(delivery) if run_summary else delivery
+        delivery = preparer.with_run_summary(preparer.prepare(job))
+        if delivery.rank_part is not None:
+            made = Path(delivery.files_dir, delivery.rank_part[0])
+            lowest.append(made.read_bytes())
+            made.unlink()
+            delivery = replace(delivery, rank_part=None)
         _, vanished = logger.deliver(delivery)
         files = sent_files(delivery, vanished)  # what was uploaded: generated files and the profile's own
     finally:
@@ -175,6 +183,24 @@ def _send(job: CycleJob, preparer: Preparer, logger: RunLogger, reporter: Report
     for kind, problem in job.problems:
         reporter.problem(kind, f"{trace}: {problem}")
     return delivery, files
+
+
+def _send_block(block: Block, logger: RunLogger, reporter: Reporter, out) -> None:
+    """A block's node files, sent in one artifact pass; a line for each, then a line per trace."""
+    if block.files:
+        logger.deliver_many([Delivery(step=cycle, timestamp_ms=int(time.time() * 1000), artifact_dir=cycle_dir(cycle),
+                                      files_dir=str(Path(local).parent), placed=((Path(local).name, artifact),))
+                             for local, artifact, cycle, _ in block.files])  # fmt: skip
+    for local, artifact, _, count in block.files:
+        size = Path(local).stat().st_size
+        shutil.rmtree(Path(local).parent, ignore_errors=True)
+        print(f"[node file] {artifact}: {count} rank summaries, 1 file(s), {human_size(size)}", file=out, flush=True)
+    for trace, rank, cycle, problem in block.lines:
+        if problem is None:
+            print(f"[rank {rank}] {trace} -> its rank summary, step {cycle}", file=out, flush=True)
+        else:
+            print(f"[rank {rank}] {trace} -> no rank summary: {problem}", file=out, flush=True)
+            reporter.problem("rank_summary", f"{trace}: no rank summary: {problem}")
 
 
 def _job_for(cycle: TraceCycle, summary: CycleSummary, step: int, max_file_bytes: int | None, first: bool,

@@ -3,48 +3,47 @@
 A trace names its rank in Kineto's `distributedInfo` (`{"backend", "rank", "world_size", ...}`,
 near the top of the file); a trace without it is placed by its file name (`rank0.json.gz`,
 `sampled_rank-1.json`, `neuron_framework_trace_rank_3.json`). The lowest rank's cycles are logged
-in full, as the callback's rank 0 logs them; every other rank's trace gives its rank summary only.
+in full, as the callback's rank 0 logs them; every other rank's trace gives its rank summary only
+(`ingest_nodes`).
 """
 
 from __future__ import annotations
 
 import gzip
 import re
-import tempfile
-import time
 import zlib
 from pathlib import Path
 
-from .._record.job import CycleJob
-from .._record.model import cycle_dir, neuron_dir
-from .._neuron.manifest import manifest
 
 HEAD_BYTES = 1024**2  # Kineto writes distributedInfo before the events
+FIRST_BYTES = 64 * 1024  # where it is, in every trace seen (the rest of HEAD_BYTES is read only if not)
 _NAME_RANK = re.compile(r"rank[_\-.]?(\d+)", re.IGNORECASE)
 _INFO = rb'"distributedInfo"\s*:\s*\{[^}]*?"%s"\s*:\s*(\d+)'
 _INFO_RANK, _INFO_WORLD = re.compile(_INFO % b"rank"), re.compile(_INFO % b"world_size")
-_STEP = re.compile(rb'"ProfilerStep#(\d+)"')
 
 
 def trace_rank(path: Path) -> tuple[int | None, int | None]:
     """(rank, world size) of a trace file: its `distributedInfo`, else the rank in its name; None
     where neither says. A file that is not a chrome trace has no rank."""
     try:
-        head = _read(path, HEAD_BYTES)
+        head = _read(path, FIRST_BYTES)
+        rank, world = _INFO_RANK.search(head), _INFO_WORLD.search(head)
+        if not (rank and world and max(rank.end(), world.end()) < len(head)) and len(head) == FIRST_BYTES:
+            head = _read(path, HEAD_BYTES)  # not all there, or a number cut at the end
+            rank, world = _INFO_RANK.search(head), _INFO_WORLD.search(head)
     except (OSError, EOFError, zlib.error):  # BadGzipFile is an OSError; a corrupt stream, zlib.error
         return None, None
     if b'"traceEvents"' not in head and b"distributedInfo" not in head:
         return None, None
-    rank, world = _INFO_RANK.search(head), _INFO_WORLD.search(head)
     named = _NAME_RANK.search(Path(path).name)
     rank_value = int(rank.group(1)) if rank else int(named.group(1)) if named else None
     return rank_value, int(world.group(1)) if world else None
 
 
-def split_by_rank(cycles: list) -> tuple[list, list[Path], int]:
-    """(the cycles logged in full, the other ranks' traces, the job's world size). One rank (or
-    none named): every cycle is logged in full. Raises ValueError for a trace without a rank
-    among traces of several ranks."""
+def split_by_rank(cycles: list) -> tuple[list, list[tuple[Path, int]], int]:
+    """(the cycles logged in full, the other ranks' traces with their ranks, the job's world size).
+    One rank (or none named): every cycle is logged in full. Raises ValueError for a trace without
+    a rank among traces of several ranks."""
     found = [(trace_rank(c.trace), c) for c in cycles]
     ranks = {rank for (rank, _), _ in found if rank is not None}
     worlds = [world for (_, world), _ in found if world]
@@ -55,7 +54,7 @@ def split_by_rank(cycles: list) -> tuple[list, list[Path], int]:
         raise ValueError(f"traces of ranks {sorted(ranks)} beside traces that name no rank "
                          f"(no distributedInfo, no rank in the file name): {', '.join(unplaced)}")  # fmt: skip
     lowest = min(ranks)
-    return ([c for (rank, _), c in found if rank == lowest], [c.trace for (rank, _), c in found if rank != lowest],
+    return ([c for (rank, _), c in found if rank == lowest], [(c.trace, rank) for (rank, _), c in found if rank != lowest],
             max(worlds, default=max(ranks) + 1))  # fmt: skip
 
 
@@ -63,21 +62,6 @@ def summary_spec(trace: Path, world_size: int) -> dict:
     """What `CycleJob.rank_summary` asks for a trace: its rank (0 where it names none)."""
     rank, _ = trace_rank(trace)
     return {"rank": rank or 0, "world_size": world_size, "host": None, "trace": str(Path(trace).absolute())}
-
-
-def summary_job(trace: Path, world_size: int) -> CycleJob:
-    """A job that sends only a rank's summary (and its manifest), at the step the callback would
-    have logged the trace's cycle at: its last ProfilerStep + 1."""
-    spec = summary_spec(trace, world_size)
-    steps = [int(n) for n in _STEP.findall(_read(trace))]
-    step = max(steps) + 1 if steps else 1
-    step_dir = cycle_dir(step, spec['rank'])
-    job = CycleJob(step=step, timestamp_ms=int(time.time() * 1000), artifact_dir=step_dir,
-                   staged_dir=Path(tempfile.mkdtemp(prefix="mlflow-neuron-ingest-")), rank_summary=spec,
-                   upload_trace=False)  # fmt: skip
-    job.manifest = manifest([], neuron_dir=neuron_dir(step), output_dir="", trace_source=str(trace),
-                            max_file_bytes=None, rank=spec["rank"])  # fmt: skip
-    return job
 
 
 def _read(path: Path, size: int = -1) -> bytes:

@@ -1,6 +1,6 @@
 """A run's downloaded `profiler/ranks/` parsed: its node files (`_record.node_file`, one Parquet file
 per node per cycle) and the JSON rank summaries of runs logged before them (one file per rank per
-cycle; `ingest` still logs these). Read only, no MLflow.
+cycle). Read only, no MLflow.
 
     summaries, collectives, notes = parse_folder(folder)
     # summaries: every rank summary without its "collectives", in (rank, cycle) order

@@ -7,7 +7,7 @@ Example::
 
 The consumer of each node of a job uploads one Parquet file per profiled cycle holding every local
 rank's summary, `profiler/ranks/node_<host>/cycle_<step>_rank_<first>.parquet`; runs logged
-before (and `ingest`) hold one JSON file per rank per cycle, `profiler/ranks/rank_<r>/cycle_<step>.json`
+before them hold one JSON file per rank per cycle, `profiler/ranks/rank_<r>/cycle_<step>.json`
 (the formats are in docs/ranks.md). Only a reader sees every rank, so the analysis happens here: the
 folder is downloaded at once (`download_folder`: its node and rank folders listed and their files
 fetched side by side), each file checked (`rank_files`), and the summaries and their collectives,

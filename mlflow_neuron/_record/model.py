@@ -37,8 +37,8 @@ TRACE = "trace.json.gz"  # the framework trace, when no Neuron session folder ho
 MANIFEST = "manifest.json"  # every file found, where it went, its checksum; NTFFs with their NEFFs
 # Every rank's compact summary of each cycle (`_trace.collectives`). The callback sends one
 # columnar file per node per cycle, NODE_FILE (`node_file`: every local rank's summary of the
-# cycle), made by the node's consumer; `ingest`, and runs profiled before node files, one JSON file per
-# rank per cycle, RANK_SUMMARY. Readers read both. In a cycle's files the rank's own summary lies
+# cycle), made by the node's consumer; `ingest` sends such files too (`_capture.ingest_nodes`). Runs
+# profiled before node files hold one JSON file per rank per cycle, RANK_SUMMARY. Readers read both. In a cycle's files the rank's own summary lies
 # as RANK_SUMMARY_FILE until it is sent (or handed to its node's file, `Delivery.rank_part`).
 RANKS_FOLDER = PROFILER_FOLDER + "/ranks"
 RANK_SUMMARY_NAME = "rank_{rank}/cycle_{step}.json"  # under RANKS_FOLDER

@@ -56,7 +56,7 @@ from .trace_text import TraceDraft, TraceText
 
 class Preparer:
     """`node_parts`: the rank summary is staged for its node's file (`Delivery.rank_part`, taken by
-    the drain: `_delivery.node_parts`), not placed at its own path (`ingest` places it)."""
+    the drain: `_delivery.node_parts`, or by `ingest` for its node files), not placed at its own path."""
 
     def __init__(self, reporter: Any, *, top_k: int, rank: int = 0, primary: bool = True, all_ranks: bool = False,
                  node_parts: bool = False):  # fmt: skip

@@ -5,7 +5,7 @@ time in collectives, exposed communication, idle time, copies, and each collecti
 end), made off the training thread from the trace the training thread saved (in the same read as
 the cycle's numbers where the rank logs them: `one_pass`). The callback's drain hands it to its
 node's file (`Delivery.rank_part`; `_delivery.node_parts`, `node_file`: every local rank's summary
-of a cycle in one file); `ingest` logs it at `model.RANK_SUMMARY`. The trace of a rank that logs no
+of a cycle in one file), as `ingest`'s node files do (`_capture.ingest_nodes`). The trace of a rank that logs no
 metrics of its own serves this summary only and is not uploaded. Reading the summaries back across
 ranks (waits, the straggler) is the read side's (`_readback.ranks`, `_analysis.ranks`).
 """

@@ -70,9 +70,16 @@ def _has_non_finite(value: Any) -> bool:
     if kind is float:
         return not math.isfinite(value)
     if kind is dict:
-        return any(_has_non_finite(v) for v in value.values())
-    if kind is list or kind is tuple:
-        return any(_has_non_finite(v) for v in value)
+        value = value.values()
+    elif kind is not list and kind is not tuple:
+        return False
+    for item in value:  # a call only for what may hold a float: a rank summary's lists are thousands of ints
+        kind = type(item)
+        if kind is float:
+            if not math.isfinite(item):
+                return True
+        elif (kind is dict or kind is list or kind is tuple) and _has_non_finite(item):
+            return True
     return False
 
 

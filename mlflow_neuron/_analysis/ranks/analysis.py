@@ -228,7 +228,10 @@ def _median_wait_by_name(per_step: pd.DataFrame, ranks: list[int]) -> dict[int, 
     table = per_step.pivot_table(index=["rank", "step"], columns="name", values="wait_us", aggfunc="sum",
                                  fill_value=0.0, dropna=False)  # fmt: skip
     medians = table.groupby(level="rank").median().to_dict("index")
-    present = per_step.groupby("rank")["name"].unique().to_dict()
+    present: dict[int, list[str]] = {}  # each rank's names, in the order they appear
+    pairs = per_step[["rank", "name"]].drop_duplicates()
+    for rank, name in zip(pairs["rank"].tolist(), pairs["name"].tolist()):
+        present.setdefault(rank, []).append(name)
     return {r: {n: float(medians[r][n]) for n in present.get(r, [])} if r in medians else {} for r in ranks}
 
 

@@ -135,9 +135,10 @@ def _kind(name: str) -> int:
 def _outside(gid: np.ndarray, ranks: np.ndarray, coll: np.ndarray, groups: Groups) -> np.ndarray:
     """Which records name a group (by members) that does not hold their rank."""
     pairs_ = pd.DataFrame({"gid": gid[coll], "rank": ranks[coll]}).drop_duplicates()
+    holds = {g: set(groups.members[g]) for g in pd.unique(pairs_["gid"])}  # each group's members once
     bad = np.zeros(len(gid), bool)
     for g, r in zip(pairs_["gid"], pairs_["rank"]):
-        if r not in set(groups.members[g]):
+        if r not in holds[g]:
             bad |= (gid == g) & (ranks == r)
     return bad
 
@@ -164,23 +165,27 @@ def _unplaced(t: pd.DataFrame, outside: np.ndarray, ungrouped: np.ndarray, group
 
 def intern_members(values: np.ndarray) -> tuple[np.ndarray, list[tuple]]:
     """Each row's group as a code into a list of distinct member tuples (-1: none). A table holds
-    a few groups thousands of times, mostly as one object each: a group is hashed once an object."""
-    by_object: dict[int, int] = {}
+    a few groups thousands of times, mostly as one object each: a group is hashed once an object,
+    and the rows are told apart by their objects' ids, at once."""
+    codes = np.full(len(values), -1, np.int64)
+    if not len(values):
+        return codes, []
+    objects, first, inverse = np.unique(np.fromiter(map(id, values), np.int64, len(values)), return_index=True,
+                                        return_inverse=True)  # fmt: skip
     by_value: dict[tuple, int] = {}
     sets: list[tuple] = []
-    codes = np.full(len(values), -1, np.int64)
-    for i, members in enumerate(values):
+    object_codes = np.full(len(objects), -1, np.int64)
+    for k in np.argsort(first, kind="stable"):  # codes in the order the groups first appear, as rows go
+        members = values[first[k]]
         if not isinstance(members, (tuple, list, np.ndarray)) or len(members) == 0:
             continue
-        code = by_object.get(id(members))
+        key = tuple(int(m) for m in members)
+        code = by_value.get(key)
         if code is None:
-            key = tuple(int(m) for m in members)
-            code = by_value.get(key)
-            if code is None:
-                code = by_value[key] = len(sets)
-                sets.append(key)
-            by_object[id(members)] = code
-        codes[i] = code
+            code = by_value[key] = len(sets)
+            sets.append(key)
+        object_codes[k] = code
+    codes[:] = object_codes[inverse.reshape(-1)]
     return codes, sets
 
 

@@ -144,7 +144,8 @@ def _downstream(kept, steps, members, groups) -> dict | None:
     outside = steps[~steps["rank"].isin(members)]
     if outside.empty:
         return None
-    total = (outside["wait_us"].fillna(0.0) + outside["bubble_us"].fillna(0.0)).groupby(outside["rank"]).median()
+    total = (outside["wait_us"].astype(float).fillna(0.0) + outside["bubble_us"].astype(float).fillna(0.0)
+             ).groupby(outside["rank"]).median()  # floats: a median per rank at once, not a group at a time
     theirs = kept[~kept["rank"].isin(members)]
     where = theirs.groupby("gid")["wait_us"].sum() if len(theirs) else pd.Series(dtype=float)
     bubble = outside["bubble_us"].fillna(0.0).sum()
