@@ -175,6 +175,9 @@ def parser() -> CommandParser:
         "ingest",
         help="log a Neuron profile folder, a tensorboard trace folder or a chrome trace into a run",
         description="Log profiles taken elsewhere, with the same metrics and layout as the callback.\n\n"
+        "A folder of one trace a rank (a torchrun job's): the lowest rank's cycle is logged in full, and\n"
+        "the other ranks' summaries as Parquet files by host and cycle, read by a pool of processes\n"
+        "(one a CPU, at most 8); `mlflow-neuron ranks RUN` then reads them.\n\n"
         "example: mlflow-neuron ingest ./neuron_profile --experiment trn2-runs --run-name llama-step",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
