@@ -223,5 +223,5 @@ def test_missing_died_gzip_legacy_and_the_folder_ingest_takes(tmp_path):
     # ingest's layout: tensorboard_trace_handler names, each rank placed by distributedInfo
     cycles = find_cycles(tmp_path)
     assert len(cycles) == 7 and all(c.trace.name.endswith(".pt.trace.json.gz") for c in cycles)
-    full, others, world = split_by_rank(cycles)
-    assert [trace_rank(c.trace)[0] for c in full] == [0] and len(others) == 6 and world == 8
+    full, others, world, left_out = split_by_rank(cycles)
+    assert [trace_rank(c.trace)[0] for c in full] == [0] and len(others) == 6 and world == 8 and left_out == []

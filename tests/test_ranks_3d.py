@@ -221,3 +221,27 @@ def test_a_gloo_job_read_as_one_table_gives_the_same_report_as_its_summaries():
     from_table, from_lists = analyze(bare, collectives=table), analyze(summaries)
     assert from_table.unmatched == [] and from_table.straggler["rank"] == from_lists.straggler["rank"] == 2
     assert from_table.to_json() == from_lists.to_json()
+
+
+def test_a_folder_with_one_file_that_is_no_trace_at_all_is_ingested_but_for_it(tmp_path, capsys, monkeypatch):
+    import warnings
+
+    from mlflow_neuron._readback.ranks import read_ranks
+    from mlflow_neuron.cli import main as cli_main
+
+    folder = tmp_path / "job"
+    generate(Job3D(tp=4, pp=2, dp=8, slow_rank=5), folder)  # 64 ranks
+    broken = sorted(folder.glob("*.pt.trace.json"))[2]
+    broken.write_text("garbage{")  # no rank, no traceEvents: left out, not a reason to refuse the folder
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = cli_main(["ingest", str(folder), "--experiment", "job", "--tracking-uri", uri])
+    out = capsys.readouterr().out
+    assert code == 0
+    said = [str(w.message) for w in caught if "MLflowNeuronWarning" in type(w.message).__name__]
+    assert len(said) == 1 and broken.name in said[0] and "not a readable chrome trace" in said[0], said
+    report = read_ranks(out.rsplit("into run ", 1)[1].split()[0], uri).report
+    assert report.missing == [2] and len(report.table) == 63
+    assert report.straggler is not None and report.straggler["rank"] == 5, report.sentence

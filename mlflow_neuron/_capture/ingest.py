@@ -139,7 +139,10 @@ def ingest(path: Path, run: RunRef | Callable[[], RunRef], *, top_k: int = 50, m
     out = out or sys.stdout
     reporter = Reporter()
     preparer = Preparer(reporter, top_k=top_k, node_parts=True)  # the rank summaries go in node files
-    cycles, others, world_size = ranks.split_by_rank(find_cycles(path))
+    cycles, others, world_size, left_out = ranks.split_by_rank(find_cycles(path))
+    for trace, why in left_out:  # among several ranks' traces: said, and the rest ingested
+        print(f"[left out] {trace}: not a readable chrome trace ({why})", file=out, flush=True)
+        reporter.problem("rank_summary", f"{trace}: not a readable chrome trace ({why}): left out")
     logger, lowest = None, []
     with tempfile.TemporaryDirectory(prefix="mlflow-neuron-ingest-") as tmp, \
             RankBlocks(others, world_size, Path(tmp), ranks.summary_spec(cycles[0].trace, world_size)["rank"],

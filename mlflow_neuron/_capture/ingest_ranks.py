@@ -40,22 +40,35 @@ def trace_rank(path: Path) -> tuple[int | None, int | None]:
     return rank_value, int(world.group(1)) if world else None
 
 
-def split_by_rank(cycles: list) -> tuple[list, list[tuple[Path, int]], int]:
-    """(the cycles logged in full, the other ranks' traces with their ranks, the job's world size).
-    One rank (or none named): every cycle is logged in full. Raises ValueError for a trace without
-    a rank among traces of several ranks."""
+def split_by_rank(cycles: list) -> tuple[list, list[tuple[Path, int]], int, list[tuple[Path, str]]]:
+    """(the cycles logged in full, the other ranks' traces with their ranks, the job's world size,
+    the files left out with why). One rank (or none named): every cycle is logged in full. Among
+    traces of several ranks, a file that is no chrome trace at all is left out (the caller says
+    so); a chrome trace that names no rank cannot be placed: ValueError."""
     found = [(trace_rank(c.trace), c) for c in cycles]
     ranks = {rank for (rank, _), _ in found if rank is not None}
     worlds = [world for (_, world), _ in found if world]
     if len(ranks) <= 1:
-        return cycles, [], max(worlds, default=1)
-    unplaced = [str(c.trace) for (rank, _), c in found if rank is None]
+        return cycles, [], max(worlds, default=1), []
+    unread = [(c.trace, why) for (rank, _), c in found if rank is None for why in [_not_a_trace(c.trace)] if why]
+    left = {path for path, _ in unread}
+    unplaced = [str(c.trace) for (rank, _), c in found if rank is None and c.trace not in left]
     if unplaced:
-        raise ValueError(f"traces of ranks {sorted(ranks)} beside traces that name no rank "
+        raise ValueError(f"traces of {len(ranks)} ranks ({min(ranks)}-{max(ranks)}) beside traces that name no rank "
                          f"(no distributedInfo, no rank in the file name): {', '.join(unplaced)}")  # fmt: skip
     lowest = min(ranks)
-    return ([c for (rank, _), c in found if rank == lowest], [(c.trace, rank) for (rank, _), c in found if rank != lowest],
-            max(worlds, default=max(ranks) + 1))  # fmt: skip
+    return ([c for (rank, _), c in found if rank == lowest], [(c.trace, rank) for (rank, _), c in found
+                                                             if rank is not None and rank != lowest],
+            max(worlds, default=max(ranks) + 1), unread)  # fmt: skip
+
+
+def _not_a_trace(path: Path) -> str | None:
+    """Why a file is no chrome trace (unreadable, or no traceEvents in its first bytes), else None."""
+    try:
+        head = _read(path, HEAD_BYTES)
+    except (OSError, EOFError, zlib.error) as error:
+        return f"it cannot be read ({type(error).__name__}: {error})"
+    return None if b'"traceEvents"' in head else "no traceEvents in its first bytes"
 
 
 def summary_spec(trace: Path, world_size: int) -> dict:
