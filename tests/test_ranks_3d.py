@@ -186,7 +186,17 @@ def test_at_256_ranks_the_picture_is_a_heat_map_with_the_straggler_boxed_and_the
     assert chart._cells(report.table, grid)[37] == (1, 5)
 
 
-def test_a_folder_with_one_corrupt_rank_trace_is_ingested_whole_but_for_it_in_one_line(tmp_path, capsys, monkeypatch):
+def _cut_mid_event(trace):
+    trace.write_bytes(trace.read_bytes()[:5000])  # its rank still read from distributedInfo
+
+
+def _no_trace_at_all(trace):
+    trace.write_text("garbage{")  # no rank, no traceEvents: left out, not a reason to refuse the folder
+
+
+@pytest.mark.parametrize("spoil", [_cut_mid_event, _no_trace_at_all])
+def test_a_folder_with_one_corrupt_rank_trace_is_ingested_whole_but_for_it_in_one_line(tmp_path, capsys, monkeypatch,
+                                                                                       spoil):  # fmt: skip
     import warnings
 
     from mlflow_neuron._readback.ranks import read_ranks
@@ -195,7 +205,7 @@ def test_a_folder_with_one_corrupt_rank_trace_is_ingested_whole_but_for_it_in_on
     folder = tmp_path / "job"
     generate(Job3D(tp=4, pp=2, dp=8, slow_rank=5), folder)  # 64 ranks
     broken = sorted(folder.glob("*.pt.trace.json"))[2]
-    broken.write_bytes(broken.read_bytes()[:5000])  # cut mid-event
+    spoil(broken)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.chdir(tmp_path)  # the new store's artifact root, ./mlruns, lands in tmp_path
     with warnings.catch_warnings(record=True) as caught:
@@ -221,27 +231,3 @@ def test_a_gloo_job_read_as_one_table_gives_the_same_report_as_its_summaries():
     from_table, from_lists = analyze(bare, collectives=table), analyze(summaries)
     assert from_table.unmatched == [] and from_table.straggler["rank"] == from_lists.straggler["rank"] == 2
     assert from_table.to_json() == from_lists.to_json()
-
-
-def test_a_folder_with_one_file_that_is_no_trace_at_all_is_ingested_but_for_it(tmp_path, capsys, monkeypatch):
-    import warnings
-
-    from mlflow_neuron._readback.ranks import read_ranks
-    from mlflow_neuron.cli import main as cli_main
-
-    folder = tmp_path / "job"
-    generate(Job3D(tp=4, pp=2, dp=8, slow_rank=5), folder)  # 64 ranks
-    broken = sorted(folder.glob("*.pt.trace.json"))[2]
-    broken.write_text("garbage{")  # no rank, no traceEvents: left out, not a reason to refuse the folder
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.chdir(tmp_path)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        code = cli_main(["ingest", str(folder), "--experiment", "job", "--tracking-uri", uri])
-    out = capsys.readouterr().out
-    assert code == 0
-    said = [str(w.message) for w in caught if "MLflowNeuronWarning" in type(w.message).__name__]
-    assert len(said) == 1 and broken.name in said[0] and "not a readable chrome trace" in said[0], said
-    report = read_ranks(out.rsplit("into run ", 1)[1].split()[0], uri).report
-    assert report.missing == [2] and len(report.table) == 63
-    assert report.straggler is not None and report.straggler["rank"] == 5, report.sentence
