@@ -57,6 +57,7 @@ TORCH_MODULES = {
     "_neuron.torch_neuronx",  # TorchNeuron's profiling API, feature-detected
     "_capture.interleave",  # profiles variants in rotation (torch.profiler's public API)
     "_capture.callback",
+    "_capture.adaptive",  # the callback's own schedule returns torch.profiler's ProfilerAction
     "_capture.hooks",
     "_capture.reader",
     "_capture.scheduled",

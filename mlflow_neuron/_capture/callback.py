@@ -30,6 +30,7 @@ from .._trace.peaks import PEAKS_ENV, load_peak
 from .._trace.profile import CycleProfile
 from .._trace.timeline import DEFAULT_MAX_SPANS
 from . import hooks, shutdown
+from .adaptive import AdaptiveSchedule
 from .distributed import Rank, create_primary_run, current_rank, in_distributed_job, join_primary_run
 from .host import HostSampler
 from .reader import CycleReader
@@ -215,6 +216,13 @@ class MLflowProfilerCallback:
         if stopping:
             self._flush_at_stop()  # the hook may have come too late for this stop()
 
+    def schedule(self, **options: Any) -> AdaptiveSchedule:
+        """This callback's own ``torch.profiler`` schedule: a baseline, then a capture each time the step
+        time changes, and the step time between as ``profiler/step_time_ms``. Options: `adaptive.OPTIONS`."""
+        send = self._producer.submit_record if self.rank.is_primary else None
+        self._reader.schedule = AdaptiveSchedule(self.reporter, send, **options)
+        return self._reader.schedule
+
     def mark_window_start(self) -> None:
         """Starts the next profiled window now, for the host's numbers (``system/profile/...``).
 
@@ -258,6 +266,8 @@ class MLflowProfilerCallback:
             try:
                 if self._system_metrics is not None:
                     self._system_metrics.stop()
+                if self._reader.schedule is not None:  # its last step times, queued before the end
+                    self._reader.schedule.close()
                 ends_run = self._owns_run and self.rank.is_primary
                 self._owns_run = False  # its end is queued once: a second close() does not queue another
                 # An explicit timeout gets at least a second: ending the run is one request.

@@ -38,6 +38,7 @@ from .._trace.kineto import deferred_trace_save, event_list, kineto_cycle
 from .._trace.profile import PRESENT
 from .._trace.summarize import ChromeTraceFile, CycleSettings, CycleSummary, Summarized
 from .._trace.table import NAME_WIDTH
+from .adaptive import AdaptiveSchedule, describe_cycle
 from .distributed import Rank
 from .settings import profiling_params
 
@@ -65,6 +66,7 @@ class CycleReader:
         self._watcher: OutputFolderWatcher | None = None
         self._params_read = False
         self._events_seen = 0  # for acc_events profiles, whose event list keeps earlier cycles
+        self.schedule: AdaptiveSchedule | None = None  # the callback's own schedule: why each cycle was captured
 
     def read(self, prof: Any, exported: list[str], hand_off: bool, staged_dir: Path | None = None) -> CycleJob:
         """The cycle as a job; `hand_off`: another process may read it, so save its trace now (into
@@ -74,7 +76,9 @@ class CycleReader:
                        artifact_dir=cycle_dir(step) if self.rank.is_primary else cycle_dir(step, self.rank.rank),
                        staged_dir=staged_dir or Path(tempfile.mkdtemp(prefix="mlflow-neuron-")),
                        register_table=self.rank.is_primary)  # fmt: skip
-        return self._fill(job, prof, exported, hand_off)
+        job = self._fill(job, prof, exported, hand_off)
+        describe_cycle(job, prof, self.schedule, self.rank.is_primary)
+        return job
 
     def _fill(self, job: CycleJob, prof: Any, exported: list[str], hand_off: bool) -> CycleJob:
         step = job.step

@@ -25,7 +25,10 @@ def profiling_params(prof: Any, *, device: str, output_dir: str | None) -> dict[
         "profiler.activities": ",".join(activity_names(prof)),
     }
     schedule = schedule_of(prof)
-    if schedule is None:
+    own = getattr(getattr(prof, "schedule", None), "params", None)  # the callback's own (`adaptive`)
+    if schedule is None and callable(own):
+        params.update(own())
+    elif schedule is None:
         params["profiler.schedule"] = "custom" if _has_custom_schedule(prof) else "none"
     else:
         params.update({f"profiler.schedule.{k}": str(v) for k, v in schedule.items()})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 
-from . import node_parts
+from . import entries, node_parts
 from . import outbox as _outbox
 from .drain import KEPT
 from .outbox import human_size
@@ -75,8 +75,8 @@ def refusals(producer) -> None:
             producer._refusals_said.add(path)
             step = next((s for e, s in producer.mine if e.name == path.name), "?")
             why = _outbox.reason_of(path)
-            producer.reporter.problem("rejected", rejected_message(f"profiler step {step}", producer.run, why, path),
-                                      MlflowException(why))  # fmt: skip
+            what = f"profiler step {step}" if step is not None else "a record of step times"
+            producer.reporter.problem("rejected", rejected_message(what, producer.run, why, path), MlflowException(why))
 
 
 def summaries(producer) -> None:
@@ -102,12 +102,18 @@ def left(producer) -> None:
     local rank to leave could not send (`node_parts`; while another local rank lives, that one does)."""
     unsettled = producer.waited_for()  # the run's end, where a local rank that lives on ends it, is not named
     cycles = [step for _, step in unsettled if step is not None]
+    ends = any(step is None and entries.state(entry) == entries.ENDING for entry, step in unsettled)
     nodes = producer.node_files_left() if node_parts.alone(producer.outbox, producer.parts_area) else []
     if not unsettled and not nodes:
         return
-    if not cycles and not nodes:  # only the run's end
+    if not cycles and not nodes and ends:  # the run's end (metrics alone may wait before it: sync sends them too)
         producer.reporter.problem("end_run", f"run {producer.run_id} was left RUNNING: it could not be ended in "
                                   f"time; `mlflow-neuron sync --outbox {producer.outbox}` ends it")  # fmt: skip
+        return
+    if not cycles and not nodes:  # metrics alone (the schedule's step times)
+        producer.reporter.problem("kept", f"{len(unsettled)} record(s) of step times were not sent to "
+                                  f"{producer.run.tracking_uri}; `mlflow-neuron sync --outbox {producer.outbox}` "
+                                  "sends them")  # fmt: skip
         return
     done = producer._last
     why = next(iter(done.unreachable.values()), None) if done is not None else None
@@ -116,7 +122,7 @@ def left(producer) -> None:
     why = why or (held[1].split(WAIT_IN_OUTBOX, 1)[0] if held is not None else None)
     why = why or "not delivered before the callback closed"
     ending = ""
-    if any(step is None for _, step in unsettled):  # the run's end waits behind them
+    if ends:  # the run's end waits behind them
         ending = (" The run stays RUNNING until then; sync ends it." if producer.run_id else
                   " That sync creates the run and ends it.")  # fmt: skip
     folders = sorted({str(entry.parent) for entry, _ in unsettled} | ({str(producer.outbox)} if nodes else set()))

@@ -17,6 +17,11 @@ RUN_KEY_TAG = "mlflow_neuron.run_key"  # a run the callback creates, found again
 SOURCE_TAG = "mlflow_neuron.source"  # "ingest" for runs logged from traces made elsewhere
 # the variants of one `interleaved()` call share this tag (a random id): their cycles ran in rotation
 ROTATION_TAG = "mlflow_neuron.rotation"
+# Why the cycle at a step was captured ("baseline", "step time 21.0 → 35.2 ms from step 300"): the
+# callback's own schedule (`_capture.adaptive`) sets it, one tag a cycle; also in its manifest.json.
+CAPTURE_REASON_TAG = "mlflow_neuron.capture_reason.step_{step}"
+STEP_TIME_METRIC = "profiler/step_time_ms"  # that schedule's step time between captures: a median of steps
+SPIKE_METRIC = "profiler/step_time_spike_ms"  # one step far above the step time (a checkpoint save), at its step
 
 # Where a cycle's files go: the only spelling of these folders (`cycle_dir`, `neuron_dir`, `cycle_of_dir`).
 PROFILER_FOLDER = "profiler"  # everything a cycle logs as files lies below it

@@ -1,0 +1,214 @@
+"""`AdaptiveSchedule`: the callback's own torch.profiler schedule, which profiles when it matters.
+
+    callback = MLflowProfilerCallback()
+    with profile(activities=..., schedule=callback.schedule(), on_trace_ready=callback) as prof:
+
+torch calls a schedule once per `prof.step()` with the step number (and once, with 0, when the
+profile is made) and does what the returned `ProfilerAction` says. This one
+
+- captures a **baseline** once, after `warmup_steps`;
+- times every step in between, as the time between two calls: between captures nothing else runs
+  there. The step after a capture (the cycle is read in it) and the steps a capture profiles are
+  not timed;
+- captures again when the step time **changed** (`step_times.ShiftRule`: a sustained shift of the
+  median of recent steps, not one slow step), at most `max_captures_per_hour`;
+- logs the step times between captures as `profiler/step_time_ms` (`step_times.StepTimeLine`)
+  through the outbox, and each spike at its step as `profiler/step_time_spike_ms`;
+- says why it captured each cycle (`Capture.reason`), which the callback writes into the cycle's
+  manifest.json and a run tag (`describe_cycle`).
+
+A capture is one warm-up step, then `active_steps` profiled steps (6 by default: enough for
+`mlflow-neuron ranks` to name a straggler). Bad options raise at construction; inside the loop the
+schedule reports trouble through the callback's reporter (one warning; strict mode raises).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from torch.profiler import ProfilerAction
+
+from .._record.model import CAPTURE_REASON_TAG, PROFILER_FOLDER, Delivery
+from .step_times import ShiftRule, StepTimeLine
+
+# name: (default, smallest allowed, what it is)
+OPTIONS: dict[str, tuple[Any, float, str]] = {
+    "warmup_steps": (20, 0, "steps before the baseline capture (compilation, caches, the first batches)"),
+    "active_steps": (6, 1, "profiled steps of each capture, after one warm-up step"),
+    "max_captures_per_hour": (6, 1, "captures in any hour, the baseline included"),
+    "min_change": (0.2, 0.01, "the smallest change of the step time that is captured, as a fraction (0.2: 20%)"),
+    "window_steps": (20, 5, "recent steps whose median is compared with the level"),
+    "persist_steps": (5, 1, "steps in a row the change must hold before it is captured"),
+    "metric_steps": (50, 1, "steps in each point of profiler/step_time_ms (a point covers 1 s at least)"),
+}
+FLUSH_S = 10.0  # the step-time points go to the outbox at most this often (and at each capture, and at close)
+HOUR_S = 3600.0
+_START = object()  # no action before this call: the profile was just made
+
+
+def check_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Every option, defaults filled in; ValueError naming what is allowed for a bad one."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"callback.schedule() has no option {', '.join(map(repr, unknown))}; it takes "
+                         + "; ".join(f"{name} (default {d}: {what})" for name, (d, _, what) in OPTIONS.items()))
+    checked = {}
+    for name, (default, least, what) in OPTIONS.items():
+        value = options.get(name, default)
+        kind = float if isinstance(default, float) else int
+        allowed_types = (int, float) if kind is float else int
+        if isinstance(value, bool) or not isinstance(value, allowed_types) or not value >= least:  # NaN is not >= least
+            allowed = f"a number >= {least}" if kind is float else f"an int >= {least}"
+            raise ValueError(f"callback.schedule(): {name} must be {allowed} (default {default}: {what}); "
+                             f"got {value!r}")  # fmt: skip
+        checked[name] = kind(value)
+    return checked
+
+
+@dataclass
+class Capture:
+    """One capture of the schedule: why, its warm-up step and last profiled step, and when (UTC)."""
+
+    reason: str
+    first_step: int  # the warm-up step; the profiled steps follow it
+    last_step: int
+    at: str
+
+
+class AdaptiveSchedule:
+    """A torch.profiler schedule (step -> `ProfilerAction`) that captures a baseline, then each
+    change of the step time; made by ``MLflowProfilerCallback.schedule(**options)`` (`OPTIONS`)."""
+
+    def __init__(self, reporter: Any, send: Callable[[Delivery], None] | None, *,
+                 clock: Callable[[], int] = time.perf_counter_ns, **options: Any) -> None:  # fmt: skip
+        self.options = check_options(options)
+        self.reporter = reporter
+        self.clock = clock  # nanoseconds: the steps' times, the hour's captures
+        o = self.options
+        self.rule = ShiftRule(window=o["window_steps"], persist=o["persist_steps"], min_change=o["min_change"])
+        self.line = StepTimeLine(lambda points: send(_points(points)), every=o["metric_steps"], flush_s=FLUSH_S,
+                                 clock=lambda: self.clock() / 1e9) if send is not None else None  # fmt: skip
+        self.captures: list[Capture] = []
+        self.spikes: deque[tuple[int, float]] = deque(maxlen=100)  # (step, ms) of the latest spikes
+        self.missed = 0  # changes not captured: the hour's captures were spent
+        self._starts: deque[int] = deque()  # when each capture of the last hour began (`clock`)
+        self._calls = 0
+        self._capture_call: int | None = None  # the call of the capture in progress's warm-up step
+        self._last: tuple[int, int] | None = None  # (step, `clock`) of the latest call
+        self._actions: tuple[Any, Any] = (_START, _START)  # the actions of the two latest calls
+        self._shift = None  # the change the latest step time made sustained, for this call to act on
+
+    def __call__(self, step: int) -> ProfilerAction:
+        now = self.clock()
+        try:
+            return self._next(step, now)
+        except Exception as error:  # noqa: BLE001 - never into prof.step(); strict mode raises
+            self.reporter.problem("schedule", f"callback.schedule() failed at step {step!r}", error)
+            return self._planned() or ProfilerAction.NONE
+
+    def params(self) -> dict[str, str]:
+        """The run params that describe it (`settings.profiling_params`)."""
+        return {"profiler.schedule": "callback.schedule()",
+                **{f"profiler.schedule.{name}": str(value) for name, value in self.options.items()}}  # fmt: skip
+
+    def capture_of(self, step: int) -> Capture | None:
+        """The capture a cycle read at `step` comes from: the latest one begun before it."""
+        latest = self.captures[-1] if self.captures else None
+        return latest if latest is not None and latest.first_step < step else None
+
+    def close(self) -> None:
+        """Sends the step times not sent yet (the callback's close)."""
+        if self.line is not None:
+            self.line.close_point()
+            self.line.flush()
+
+    def _next(self, step: int, now: int) -> ProfilerAction:
+        last, self._last = self._last, (step, now)
+        restarted = last is None or step != last[0] + 1  # a new profile: nothing before this call counts
+        if restarted:
+            self._actions = (_START, _START)
+            if self._capture_call is not None:  # the old profile's stop() ended it
+                self._capture_call = None
+                self.rule.reset()
+        elif self._actions == (ProfilerAction.NONE, ProfilerAction.NONE):
+            self._timed(last[0], now - last[1])
+        action = self._planned() or self._decide(step)
+        self._actions = (self._actions[1], action)
+        self._calls += 1
+        return action
+
+    def _timed(self, step: int, ns: int) -> None:
+        """The time of `step`, which ran unprofiled after an unprofiled step."""
+        spike = self.rule.is_spike(ns)
+        if spike:
+            self.spikes.append((step, round(ns / 1e6, 3)))
+        if self.line is not None:
+            self.line.add(step, ns, spike)
+        if self.captures:  # the level is measured after the baseline
+            self._shift = self.rule.add(step, ns)
+
+    def _planned(self) -> ProfilerAction | None:
+        """The action of a capture in progress at this call, or None (ends it after its last step)."""
+        if self._capture_call is None:
+            return None
+        offset = self._calls - self._capture_call
+        active = self.options["active_steps"]
+        if offset <= active:
+            return (ProfilerAction.WARMUP if offset == 0 else ProfilerAction.RECORD if offset < active
+                    else ProfilerAction.RECORD_AND_SAVE)  # fmt: skip
+        self._capture_call = None
+        self.rule.reset()  # the level after a capture is measured again: one change, one capture
+        return None
+
+    def _decide(self, step: int) -> ProfilerAction:
+        shift, self._shift = self._shift, None
+        if not self.captures and self._calls >= self.options["warmup_steps"]:
+            return self._begin(step, "baseline")
+        if shift is None:
+            return ProfilerAction.NONE
+        if not self._allowed():
+            self.missed += 1
+            self.rule.reset()
+            limit = self.options["max_captures_per_hour"]
+            self.reporter.problem("schedule_limit", f"{shift.reason()} was not captured: {limit} capture(s) in the "
+                                  f"last hour already (max_captures_per_hour={limit})")  # fmt: skip
+            return ProfilerAction.NONE
+        return self._begin(step, shift.reason())
+
+    def _allowed(self) -> bool:
+        now = self.clock()
+        while self._starts and now - self._starts[0] >= HOUR_S * 1e9:
+            self._starts.popleft()
+        return len(self._starts) < self.options["max_captures_per_hour"]
+
+    def _begin(self, step: int, reason: str) -> ProfilerAction:
+        self._starts.append(self.clock())
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.captures.append(Capture(reason, step, step + self.options["active_steps"], at))
+        self._capture_call = self._calls
+        if self.line is not None:  # the line is current when a capture comes; no point spans a capture
+            self.line.close_point()
+            self.line.flush()
+        return ProfilerAction.WARMUP
+
+
+def describe_cycle(job: Any, prof: Any, schedule: AdaptiveSchedule | None, primary: bool) -> None:
+    """Writes why the cycle was captured into its manifest.json (and, rank 0, a run tag), where
+    the profile runs on the callback's own schedule."""
+    if schedule is None or getattr(prof, "schedule", None) is not schedule:
+        return
+    capture = schedule.capture_of(job.step)
+    if capture is not None:  # a profile stopped during a capture ends it at its step
+        job.manifest["capture"] = {**asdict(capture), "last_step": min(capture.last_step, job.step)}
+        if primary:
+            job.tags[CAPTURE_REASON_TAG.format(step=job.step)] = capture.reason
+
+
+def _points(points: list[tuple[str, float, int]]) -> Delivery:
+    """Step-time points as a delivery of metrics alone: no files, no cycle."""
+    return Delivery(step=max(step for _, _, step in points), timestamp_ms=int(time.time() * 1000),
+                    artifact_dir=PROFILER_FOLDER, series=tuple(points))  # fmt: skip
