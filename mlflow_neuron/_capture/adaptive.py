@@ -47,7 +47,7 @@ OPTIONS: dict[str, tuple[Any, float, str]] = {
 }
 FLUSH_S = 10.0  # the step-time points go to the outbox at most this often (and at each capture, and at close)
 HOUR_S = 3600.0
-_START = object()  # no action before this call: the profile was just made
+_NONE = ProfilerAction.NONE
 
 
 def check_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -99,7 +99,7 @@ class AdaptiveSchedule:
         self._calls = 0
         self._capture_call: int | None = None  # the call of the capture in progress's warm-up step
         self._last: tuple[int, int] | None = None  # (step, `clock`) of the latest call
-        self._actions: tuple[Any, Any] = (_START, _START)  # the actions of the two latest calls
+        self._quiet = 0  # NONE actions in a row up to the latest call, since the profile was made
         self._shift = None  # the change the latest step time made sustained, for this call to act on
 
     def __call__(self, step: int) -> ProfilerAction:
@@ -108,7 +108,7 @@ class AdaptiveSchedule:
             return self._next(step, now)
         except Exception as error:  # noqa: BLE001 - never into prof.step(); strict mode raises
             self.reporter.problem("schedule", f"callback.schedule() failed at step {step!r}", error)
-            return self._planned() or ProfilerAction.NONE
+            return self._planned() or _NONE
 
     def params(self) -> dict[str, str]:
         """The run params that describe it (`settings.profiling_params`)."""
@@ -130,14 +130,14 @@ class AdaptiveSchedule:
         last, self._last = self._last, (step, now)
         restarted = last is None or step != last[0] + 1  # a new profile: nothing before this call counts
         if restarted:
-            self._actions = (_START, _START)
+            self._quiet = 0
             if self._capture_call is not None:  # the old profile's stop() ended it
                 self._capture_call = None
                 self.rule.reset()
-        elif self._actions == (ProfilerAction.NONE, ProfilerAction.NONE):
+        elif self._quiet >= 2:  # the last step and the one before it unprofiled: nothing but the step ran
             self._timed(last[0], now - last[1])
-        action = self._planned() or self._decide(step)
-        self._actions = (self._actions[1], action)
+        action = (self._capture_call is not None and self._planned()) or self._decide(step)
+        self._quiet = self._quiet + 1 if action is _NONE else 0
         self._calls += 1
         return action
 
@@ -169,14 +169,14 @@ class AdaptiveSchedule:
         if not self.captures and self._calls >= self.options["warmup_steps"]:
             return self._begin(step, "baseline")
         if shift is None:
-            return ProfilerAction.NONE
+            return _NONE
         if not self._allowed():
             self.missed += 1
             self.rule.reset()
             limit = self.options["max_captures_per_hour"]
             self.reporter.problem("schedule_limit", f"{shift.reason()} was not captured: {limit} capture(s) in the "
                                   f"last hour already (max_captures_per_hour={limit})")  # fmt: skip
-            return ProfilerAction.NONE
+            return _NONE
         return self._begin(step, shift.reason())
 
     def _allowed(self) -> bool:

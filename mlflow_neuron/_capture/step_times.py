@@ -76,11 +76,7 @@ class ShiftRule:
         self.streak = 0  # steps in a row off the level: + above it, - below it
         self.streak_ns = 0  # their time
         self.streak_window: list[tuple[int, int]] = []  # the window when the streak began: it dates the change
-
-    @property
-    def level(self) -> float | None:
-        """The reference's median; None until it holds `REFERENCE_STEPS` steps."""
-        return _median(self.reference) if len(self.reference) >= REFERENCE_STEPS else None
+        self.level: float | None = None  # the reference's median, once it holds `REFERENCE_STEPS` steps
 
     def add(self, step: int, ns: int) -> Shift | None:
         """Takes the time of `step`; a `Shift` when this step makes a change sustained."""
@@ -96,7 +92,7 @@ class ShiftRule:
                 self._join(gone)
         if len(self.reference) < REFERENCE_STEPS:
             return None
-        level = _median(self.reference)
+        self.level = level = _median(self.reference)
         off = _median(recent) - level
         if abs(off) <= self.min_change * level or abs(off) <= self._noise(level):
             if self.streak:
@@ -111,7 +107,8 @@ class ShiftRule:
         return self._shift(level) if held else None
 
     def is_spike(self, ns: int) -> bool:
-        return len(self.reference) >= REFERENCE_STEPS and ns > SPIKE_FACTOR * _median(self.reference)
+        """Whether a step of `ns` is a spike against the level of the latest step."""
+        return self.level is not None and ns > SPIKE_FACTOR * self.level
 
     def _join(self, ns: int) -> None:
         self.past.append(ns)
