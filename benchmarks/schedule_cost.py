@@ -17,8 +17,9 @@ the machine's changes fall on all three alike):
 
 Two steps: an empty one (nothing but the loop; `--rotations` blocks of `--empty-steps`), and a
 busy one that spins `--step-ms` on the clock as compute does (5 x `--rotations` blocks of
-`--busy-steps`; a sleep's wake-up varies by more than what is measured). Each figure is the total
-time of a loop's blocks over their steps; each line prints the cost a step against `none` and
+`--busy-steps`; a sleep's wake-up varies by more than what is measured). Each step is timed; a
+loop's figure is its median step (a step the machine took the CPU from is an outlier, and so is
+the callback's first step of each block, which holds the other two blocks). Each line prints the cost a step against `none` and
 against `plain`, and the ratios. The helper process is alive through all three (its idle look at
 the outbox every 50 ms falls on all alike). With `--hogs 2`, two busy Python processes run beside it
 all. A capture during the measured blocks would spoil them: the script says so.
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,17 +50,19 @@ from mlflow_neuron import MLflowProfilerCallback  # noqa: E402
 MIN_CHANGE = 100.0
 
 
-def block(steps: int, step, prof=None) -> float:
-    """Seconds for `steps` steps (with `prof.step()` after each when profiled)."""
-    started = time.perf_counter()
-    if prof is None:
-        for _ in range(steps):
-            step()
-    else:
-        for _ in range(steps):
-            step()
+def block(steps: int, step, prof=None) -> list[float]:
+    """Each step's seconds, `prof.step()` in it when profiled."""
+    clock = time.perf_counter
+    times = []
+    last = clock()
+    for _ in range(steps):
+        step()
+        if prof is not None:
             prof.step()
-    return time.perf_counter() - started
+        now = clock()
+        times.append(now - last)
+        last = now
+    return times
 
 
 def busy(seconds: float):
@@ -72,7 +76,7 @@ def busy(seconds: float):
 
 def measure(name: str, step, steps: int, rotations: int, folder: Path) -> None:
     mlflow.set_tracking_uri(f"sqlite:///{folder / f'{name}.db'}")
-    spent: dict[str, list[float]] = {"none": [], "plain": [], "callback": []}
+    spent: dict[str, list[float]] = {"none": [], "plain": [], "callback": []}  # each step's seconds
     with mlflow.start_run(), MLflowProfilerCallback(outbox=folder / f"outbox-{name}") as callback:
         callback.start_helper()
         adaptive = callback.schedule(min_change=MIN_CHANGE)
@@ -83,14 +87,14 @@ def measure(name: str, step, steps: int, rotations: int, folder: Path) -> None:
                 block(1, step, ours)
             captures = len(adaptive.captures)
             for _ in range(rotations):
-                spent["none"].append(block(steps, step))
-                spent["plain"].append(block(steps, step, plain))
-                spent["callback"].append(block(steps, step, ours))
+                spent["none"] += block(steps, step)
+                spent["plain"] += block(steps, step, plain)
+                spent["callback"] += block(steps, step, ours)[1:]  # its first step holds the other two blocks
         spoiled = adaptive.captures[captures:]
-    per_step = {k: sum(v) / (len(v) * steps) for k, v in spent.items()}
+    per_step = {k: statistics.median(v) for k, v in spent.items()}  # a step the machine took the CPU from is an outlier
     none, plain_s, ours_s = per_step["none"], per_step["plain"], per_step["callback"]
     print(f"{name}: a step {none * 1e6:,.2f} us alone, {plain_s * 1e6:,.2f} us with torch's schedule, "
-          f"{ours_s * 1e6:,.2f} us with callback.schedule() ({rotations} rotations of {steps} steps each)")
+          f"{ours_s * 1e6:,.2f} us with callback.schedule() (median steps; {rotations} blocks of {steps} steps each)")
     for label, a, b in (("callback.schedule() vs no profiler", ours_s, none),
                         ("callback.schedule() vs torch's schedule", ours_s, plain_s),
                         ("torch's schedule vs no profiler", plain_s, none)):  # fmt: skip
