@@ -42,7 +42,7 @@ OPTIONS: dict[str, tuple[Any, float, str]] = {
     "max_captures_per_hour": (6, 1, "captures in any hour, the baseline included"),
     "min_change": (0.2, 0.01, "the smallest change of the step time that is captured, as a fraction (0.2: 20%)"),
     "window_steps": (20, 5, "recent steps whose median is compared with the level"),
-    "persist_steps": (5, 1, "steps in a row the change must hold before it is captured"),
+    "persist_steps": (5, 1, "steps in a row (and 0.2 s at least) the change must hold before it is captured"),
     "metric_steps": (50, 1, "steps in each point of profiler/step_time_ms (a point covers 1 s at least)"),
 }
 FLUSH_S = 10.0  # the step-time points go to the outbox at most this often (and at each capture, and at close)

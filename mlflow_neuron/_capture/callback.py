@@ -218,7 +218,7 @@ class MLflowProfilerCallback:
 
     def schedule(self, **options: Any) -> AdaptiveSchedule:
         """This callback's own ``torch.profiler`` schedule: a baseline, then a capture each time the step
-        time changes, and the step time between as ``profiler/step_time_ms``. Options: `adaptive.OPTIONS`."""
+        time changes (options such as ``warmup_steps=20``, ``max_captures_per_hour=6``: docs/contract.md)."""
         send = self._producer.submit_record if self.rank.is_primary else None
         self._reader.schedule = AdaptiveSchedule(self.reporter, send, **options)
         return self._reader.schedule
