@@ -40,7 +40,8 @@ OPTIONS: dict[str, tuple[Any, float, str]] = {
     "warmup_steps": (20, 0, "steps before the baseline capture (compilation, caches, the first batches)"),
     "active_steps": (6, 1, "profiled steps of each capture, after one warm-up step"),
     "max_captures_per_hour": (6, 1, "captures in any hour, the baseline included"),
-    "min_change": (0.2, 0.01, "the smallest change of the step time that is captured, as a fraction (0.2: 20%)"),
+    # 0.25: beside busy processes a 20 ms sleep can wake a scheduler tick late for good (24 ms, +20%)
+    "min_change": (0.25, 0.01, "the smallest change of the step time that is captured, as a fraction (0.25: 25%)"),
     "window_steps": (20, 5, "recent steps whose median is compared with the level"),
     "persist_steps": (5, 1, "steps in a row (and 0.2 s at least) the change must hold before it is captured"),
     "metric_steps": (50, 1, "steps in each point of profiler/step_time_ms (a point covers 1 s at least)"),

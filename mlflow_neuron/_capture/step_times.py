@@ -159,7 +159,8 @@ class StepTimeLine:
         self.last_step = step
         if spike:
             self.pending.append((SPIKE_METRIC, round(ns / 1e6, 3), step))
-        if len(self.times) % self.every == 0:  # the clock is read every `every` steps
+        waited = len(self.times) - self.every
+        if waited >= 0 and waited % 10 == 0:  # the clock is read at `every` steps, then every 10 more
             now = self.clock()
             if now - self.started >= POINT_MIN_S or len(self.times) >= POINT_MAX_STEPS:
                 self.close_point(now)
