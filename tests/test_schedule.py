@@ -28,6 +28,7 @@ from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
 from mlflow_neuron._capture.adaptive import OPTIONS, AdaptiveSchedule
 from mlflow_neuron._capture.step_times import REFERENCE_STEPS, ShiftRule, StepTimeLine
 from mlflow_neuron._delivery.report import Reporter
+from mlflow_neuron._record.capture_request import PLAN_TAG
 
 MS = 1_000_000
 
@@ -139,8 +140,12 @@ def test_a_capture_is_a_warmup_step_then_6_profiled_steps_the_baseline_first():
     assert actions[first:first + 7] == capture
     assert {i for i, a in enumerate(actions) if a != "NONE"} == {*range(20, 27), *range(first, first + 7)}
     assert schedule.params()["profiler.schedule.active_steps"] == "6"
-    # the step time between captures, sent every 10 s (and at each capture): 600 steps of 20-35 ms
+    # the step time between captures, sent every 30 s (and at each capture): 600 steps of 20-35 ms
     schedule.close()  # the callback's close()
+    plans = [json.loads(delivery.tags[PLAN_TAG]) for delivery in sent if delivery.tags]
+    assert [(p["start"], p["steps"], p["reason"], p["request"]) for p in plans] == [
+        (first, 6, schedule.captures[1].reason, None)]  # the answer on the run: one process, no one to wait for
+    sent = [delivery for delivery in sent if delivery.series]
     points = [(step, value) for delivery in sent for key, value, step in delivery.series]
     assert [delivery.step for delivery in sent][:2] == [19, first - 1]  # at each capture: the line is current
     assert len(sent) >= 3 and {key for delivery in sent for key, _, _ in delivery.series} == {"profiler/step_time_ms"}

@@ -24,7 +24,10 @@ schedule reports trouble through the callback's reporter (one warning; strict mo
 
 from __future__ import annotations
 
+import math
+import os
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -32,7 +35,11 @@ from typing import Any
 
 from torch.profiler import ProfilerAction
 
+from .._delivery.node_parts import run_folder
+from .._delivery.records import queue_record
+from .._record.capture_request import PLAN_TAG, Plan, Request, now_iso, request_reason
 from .._record.model import CAPTURE_REASON_TAG, PROFILER_FOLDER, Delivery
+from .plans import Plans
 from .step_times import ShiftRule, StepTimeLine
 
 # name: (default, smallest allowed, what it is)
@@ -46,8 +53,15 @@ OPTIONS: dict[str, tuple[Any, float, str]] = {
     "persist_steps": (5, 1, "steps in a row (and 0.2 s at least) the change must hold before it is captured"),
     "metric_steps": (50, 1, "steps in each point of profiler/step_time_ms (a point covers 1 s at least)"),
 }
-FLUSH_S = 10.0  # the step-time points go to the outbox at most this often (and at each capture, and at close)
+# The step-time points go to the outbox at most this often (and at each capture, and at close): with the
+# helper's reads of capture requests (10 a minute), 12 requests a minute per node while idle.
+FLUSH_S = 30.0
 HOUR_S = 3600.0
+FOLLOW_STEPS = 3  # a plan starts this many steps ahead at least where other ranks follow it
+MAX_AHEAD_STEPS = 100_000
+# Where rank 0's plan reaches other nodes through the run's tags: its record's delivery, then each
+# node helper's next read (`capture_request.POLL_S`), with room to spare.
+NODES_LEAD_S = 15.0
 _NONE = ProfilerAction.NONE
 
 
@@ -82,13 +96,16 @@ class Capture:
 
 class AdaptiveSchedule:
     """A torch.profiler schedule (step -> `ProfilerAction`) that captures a baseline, then each
-    change of the step time; made by ``MLflowProfilerCallback.schedule(**options)`` (`OPTIONS`)."""
+    change of the step time and each request; made by ``MLflowProfilerCallback.schedule(**options)``
+    (`OPTIONS`). In a job of several ranks, rank 0 (`leader`) decides and writes a `Plan` that the
+    others follow (`plans`), `lead_s` ahead (at least `FOLLOW_STEPS` steps)."""
 
-    def __init__(self, reporter: Any, send: Callable[[Delivery], None] | None, *,
-                 clock: Callable[[], int] = time.perf_counter_ns, **options: Any) -> None:  # fmt: skip
+    def __init__(self, reporter: Any, send: Callable[[Delivery], Any] | None, *,
+                 clock: Callable[[], int] = time.perf_counter_ns, plans: Plans | None = None,
+                 leader: bool = True, followers: bool = False, lead_s: float = 0.0, **options: Any) -> None:  # fmt: skip
         self.options = check_options(options)
-        self.reporter = reporter
-        self.clock = clock  # nanoseconds: the steps' times, the hour's captures
+        self.reporter, self.send, self.clock, self.plans = reporter, send, clock, plans
+        self.leader, self.followers, self.lead_s = leader, followers, lead_s
         o = self.options
         self.rule = ShiftRule(window=o["window_steps"], persist=o["persist_steps"], min_change=o["min_change"])
         self.line = StepTimeLine(lambda points: send(_points(points)), every=o["metric_steps"], flush_s=FLUSH_S,
@@ -96,12 +113,22 @@ class AdaptiveSchedule:
         self.captures: list[Capture] = []
         self.spikes: deque[tuple[int, float]] = deque(maxlen=100)  # (step, ms) of the latest spikes
         self.missed = 0  # changes not captured: the hour's captures were spent
+        self.pending: Plan | None = None  # the next capture planned (rank 0's, or one it sent)
+        self._request: Request | None = None  # a request seen, not planned yet (rank 0)
+        self._answered: set[str] = set()  # requests planned already (rank 0)
+        self._followed = -1  # the start of the latest plan taken
         self._starts: deque[int] = deque()  # when each capture of the last hour began (`clock`)
         self._calls = 0
         self._capture_call: int | None = None  # the call of the capture in progress's warm-up step
+        self._active = o["active_steps"]  # profiled steps of the capture in progress
         self._last: tuple[int, int] | None = None  # (step, `clock`) of the latest call
+        self._step_ns = 0  # the latest step timed
         self._quiet = 0  # NONE actions in a row up to the latest call, since the profile was made
         self._shift = None  # the change the latest step time made sustained, for this call to act on
+        if plans is not None:  # a plan or request older than this process is not for it
+            old = plans.plan()
+            self._followed = old.start if old is not None and not leader else -1
+            self._answered.update([old.request] if old is not None and old.request else [])
 
     def __call__(self, step: int) -> ProfilerAction:
         now = self.clock()
@@ -137,6 +164,8 @@ class AdaptiveSchedule:
                 self.rule.reset()
         elif self._quiet >= 2:  # the last step and the one before it unprofiled: nothing but the step ran
             self._timed(last[0], now - last[1])
+        if self.plans is not None and self.plans.changed():
+            self._look(step)
         action = (self._capture_call is not None and self._planned()) or self._decide(step)
         self._quiet = self._quiet + 1 if action is _NONE else 0
         self._calls += 1
@@ -144,20 +173,39 @@ class AdaptiveSchedule:
 
     def _timed(self, step: int, ns: int) -> None:
         """The time of `step`, which ran unprofiled after an unprofiled step."""
+        self._step_ns = ns
+        if not self.leader and self.line is None:
+            return  # a follower decides nothing and sends no line
         spike = self.rule.is_spike(ns)
         if spike:
             self.spikes.append((step, round(ns / 1e6, 3)))
         if self.line is not None:
             self.line.add(step, ns, spike)
-        if self.captures:  # the level is measured after the baseline
+        if self.captures and self.leader:  # the level is measured after the baseline
             self._shift = self.rule.add(step, ns)
+
+    def _look(self, step: int) -> None:
+        """What is new in the run's folder: rank 0 takes a request; the others, rank 0's plans."""
+        if self.leader:
+            request = self.plans.request()
+            if request is not None and request.id not in self._answered:
+                self._request = request
+            return
+        plan = self.plans.plan()
+        if plan is None or plan.start <= self._followed:
+            return
+        self._followed = plan.start
+        if plan.start < step:
+            self.reporter.problem("capture_late", f"the capture planned by rank 0 for step {plan.start} was seen "
+                                  f"at step {step}: this rank's cycle begins there, later than rank 0's")  # fmt: skip
+        self.pending = plan
 
     def _planned(self) -> ProfilerAction | None:
         """The action of a capture in progress at this call, or None (ends it after its last step)."""
         if self._capture_call is None:
             return None
         offset = self._calls - self._capture_call
-        active = self.options["active_steps"]
+        active = self._active
         if offset <= active:
             return (ProfilerAction.WARMUP if offset == 0 else ProfilerAction.RECORD if offset < active
                     else ProfilerAction.RECORD_AND_SAVE)  # fmt: skip
@@ -168,29 +216,50 @@ class AdaptiveSchedule:
     def _decide(self, step: int) -> ProfilerAction:
         shift, self._shift = self._shift, None
         if not self.captures and self._calls >= self.options["warmup_steps"]:
-            return self._begin(step, "baseline")
-        if shift is None:
-            return _NONE
-        if not self._allowed():
-            self.missed += 1
-            self.rule.reset()
-            limit = self.options["max_captures_per_hour"]
-            self.reporter.problem("schedule_limit", f"{shift.reason()} was not captured: {limit} capture(s) in the "
-                                  f"last hour already (max_captures_per_hour={limit})")  # fmt: skip
-            return _NONE
-        return self._begin(step, shift.reason())
+            return self._begin(step, "baseline", self.options["active_steps"])  # every rank: the same call
+        if self.leader and self.pending is None and self._request is not None:
+            request, self._request = self._request, None
+            self._answered.add(request.id)
+            self._plan(step, request_reason(request), request.steps, request.id)
+        elif self.leader and self.pending is None and shift is not None and self._allowed(shift):
+            self._plan(step, shift.reason(), self.options["active_steps"], None)
+        if self.pending is not None and step >= self.pending.start:
+            plan, self.pending = self.pending, None
+            return self._begin(step, plan.reason, plan.steps)
+        return _NONE
 
-    def _allowed(self) -> bool:
+    def _plan(self, step: int, reason: str, steps: int, request: str | None) -> None:
+        """Rank 0's capture: now where no other rank follows, else a few steps (`lead_s`) ahead,
+        written for its node's ranks and, on the run, for every node's (the answer to a request)."""
+        ahead = 0
+        if self.followers:
+            ahead = max(FOLLOW_STEPS, math.ceil(self.lead_s * 1e9 / self._step_ns) if self._step_ns else FOLLOW_STEPS)
+        plan = Plan(id=uuid.uuid4().hex[:12], start=step + min(ahead, MAX_AHEAD_STEPS), steps=steps, reason=reason,
+                    at=now_iso(), request=request)  # fmt: skip
+        self.pending = plan
+        if self.plans is not None and self.followers:
+            self.plans.write(plan)
+        if self.send is not None:
+            self.send(Delivery(step=step, timestamp_ms=int(time.time() * 1000), artifact_dir=PROFILER_FOLDER,
+                               tags={PLAN_TAG: plan.to_json()}))  # fmt: skip
+
+    def _allowed(self, shift: Any) -> bool:
         now = self.clock()
         while self._starts and now - self._starts[0] >= HOUR_S * 1e9:
             self._starts.popleft()
-        return len(self._starts) < self.options["max_captures_per_hour"]
+        if len(self._starts) < self.options["max_captures_per_hour"]:
+            return True
+        self.missed += 1
+        self.rule.reset()
+        limit = self.options["max_captures_per_hour"]
+        self.reporter.problem("schedule_limit", f"{shift.reason()} was not captured: {limit} capture(s) in the "
+                              f"last hour already (max_captures_per_hour={limit})")  # fmt: skip
+        return False
 
-    def _begin(self, step: int, reason: str) -> ProfilerAction:
+    def _begin(self, step: int, reason: str, steps: int) -> ProfilerAction:
         self._starts.append(self.clock())
-        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.captures.append(Capture(reason, step, step + self.options["active_steps"], at))
-        self._capture_call = self._calls
+        self.captures.append(Capture(reason, step, step + steps, now_iso()))
+        self._capture_call, self._active = self._calls, steps
         if self.line is not None:  # the line is current when a capture comes; no point spans a capture
             self.line.close_point()
             self.line.flush()
@@ -213,3 +282,24 @@ def _points(points: list[tuple[str, float, int]]) -> Delivery:
     """Step-time points as a delivery of metrics alone: no files, no cycle."""
     return Delivery(step=max(step for _, _, step in points), timestamp_ms=int(time.time() * 1000),
                     artifact_dir=PROFILER_FOLDER, series=tuple(points))  # fmt: skip
+
+
+def attach(callback: Any, options: dict[str, Any]) -> AdaptiveSchedule:
+    """`MLflowProfilerCallback.schedule`: the schedule, reading its run's folder in the outbox
+    (requests; rank 0's plans) and, on rank 0, sending its step times and plans through the outbox."""
+    check_options(options)  # a bad option raises before anything is written
+    producer, rank = callback._producer, callback.rank
+    send = (lambda delivery: queue_record(producer, delivery, f"the schedule's record of step {delivery.step}")
+            if rank.is_primary else None)  # fmt: skip
+    plans = None
+    try:
+        plans = Plans(run_folder(producer.outbox, producer.parts_area), producer.run)
+    except OSError as error:  # no requests nor plans then; the schedule's own captures go on
+        callback.reporter.problem("schedule", "callback.schedule() cannot use its folder in the outbox: it "
+                                  "captures no request, and other ranks do not follow rank 0", error)  # fmt: skip
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    nodes = rank.world_size > int(local) if local.isdigit() and int(local) > 0 else False
+    schedule = AdaptiveSchedule(callback.reporter, send, plans=plans, leader=rank.is_primary,
+                                followers=rank.world_size > 1, lead_s=NODES_LEAD_S if nodes else 0.0, **options)  # fmt: skip
+    callback._reader.schedule = schedule
+    return schedule

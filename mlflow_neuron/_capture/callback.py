@@ -30,7 +30,7 @@ from .._trace.peaks import PEAKS_ENV, load_peak
 from .._trace.profile import CycleProfile
 from .._trace.timeline import DEFAULT_MAX_SPANS
 from . import hooks, shutdown
-from .adaptive import AdaptiveSchedule
+from .adaptive import AdaptiveSchedule, attach
 from .distributed import Rank, create_primary_run, current_rank, in_distributed_job, join_primary_run
 from .host import HostSampler
 from .reader import CycleReader
@@ -217,11 +217,9 @@ class MLflowProfilerCallback:
             self._flush_at_stop()  # the hook may have come too late for this stop()
 
     def schedule(self, **options: Any) -> AdaptiveSchedule:
-        """This callback's own ``torch.profiler`` schedule: a baseline, then a capture each time the step
-        time changes (options such as ``warmup_steps=20``, ``max_captures_per_hour=6``: docs/contract.md)."""
-        send = self._producer.submit_record if self.rank.is_primary else None
-        self._reader.schedule = AdaptiveSchedule(self.reporter, send, **options)
-        return self._reader.schedule
+        """This callback's own ``torch.profiler`` schedule: a baseline, then a capture at each change of the step
+        time and at each request (``mlflow-neuron capture``); options such as ``warmup_steps=20``: docs/contract.md."""
+        return attach(self, options)
 
     def mark_window_start(self) -> None:
         """Starts the next profiled window now, for the host's numbers (``system/profile/...``).

@@ -6,7 +6,8 @@ cycle never takes the training process's time. It imports no torch.
 It takes the outbox's `.helper.lock` first, for its life: the ranks of a node share one outbox and
 one helper, and a second helper started beside the first exits at once. Then it imports MLflow and
 drains the outbox (`Drain.follow`), each pass under the consumer lock, until its input ends: the
-training process closed it (at close(), which then drains what is left itself), or died.
+training process closed it (at close(), which then drains what is left itself), or died. A thread
+reads capture requests on the runs of `callback.schedule()` (`listener`).
 
 Nothing but this crosses its pipes. In: one JSON line, the settings (the tracking URIs with their
 credentials, which are never written to disk), then EOF to stop. Out: JSON lines for the training
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     from .._trace.json_text import PARSER
     from .http_budget import bound_this_process
     from . import mlflow_io  # noqa: F401 - MLflow, imported before the first pass takes the consumer lock
+    from . import listener
     from .drain import Drain
 
     bound_this_process()  # MLflow's own retries must not spend a budget inside one call: the drain retries
@@ -139,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     drain = Drain(outbox, ChannelReporter(channel), credentials=settings.get("credentials"),
                   retries=settings.get("retries", 2), retry_wait_s=settings.get("retry_wait_s", 0.5),
                   progress=lambda line: channel.send(type="progress", line=redact(line)))  # fmt: skip
+    listener.start(outbox, settings.get("credentials"), ChannelReporter(channel), stop)  # capture requests
     channel.send(type="ready", pid=os.getpid(), parser=PARSER)
     drain.follow(stop, POLL_S)
     # Nothing in hand and nothing to tidy (every write was synchronous, every lock goes with the

@@ -34,7 +34,7 @@ from .drain import BUSY, DELIVERED, SETTLED, Drain, Pass
 from .entries import END, FILES, JOB, Held
 from .helper_process import STOP_WAIT_S, HelperLauncher
 from .._record.job import CycleJob
-from .._record.model import Delivery, RunRef
+from .._record.model import RunRef
 from .report import one_line
 
 PROGRESS_AFTER_S = 2.0  # a wait longer than this prints one progress line on stderr
@@ -101,25 +101,6 @@ class Producer:
             self._drain_for(entry.parent).memory[entry] = memory_source
         with contextlib.suppress(OSError):
             os.utime(entry.parent)  # a consumer waiting on the folder's time looks now
-        self._after_submit()
-
-    def submit_record(self, delivery: Delivery) -> None:
-        """Queues metrics alone (the schedule's step times) as a prepared entry, which the drain sends
-        as it sends a cycle's; in `mine` with step None, as the run's end: not a cycle."""
-        try:
-            held = entries.create(self.outbox)  # its rename into the outbox is what a consumer sees
-            try:
-                run = RunRef(**{**asdict(self.run), "tracking_uri": _outbox.without_credentials(self.run.tracking_uri)})
-                _outbox.write_record(held.path, delivery, run, copy_max_bytes=0, files_dir=None)
-            except BaseException:
-                entries.remove(held.path)
-                raise
-            finally:
-                held.release()
-        except Exception as error:  # noqa: BLE001 - said once; training goes on
-            self.reporter.problem("record", f"step times up to step {delivery.step} could not be queued", error)
-            return
-        self.mine.append((held.path, None))
         self._after_submit()
 
     def lose(self, step, what: str, error: BaseException | None = None) -> None:

@@ -7,10 +7,11 @@
     mlflow-neuron open RUN_ID [--step N] [--dest DIR] [--no-launch]
     mlflow-neuron history --experiment NAME [--run-name NAME] [--metric M] [--fail-on-change PCT] ...
     mlflow-neuron ranks RUN_ID [--step N] [--format table|markdown|json] [--log-to RUN_ID]
+    mlflow-neuron capture RUN_ID [--steps N]
 
 Exit codes: 0 done; 1 the gate failed (compare, history --fail-on-change) or records were kept or
 found damaged (sync); 2 usage error (bad arguments, or a run, experiment, model version or folder
-that does not exist); 3 the tracking server is down, refuses connections, or does not answer in
+that does not exist, a run no job is writing); 3 the tracking server is down, refuses connections, or does not answer in
 time, and nothing was changed; 4 inconclusive (compare --fail-if-inconclusive); 5 another sync
 holds the outbox (sync); 70 an error of mlflow-neuron itself (a bug: one line, the traceback with
 -v), never read as 1.

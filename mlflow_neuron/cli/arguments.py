@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import __version__
 from .._delivery.outbox import DEFAULT_OUTBOX
+from .._record.capture_request import DEFAULT_STEPS, MAX_STEPS, PLAN_TAG, POLL_S, REQUEST_TAG, check_steps
 from .._record.model import NO_STRAGGLER, RANKS_SKEW_METRIC, RANKS_STRAGGLER_METRIC, RANKS_WAIT_METRIC, neuron_dir
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -229,6 +230,7 @@ def parser() -> CommandParser:
 
     _history_parser(commands)
     _ranks_parser(commands)
+    _capture_parser(commands)
     for command in commands.choices.values():  # -v also after the command name
         command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                              help="show MLflow's own INFO messages")  # fmt: skip
@@ -314,3 +316,28 @@ def _ranks_parser(commands) -> None:
                      f"{RANKS_STRAGGLER_METRIC} ({NO_STRAGGLER}: none), {RANKS_SKEW_METRIC.rsplit('/', 1)[-1]} and "
                      f"{RANKS_WAIT_METRIC.rsplit('/', 1)[-1]}")
     rks.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
+
+
+def _capture_parser(commands) -> None:
+    cap = commands.add_parser(
+        "capture",
+        help="ask a running job to profile its next steps (callback.schedule() reads the request)",
+        description="Ask the job that writes a RUNNING run to profile its next N steps: a run tag\n"
+        f"({REQUEST_TAG}) that the helper of each of the job's nodes reads within {POLL_S:.0f} s.\n"
+        "Rank 0 plans the capture at a step every rank starts it at, and answers on the run\n"
+        f"({PLAN_TAG}: the steps, when, why). The job must profile with callback.schedule().\n"
+        "The same tag set by hand in the MLflow UI, to a number of steps, does the same.\n\n"
+        "example: mlflow-neuron capture 0123abcd... --steps 6",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cap.add_argument("run", type=run_id, help="the running job's run id")
+    cap.add_argument("--steps", type=request_steps, default=DEFAULT_STEPS,
+                     help=f"steps to profile, after one warm-up step (default: %(default)s; at most {MAX_STEPS})")
+    cap.add_argument("--tracking-uri", help=TRACKING_URI_HELP)
+
+
+def request_steps(text: str) -> int:
+    try:
+        return check_steps(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 1 to {MAX_STEPS}, not {text!r}") from None

@@ -234,5 +234,28 @@ def ranks(args: argparse.Namespace, out=None) -> int:
 
 
 # Each command: a function (args) -> exit code. Errors they raise are mapped to exit codes in main().
+def capture(args: argparse.Namespace, out=None) -> int:
+    """Asks the job writing a RUNNING run to profile its next steps (`_record.capture_request`)."""
+    import uuid
+
+    from mlflow.tracking import MlflowClient
+
+    from .._record.capture_request import PLAN_TAG, REQUEST_TAG, Request, now_iso, request_value
+
+    client = MlflowClient(args.tracking_uri)
+    run = client.get_run(args.run)
+    if run.info.status != "RUNNING":
+        raise ValueError(f"run {args.run} is {run.info.status}: no job is writing it, so nothing can capture")
+    schedule = run.data.params.get("profiler.schedule")
+    if schedule is not None and schedule != "callback.schedule()":
+        raise ValueError(f"run {args.run} profiles on a schedule of its own (profiler.schedule={schedule}); "
+                         "only callback.schedule() captures on request")  # fmt: skip
+    request = Request(id=uuid.uuid4().hex[:12], steps=args.steps, at=now_iso(), by="capture")
+    client.set_tag(args.run, REQUEST_TAG, request_value(request))
+    print(f"asked run {args.run} to profile {args.steps} step(s) (request {request.id}); the job answers in tag "
+          f"{PLAN_TAG}", file=out or sys.stdout)  # fmt: skip
+    return EXIT_OK
+
+
 COMMANDS = {"sync": sync_command, "compare": compare, "annotate": annotate, "ingest": ingest, "open": open_session,
-            "history": history, "ranks": ranks}
+            "history": history, "ranks": ranks, "capture": capture}
