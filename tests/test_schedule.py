@@ -140,7 +140,7 @@ def test_a_capture_is_a_warmup_step_then_6_profiled_steps_the_baseline_first():
     assert actions[first:first + 7] == capture
     assert {i for i, a in enumerate(actions) if a != "NONE"} == {*range(20, 27), *range(first, first + 7)}
     assert schedule.params()["profiler.schedule.active_steps"] == "6"
-    # the step time between captures, sent every 30 s (and at each capture): 600 steps of 20-35 ms
+    # the step time between captures, sent every 60 s (and at each capture): 600 steps of 20-35 ms
     schedule.close()  # the callback's close()
     plans = [json.loads(delivery.tags[PLAN_TAG]) for delivery in sent if delivery.tags]
     assert [(p["start"], p["steps"], p["reason"], p["request"]) for p in plans] == [

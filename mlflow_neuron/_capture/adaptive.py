@@ -53,9 +53,10 @@ OPTIONS: dict[str, tuple[Any, float, str]] = {
     "persist_steps": (5, 1, "steps in a row (and 0.2 s at least) the change must hold before it is captured"),
     "metric_steps": (50, 1, "steps in each point of profiler/step_time_ms (a point covers 1 s at least)"),
 }
-# The step-time points go to the outbox at most this often (and at each capture, and at close): with the
-# helper's reads of capture requests (10 a minute), 12 requests a minute per node while idle.
-FLUSH_S = 30.0
+# The step-time points go to the outbox at most this often (and at each capture, and at close): a
+# delivery is 2 requests (the server's probe, `log_batch`); with the helper's reads of capture
+# requests (10 a minute), 12 requests a minute per node while idle (benchmarks/capture_requests.py).
+FLUSH_S = 60.0
 HOUR_S = 3600.0
 FOLLOW_STEPS = 3  # a plan starts this many steps ahead at least where other ranks follow it
 MAX_AHEAD_STEPS = 100_000
