@@ -11,7 +11,7 @@ the machine's changes fall on all three alike):
 - `callback`: the step and `prof.step()` of a profile on `MLflowProfilerCallback().schedule()`
   (the helper process, a run on a sqlite store in a temporary folder), after its baseline capture
   and once its reference is measured: it times every step, keeps the rule's windows and sends
-  `profiler/step_time_ms` through the outbox every 10 s. It runs with `min_change=100`: the same
+  `profiler/step_time_ms` through the outbox every 60 s. It runs with `min_change=100`: the same
   work every step as the defaults between captures, and no capture inside the measured blocks.
   Between two of its blocks the others run: the schedule sees one long step there (a spike).
 
