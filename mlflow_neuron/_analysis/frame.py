@@ -24,7 +24,8 @@ and the cycles a run `needs`, `cycles.family_intervals`), `cycle_noise` (the TOT
 test per run), `outliers` (each one named: run, op, cycle, step, value, times the median),
 `sentences` (the verdict in words, per run), `verdicts` (the TOTAL's), and `samples` (of the TOTAL
 and the top ops, for plots) with their (cycle, step) in `sample_steps` (the TOTAL's) and
-`op_sample_steps` (the ops'; they differ only where per-op samples are cycle averages).
+`op_sample_steps` (the ops'; they differ only where per-op samples are cycle averages), and, only where
+a run has them, `capture_reasons` ({run: {cycle: why it was captured}}, `callback.schedule()`'s tags).
 
 Device time is compared when every run has some; otherwise all runs are compared on self CPU time
 and the frame says so in `attrs`: device and CPU microseconds are never mixed in one table.
@@ -109,14 +110,14 @@ def compare(
         fallback=f"compared on self CPU time: no device time in {', '.join(without_device)}" if used != metric else None,
         baseline=base.label,
         **_per_run(profiles, samples),
-        skip_steps=skip_steps, noise_pct=noise_pct,
-        confidence=_stats.CONFIDENCE,
-        method=METHOD,
+        skip_steps=skip_steps, noise_pct=noise_pct, confidence=_stats.CONFIDENCE, method=METHOD,
         wrappers=sorted(_wrappers(profiles) & set(order)),
         host=hosts,
         host_load_threshold_cores=host_load_threshold, host_busy_share=host_busy_share,
         cycle_noise=noise, gate_intervals=family,
     )
+    if reasons := {p.label: p.extra["capture_reasons"] for p in profiles if p.extra.get("capture_reasons")}:
+        frame.attrs["capture_reasons"] = reasons  # why each cycle was captured; runs without: as before
     others = [label for label in samples if label != base.label]
     frame.attrs.update(_explanations(whole, profiles, region, order))
     frame.attrs["verdicts"] = {label: frame.loc[TOTAL, (label, "verdict")] for label in others}
@@ -242,8 +243,7 @@ def _per_run(profiles: list[RunProfile], samples: dict[str, StepSamples]) -> dic
     aten_calls = {label: _count(np.median(s.aten_calls)) if s.aten_calls is not None else None
                   for label, s in samples.items()}  # fmt: skip
     return {
-        "runs": {p.label: p.run_id for p in profiles},
-        "steps": {p.label: p.step for p in profiles},
+        "runs": {p.label: p.run_id for p in profiles}, "steps": {p.label: p.step for p in profiles},
         "devices": {p.label: p.device for p in profiles},
         "aten_calls": aten_calls,
         "n": {label: s.n for label, s in samples.items()},

@@ -53,6 +53,7 @@ from .._record.model import (
     STEP_TOTALS_TABLE,
     STEPS_TABLE,
     TIMELINE,
+    capture_reasons,
     cycle_dir,
     cycle_of_dir,
 )
@@ -128,6 +129,7 @@ def load_profile(client: MlflowClient, run: Run, label: str | None = None, step:
         device_time=run.data.tags.get(DEVICE_TIME_TAG, ""),
         extra={"torch_version": run.data.params.get("versions.torch", ""), "cycles": chosen, "names": names,
                "rotation": run.data.tags.get(ROTATION_TAG),
+               "capture_reasons": {c: why for c, why in capture_reasons(run.data.tags).items() if c in chosen},
                "neuron_summary": {k: v for k, v in run.data.metrics.items() if k.startswith(NEURON_SUMMARY_PREFIX)},
                "neuron_versions": {k: v for k, v in run.data.tags.items() if k.startswith(VERSION_TAG_PREFIX)}},
         samples=pd.concat([c[2] for c in loaded], ignore_index=True),

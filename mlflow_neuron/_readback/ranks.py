@@ -30,7 +30,7 @@ from mlflow.tracking import MlflowClient
 
 from .rank_files import parse_folder
 from .runs import RunNotFound
-from .._record.model import RANKS_FOLDER
+from .._record.model import RANKS_FOLDER, capture_reasons
 
 FETCHERS = 8  # requests at once: each a rank folder's listing or a file
 
@@ -49,6 +49,7 @@ class RankRead:
     collectives: pd.DataFrame
     notes: list[str] = field(default_factory=list)  # files left out, and why
     cycles: list[int] = field(default_factory=list)
+    capture_reasons: dict[int, str] = field(default_factory=dict)  # why each cycle read was captured, where said
     _report: object = None
 
     @property
@@ -99,7 +100,8 @@ def read_run(client: MlflowClient, run, step: int | None = None) -> RankRead:
         collectives = collectives[(collectives["cycle"] == step).to_numpy(bool)].reset_index(drop=True)
     if not summaries:
         raise NoRankSummaries(f"run {run_id} has no readable rank summaries: {'; '.join(notes)}")
-    return RankRead(run_id, summaries, collectives, notes, cycles)
+    reasons = {c: why for c, why in capture_reasons(run.data.tags).items() if c in cycles}
+    return RankRead(run_id, summaries, collectives, notes, cycles, reasons)
 
 
 def _run(client: MlflowClient, run_id: str):

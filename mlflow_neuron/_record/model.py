@@ -8,6 +8,7 @@ leaves the same data once.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 # Run tags.
@@ -27,6 +28,7 @@ SPIKE_METRIC = "profiler/step_time_spike_ms"  # one step far above the step time
 PROFILER_FOLDER = "profiler"  # everything a cycle logs as files lies below it
 CYCLE_DIR = PROFILER_FOLDER + "/step_{step}"  # rank 0's files; another rank's under CYCLE_DIR/rank_<r>
 NEURON_DIR = "neuron"  # the Neuron session folders of every rank, under CYCLE_DIR, their layout kept
+_CAPTURE_REASON_RE = re.compile("^" + re.escape(CAPTURE_REASON_TAG).replace(re.escape("{step}"), r"(\d+)") + "$")
 _CYCLE_DIR_RE = re.compile("^" + re.escape(CYCLE_DIR).replace(re.escape("{step}"), r"(\d+)") + "$")
 
 # Files of a cycle, under CYCLE_DIR (rank 0) or CYCLE_DIR/rank_<r>/.
@@ -103,6 +105,13 @@ def cycle_of_dir(path: str) -> int | None:
     """The step of a cycle's artifact folder (`cycle_dir`), or None for any other path."""
     found = _CYCLE_DIR_RE.match(path)
     return int(found.group(1)) if found else None
+
+
+def capture_reasons(tags: Mapping[str, str]) -> dict[int, str]:
+    """{step: why its cycle was captured} from a run's tags (`CAPTURE_REASON_TAG`), by step; {}
+    for a run profiled on a schedule of its own."""
+    found = ((_CAPTURE_REASON_RE.match(key), value) for key, value in tags.items())
+    return dict(sorted((int(match.group(1)), value) for match, value in found if match))
 
 
 def rank_summary_of(name: str) -> tuple[int, int] | None:

@@ -32,7 +32,7 @@ from .._analysis.ranks.words import straggler_line
 from .._readback.rank_history import WAIT_METRIC, WaitSeries, stragglers
 from .._readback.runs import RunNotFound, _experiment_id
 from .._readback.series import Series, search_series
-from .._record.model import DEVICE_TIME_TAG
+from .._record.model import DEVICE_TIME_TAG, capture_reasons
 from .._trace.profile import PRESENT
 from .._trace.step_summary import StepSummary, median_interval  # noqa: F401 - median_interval: callers' name
 
@@ -58,7 +58,9 @@ def history_runs(experiment: str, *, run_name: str | None = None, filter_string:
     `tables_read` (runs whose tables were read, those included), `contradicting` (runs whose summary
     metrics disagreed with their tables, which won), `stragglers` (each of the latest runs with rank
     summaries: its straggler or None) and `straggler_line` (where one rank or host was the straggler
-    in most of them). `progress` gets a line now and then over thousands of runs."""
+    in most of them); where a run has them, `capture_reasons` ({run_id: {cycle: why it was captured}},
+    from `callback.schedule()`'s tags on the runs found). `progress` gets a line now and then over
+    thousands of runs."""
     if noise_pct < 0:
         raise ValueError(f"noise_pct must be >= 0; got {noise_pct}")
     if region is not None and op is not None:
@@ -91,6 +93,8 @@ def history_runs(experiment: str, *, run_name: str | None = None, filter_string:
     )  # fmt: skip
     found_stragglers = stragglers(client, runs)
     frame.attrs.update(stragglers=found_stragglers, straggler_line=straggler_line(found_stragglers))
+    if reasons := {r.info.run_id: found for r in runs if (found := capture_reasons(r.data.tags))}:
+        frame.attrs["capture_reasons"] = reasons  # only where a run has them: other series print as before
     return frame
 
 
@@ -184,4 +188,5 @@ def _pooled(profiles: list[RunProfile], label: str) -> RunProfile:
     joined = {name: pd.concat(parts, ignore_index=True) if all(x is not None for x in parts) else None
               for name, parts in frames.items()}  # fmt: skip
     return RunProfile(label, label, last.step, last.ops, last.totals, last.device, last.device_time,
-                      {**last.extra, "neuron_summary": {}, "rotation": None}, source=last.source, host={}, **joined)  # fmt: skip
+                      {**last.extra, "neuron_summary": {}, "rotation": None, "capture_reasons": {}},
+                      source=last.source, host={}, **joined)  # fmt: skip

@@ -18,7 +18,10 @@ import pandas as pd
 
 from .._analysis.model import CPU_METRIC, DEVICE_METRIC
 from .._analysis.verdict import MINUS
+from .._record.model import cycle_dir
 
+SHOWN_CAPTURES = 20  # cycles whose reason the text names, the latest runs' (the JSON has every one)
+CAPTURES_TITLE = "why each cycle was captured (callback.schedule())"
 _COLUMNS = ["run_name", "start", "commit", "n", "median", "95% interval", "segment"]
 
 
@@ -67,6 +70,19 @@ def straggler_lines(frame: pd.DataFrame) -> list[str]:
     return [f"STRAGGLER {line}"] if line else []
 
 
+def capture_lines(frame: pd.DataFrame, limit: int | None = SHOWN_CAPTURES) -> list[str]:
+    """`nightly-7 (3f2a9c1e) profiler/step_320: step time 21.0 → 35.2 ms from step 300`, for each
+    cycle of the series' runs that says why it was captured, in run order (the latest `limit`); []
+    where no run does."""
+    reasons = frame.attrs.get("capture_reasons") or {}
+    names = dict(zip(frame["run_id"], frame["run_name"])) if reasons else {}
+    lines = [f"{names.get(run_id, run_id)} ({run_id[:8]}) {cycle_dir(int(cycle))}: {why}"
+             for run_id in frame["run_id"] if run_id in reasons for cycle, why in reasons[run_id].items()]  # fmt: skip
+    if limit is None or len(lines) <= limit:
+        return lines
+    return [f"... {len(lines) - limit} earlier (all in the JSON output)", *lines[-limit:]]
+
+
 def no_change_line(frame: pd.DataFrame) -> str:
     """Which of the three it was: no search (too few runs), no change point suggested, or every one
     suggested inside the noise band."""
@@ -95,15 +111,18 @@ def read_lines(frame: pd.DataFrame) -> list[str]:
 
 def text(frame: pd.DataFrame) -> str:
     notes = read_lines(frame)
+    captures = capture_lines(frame)
+    captures = ["", f"{CAPTURES_TITLE}:", *(f"  {line}" for line in captures)] if captures else []
     return "\n".join([heading(frame), table(frame).to_string(index=False), "", *change_lines(frame),
-                      *straggler_lines(frame), *([""] + notes if notes else [])])  # fmt: skip
+                      *straggler_lines(frame), *captures, *([""] + notes if notes else [])])  # fmt: skip
 
 
 def markdown(frame: pd.DataFrame) -> str:
     shown = table(frame)
     rows = ["| " + " | ".join(map(str, row)) + " |" for row in shown.itertuples(index=False)]
     return "\n".join([f"_{heading(frame)}_", "", "| " + " | ".join(_COLUMNS) + " |", "|---" * len(_COLUMNS) + "|",
-                      *rows, "", *(f"- {line}" for line in [*change_lines(frame), *straggler_lines(frame), *read_lines(frame)])])  # fmt: skip
+                      *rows, "", *(f"- {line}" for line in [*change_lines(frame), *straggler_lines(frame), *read_lines(frame)]),
+                      *_titled(CAPTURES_TITLE, [f"- {line}" for line in capture_lines(frame)])])  # fmt: skip
 
 
 def as_json(frame: pd.DataFrame) -> str:
@@ -154,7 +173,17 @@ def html_page(frame: pd.DataFrame, png_path: Path | None) -> str:
                       for line in [*change_lines(frame), *straggler_lines(frame), *read_lines(frame)])
     return (f'<!doctype html><html><head><meta charset="utf-8"><title>mlflow-neuron history</title></head><body>'
             f"<h2>{html.escape(heading(frame))}</h2><ul>{changes}</ul>{chart}"
-            f"{table(frame).to_html(index=False, border=0)}</body></html>")  # fmt: skip
+            f"{table(frame).to_html(index=False, border=0)}{_captures_html(frame)}</body></html>")  # fmt: skip
+
+
+def _captures_html(frame: pd.DataFrame) -> str:
+    lines = capture_lines(frame, limit=None)
+    return (f"<h3>{html.escape(CAPTURES_TITLE)}</h3><ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in lines)
+            + "</ul>") if lines else ""
+
+
+def _titled(title: str, lines: list[str]) -> list[str]:
+    return ["", f"_{title}:_", "", *lines] if lines else []
 
 
 def _pct(ratio: float) -> str:

@@ -149,7 +149,7 @@ def outlier_lines(frame: pd.DataFrame, limit: int = SHOWN_OUTLIERS) -> list[str]
         names[TOTAL] = f"region {frame.attrs['region']}"
     unit = "bytes" if frame.attrs.get("metric") == "peak_memory_bytes" else "us"
     lines = [
-        f"{o['run']} step {o['step']} ({_cycle(o)}) {names.get(o['op'], o['op'])}: {o['value_us']:,.3f} {unit}, "
+        f"{o['run']} step {o['step']} ({_cycle(o, frame)}) {names.get(o['op'], o['op'])}: {o['value_us']:,.3f} {unit}, "
         + (f"{o['times_median']:g}x its median {o['median_us']:,.3f} {unit}" if o["times_median"] else "median 0")
         for o in found[:limit]
     ]
@@ -158,11 +158,27 @@ def outlier_lines(frame: pd.DataFrame, limit: int = SHOWN_OUTLIERS) -> list[str]
     return lines
 
 
-def _cycle(outlier: dict) -> str:
-    """`cycle 4 of 4, profiler/step_32`: its place among the run's cycles, and where its files are."""
+def _cycle(outlier: dict, frame: pd.DataFrame) -> str:
+    """`cycle 4 of 4, profiler/step_32`: its place among the run's cycles, and where its files are;
+    `, captured: baseline` where the run says why that cycle was captured."""
+    why = capture_reason(frame, outlier["run"], outlier["cycle"])
+    captured = f", captured: {why}" if why else ""
     if outlier.get("cycle_index") is None:
-        return f"cycle at step {outlier['cycle']}"
-    return f"cycle {outlier['cycle_index']} of {outlier['cycles']}, {cycle_dir(outlier['cycle'])}"
+        return f"cycle at step {outlier['cycle']}{captured}"
+    return f"cycle {outlier['cycle_index']} of {outlier['cycles']}, {cycle_dir(outlier['cycle'])}{captured}"
+
+
+def capture_reason(frame: pd.DataFrame, run: str, cycle: int | None) -> str | None:
+    """Why the run's cycle (the step it was logged at) was captured, where `callback.schedule()` said."""
+    reasons = (frame.attrs.get("capture_reasons") or {}).get(run) or {}
+    return reasons.get(cycle, reasons.get(str(cycle)))  # int keys; str once the attrs went through JSON
+
+
+def capture_lines(frame: pd.DataFrame) -> list[str]:
+    """`fused profiler/step_320: step time 21.0 → 35.2 ms from step 300`: each compared cycle that
+    has a reason, by run; [] where no run has one (a schedule of the user's own)."""
+    return [f"{run} {cycle_dir(int(cycle))}: {why}"
+            for run, reasons in (frame.attrs.get("capture_reasons") or {}).items() for cycle, why in reasons.items()]
 
 
 def outlier_counts(frame: pd.DataFrame) -> str:
@@ -192,6 +208,8 @@ def _notes(frame: pd.DataFrame) -> list[str]:
 def explanations(frame: pd.DataFrame) -> list[tuple[str, list[str]]]:
     """(title, lines) of what says why: achieved bandwidth, Neuron Explorer's fields, each region's sentence."""
     found = []
+    if frame.attrs.get("capture_reasons"):
+        found.append(("why each cycle compared was captured (callback.schedule())", capture_lines(frame)))
     if frame.attrs.get("throughput"):
         found.append(("achieved bandwidth (the last cycle's ops.json, recorded shapes)",
                       throughput_lines(frame.attrs["throughput"], frame.attrs.get("region"),
@@ -237,7 +255,8 @@ def html_page(frame: pd.DataFrame, png_path: Path | None = None, top: int | None
         data = base64.b64encode(Path(png_path).read_bytes()).decode()
         chart = f'<img alt="comparison chart: samples per step and ratios with 95% intervals" src="data:image/png;base64,{data}">'
     runs = "".join(
-        f"<li><b>{html.escape(label)}</b>: run {html.escape(run_id)}, step {frame.attrs['steps'][label]}, "
+        f"<li><b>{html.escape(label)}</b>: run {html.escape(run_id)}, step {frame.attrs['steps'][label]}"
+        f"{html.escape(_captured(frame, label, frame.attrs['steps'][label]))}, "
         f"{frame.attrs['n'][label]} samples ({html.escape(str(frame.attrs['sources'][label]))}), "
         f"device {html.escape(str(frame.attrs['devices'][label]) or '?')}</li>"
         for label, run_id in frame.attrs["runs"].items()
@@ -278,7 +297,7 @@ img {{ max-width: 100%; }} .timeline {{ overflow-x: auto; }}
 <h3>How to read this</h3>
 <p>{html.escape(METHOD_NOTE)}</p>
 <details><summary>every op, every field (full names)</summary>{full}</details>
-{_timelines_html(timelines) if timelines is not None else ""}
+{_timelines_html(timelines, frame) if timelines is not None else ""}
 </body></html>
 """
 
@@ -291,7 +310,12 @@ TIMELINE_NOTE = (
 )
 
 
-def _timelines_html(timelines: Mapping) -> str:
+def _captured(frame: pd.DataFrame, run: str, cycle: int | None) -> str:
+    why = capture_reason(frame, run, cycle)
+    return f" (captured: {why})" if why else ""
+
+
+def _timelines_html(timelines: Mapping, frame: pd.DataFrame) -> str:
     from .timeline_svg import timeline_svg
 
     parts = [f"<h3>Timelines</h3><p>{html.escape(TIMELINE_NOTE)}</p>"]
@@ -299,7 +323,9 @@ def _timelines_html(timelines: Mapping) -> str:
         if chosen.timeline is None:
             parts.append(f'<h4>{html.escape(label)}</h4><p class="note">no timeline: {html.escape(chosen.note)}</p>')
             continue
-        parts.append(f"<h4>{html.escape(label)}: step {chosen.step} (cycle {chosen.cycle}): "
+        why = capture_reason(frame, label, chosen.cycle)
+        cycle = f"cycle {chosen.cycle}" + (f", captured: {why}" if why else "")
+        parts.append(f"<h4>{html.escape(label)}: step {chosen.step} ({html.escape(cycle)}): "
                      f"{html.escape(chosen.note)}</h4>")  # fmt: skip
         parts.append(f'<div class="timeline">{timeline_svg(chosen.timeline, chosen.step)}</div>')
     return "\n".join(parts)

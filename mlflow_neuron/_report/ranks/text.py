@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import math
 
+from ..._record.model import cycle_dir
+
 SHOWN_UNMATCHED = 5
 COLUMNS = ["rank", "host", "step time (us)", "95% interval", "collectives (us)", "wait (us)", "exposed comm %",
            "idle %"]  # fmt: skip
@@ -102,6 +104,8 @@ def _interval(step: dict) -> str:
 
 def closing_lines_of(read) -> list[str]:
     """What `ranks` prints under its table for a `RankRead`: the sentence (it names ranks that sent
-    nothing), the collectives not matched across ranks, and what was left out."""
+    nothing), the collectives not matched across ranks, what was left out, and why each cycle read
+    was captured (where `callback.schedule()` said)."""
     report = read.report
-    return closing_lines(report.sentence, list(report.unmatched), [*report.notes, *read.notes])
+    captured = [f"{cycle_dir(cycle)} captured: {why}" for cycle, why in read.capture_reasons.items()]
+    return closing_lines(report.sentence, list(report.unmatched), [*report.notes, *read.notes, *captured])
