@@ -4,6 +4,7 @@ changes, or when someone asks from MLflow (`mlflow-neuron capture RUN_ID`).
     python examples/profile_when_it_matters.py --steps 600 --slower-from 300 --delay-ms 15
     torchrun --nproc-per-node 2 examples/profile_when_it_matters.py --slow-rank 1 --slower-from 300 --delay-ms 20
     mlflow-neuron ranks RUN_ID      # the capture after step 300 names rank 1
+    torchrun --nproc-per-node 2 examples/profile_when_it_matters.py --as-nodes ...   # each rank a node
 
 Each step waits until its deadline (`--step-ms` after the last, as a rank waits on its accelerator),
 then, from step `--slower-from`, the slow rank (every rank of a one-process job) waits
@@ -35,6 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slower-from", type=int, default=None, help="the step from which the slow rank is slower")
     parser.add_argument("--slow-rank", type=int, default=0)
     parser.add_argument("--delay-ms", type=float, default=15.0, help="how much slower, a step")
+    parser.add_argument("--as-nodes", action="store_true",
+                        help="each rank as a node of its own (its own outbox and helper): rank 0's plans reach the "
+                        "others through the run's tags, as across nodes")
     parser.add_argument("--until-captures", type=int, default=None,
                         help="also keep going (past --steps) until this many captures began, for at most --steps more")
     args = parser.parse_args(argv)
@@ -46,8 +50,12 @@ def main(argv: list[str] | None = None) -> None:
         dist.init_process_group("gloo")
     rank = dist.get_rank() if dist else 0
     torch.set_num_threads(1)
+    outbox = args.outbox
+    if args.as_nodes:
+        os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        outbox = os.path.join(args.outbox, f"node_{rank}")
     callback = MLflowProfilerCallback(tracking_uri=args.tracking_uri, experiment_id=args.experiment_id,
-                                      outbox=args.outbox, flush_timeout_s=120)  # fmt: skip
+                                      outbox=outbox, flush_timeout_s=120)  # fmt: skip
     grad = torch.zeros(1024)
     schedule = callback.schedule()
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule, on_trace_ready=callback) as prof:

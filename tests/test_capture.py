@@ -5,8 +5,10 @@ real 2-rank `torchrun` job (gloo) whose rank 1 becomes slower at step 300.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -20,7 +22,7 @@ from servers import MlflowServer, free_port
 from torch.profiler import ProfilerActivity, profile
 
 from mlflow_neuron import MLflowNeuronWarning, MLflowProfilerCallback
-from mlflow_neuron._capture.adaptive import AdaptiveSchedule
+from mlflow_neuron._capture.adaptive import NODES_LEAD_S, AdaptiveSchedule
 from mlflow_neuron._capture.plans import Plans
 from mlflow_neuron._delivery.report import Reporter
 from mlflow_neuron._readback.ranks import read_ranks
@@ -96,6 +98,7 @@ def test_a_plan_seen_late_is_one_warning_and_the_rank_captures_at_once(tmp_path)
     drive_all([follower], 50, lambda rank, step: 20)
     plans.write(Plan(id="p", start=40, steps=3, reason="requested at 14:02:11 by `capture`", at="t"))
     os.utime(tmp_path, ns=(0, 0))  # the folder's time moved (a coarse clock may not show the rename)
+    follower.clock = itertools.count(10**12, 20 * MS).__next__  # the steps go on, 20 ms each
     with pytest.warns(MLflowNeuronWarning, match="planned by rank 0 for step 40 was seen at step 50"):
         actions = [follower(step).name for step in range(50, 56)]
     assert actions == ["WARMUP", "RECORD", "RECORD", "RECORD_AND_SAVE", "NONE", "NONE"]
@@ -107,7 +110,8 @@ def test_a_plan_seen_late_is_one_warning_and_the_rank_captures_at_once(tmp_path)
 def test_capture_on_a_running_job_gives_a_cycle_within_10_s_plus_its_steps(server, tmp_path, monkeypatch):
     """A loop of 20 ms steps with no baseline (warmup_steps=10**6): a tag that is no request is said
     once and changes nothing; `mlflow-neuron capture RUN --steps 6` then gives one cycle of 6
-    profiled steps, begun within POLL_S + 4 s of the command's return, answered on the run."""
+    profiled steps, begun within POLL_S + 4 s of the command's return, answered on the run; then the
+    tag set by hand to "4", as in the MLflow UI, gives one more of 4 steps."""
     monkeypatch.chdir(tmp_path)
     client = MlflowClient(server.uri)
     run_id = client.create_run("0").info.run_id
@@ -122,33 +126,45 @@ def test_capture_on_a_running_job_gives_a_cycle_within_10_s_plus_its_steps(serve
         time.sleep(POLL_S + 2)
         done = cli("capture", run_id, "--steps", "6", "--tracking-uri", server.uri)
         asked["at"], asked["rc"], asked["out"] = time.monotonic(), done.returncode, done.stdout + done.stderr
+        for _ in range(600):
+            if schedule.captures and not schedule.pending:
+                break
+            time.sleep(0.1)
+        asked["plan"] = client.get_run(run_id).data.tags.get(PLAN_TAG)
+        client.set_tag(run_id, REQUEST_TAG, "4")  # as typed in the MLflow UI
+        asked["by hand"] = time.monotonic()
 
-    began = None
+    began = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         threading.Thread(target=ask, daemon=True).start()
         with profile(activities=[ProfilerActivity.CPU], schedule=schedule, on_trace_ready=callback) as prof:
             deadline = time.perf_counter()
-            for _ in range(6000):  # at most 2 minutes
+            for _ in range(9000):  # at most 3 minutes
                 deadline = max(deadline + 0.02, time.perf_counter())
                 time.sleep(max(deadline - time.perf_counter(), 0))
                 prof.step()
-                if began is None and schedule.captures:
-                    began = time.monotonic()
-                if began is not None and time.monotonic() - began > 1 and not schedule.pending:
+                if len(began) < len(schedule.captures):
+                    began.append(time.monotonic())
+                if len(began) == 2 and time.monotonic() - began[1] > 1:
                     break
         callback.close(timeout=120)
     assert asked["rc"] == 0 and asked["out"].count("\n") == 1 and "asked run" in asked["out"], asked
-    assert began is not None, f"no capture in 2 minutes of 20 ms steps; the request: {asked}"
-    assert began - asked["at"] <= POLL_S + 4, (began - asked["at"], schedule.captures)
-    [capture] = schedule.captures
-    assert capture.reason.startswith("requested at ") and capture.reason.endswith("by `capture`")
-    assert capture.last_step - capture.first_step == 6 and callback.cycles_logged == 1
+    assert began, f"no capture in 3 minutes of 20 ms steps; the request: {asked}"
+    assert began[0] - asked["at"] <= POLL_S + 4, (began[0] - asked["at"], schedule.captures)
+    first, typed = schedule.captures
+    assert first.reason.startswith("requested at ") and first.reason.endswith("by `capture`")
+    assert typed.reason.endswith("by tag mlflow_neuron.capture") and began[1] - asked["by hand"] <= POLL_S + 4
+    assert (first.last_step - first.first_step, typed.last_step - typed.first_step) == (6, 4)
+    assert callback.cycles_logged == 2
     tags = client.get_run(run_id).data.tags
-    assert tags[f"mlflow_neuron.capture_reason.step_{capture.last_step + 1}"] == capture.reason
-    plan = json.loads(tags[PLAN_TAG])
-    request = json.loads(tags[REQUEST_TAG])
-    assert (plan["request"], plan["start"], plan["steps"]) == (request["id"], capture.first_step, 6)
+    for capture in (first, typed):
+        assert tags[f"mlflow_neuron.capture_reason.step_{capture.last_step + 1}"] == capture.reason
+    plan = json.loads(asked["plan"])
+    assert (plan["start"], plan["steps"], plan["reason"]) == (first.first_step, 6, first.reason)
+    assert plan["request"] == re.search(r"\(request (\w+)\)", asked["out"])[1]  # the id the command printed
+    latest = json.loads(tags[PLAN_TAG])
+    assert (latest["request"], latest["start"], latest["steps"]) == ("tag:4", typed.first_step, 4)
     said = [str(w.message) for w in caught if issubclass(w.category, MLflowNeuronWarning)]
     assert [m for m in said if "is not a capture request" in m] == [
         f"mlflow-neuron: tag {REQUEST_TAG}='please profile' is not a capture request: set it to a number of steps "
@@ -178,13 +194,15 @@ def test_capture_refuses_a_finished_run_another_schedule_a_bad_step_count_and_a_
 # -- a real torchrun job ---------------------------------------------------------------------------
 
 
-def test_a_2_rank_job_whose_rank_1_slows_at_step_300_captures_the_same_steps_and_ranks_names_rank_1(tmp_path):
+def job(tmp_path, *args: str) -> tuple[list[dict], str]:
+    """A 2-rank torchrun job of examples/profile_when_it_matters.py whose rank 1 is 20 ms slower a
+    step from step 300; each rank's line, and the store."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                "--master-port", str(free_port()), str(ROOT / "examples" / "profile_when_it_matters.py"),
                "--tracking-uri", uri, "--experiment-id", "0", "--slow-rank", "1", "--slower-from", "300",
-               "--delay-ms", "20", "--until-captures", "2"]  # fmt: skip
+               "--delay-ms", "20", "--until-captures", "2", *args]  # fmt: skip
     result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     lines = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
@@ -192,7 +210,24 @@ def test_a_2_rank_job_whose_rank_1_slows_at_step_300_captures_the_same_steps_and
     assert [line["rank"] for line in lines] == [0, 1] and lines[0]["run_id"] == lines[1]["run_id"]
     captures = [[tuple(c[1:]) for c in line["captures"]] for line in lines]
     assert captures[0] == captures[1], lines  # every rank: the same steps
+    return lines, uri
+
+
+def test_a_2_rank_job_whose_rank_1_slows_at_step_300_captures_the_same_steps_and_ranks_names_rank_1(tmp_path):
+    lines, uri = job(tmp_path)
     changed = [c for c in lines[0]["captures"] if c[0].startswith("step time") and 300 < c[1] <= 340]
     assert len(changed) == 1 and len(lines[0]["captures"]) <= 3, lines
     read = read_ranks(lines[0]["run_id"], client=MlflowClient(uri), step=changed[0][2] + 1)
     assert read.report.straggler is not None and read.report.straggler["rank"] == 1, read.report.sentence
+
+
+def test_across_nodes_rank_0s_plan_reaches_the_other_node_through_the_runs_tags(tmp_path):
+    """Each rank a node of its own (its own outbox and helper): rank 1 learns the plan only from the
+    run's tag, through its helper; the plan starts 15 s ahead (NODES_LEAD_S) so that it does."""
+    lines, uri = job(tmp_path, "--as-nodes")
+    changed = [c for c in lines[0]["captures"] if c[0].startswith("step time")]
+    assert len(changed) == 1 and changed[0][1] > 300 + NODES_LEAD_S * 1000 / 40 / 2, lines
+    plan = parse_plan(MlflowClient(uri).get_run(lines[0]["run_id"]).data.tags[PLAN_TAG])
+    assert (plan.start, plan.reason) == (changed[0][1], changed[0][0])
+    assert not list((tmp_path / "mlflow-neuron-outbox" / "node_1").glob(".ranks-*/capture-request.json"))
+    assert parse_plan(next((tmp_path / "mlflow-neuron-outbox" / "node_1").glob(".ranks-*/capture-plan.json")).read_bytes()) == plan

@@ -59,6 +59,7 @@ OPTIONS: dict[str, tuple[Any, float, str]] = {
 FLUSH_S = 60.0
 HOUR_S = 3600.0
 FOLLOW_STEPS = 3  # a plan starts this many steps ahead at least where other ranks follow it
+LOOK_NS = 5_000_000  # each rank looks at the run's folder (one stat) at the first step after this long
 MAX_AHEAD_STEPS = 100_000
 # Where rank 0's plan reaches other nodes through the run's tags: its record's delivery, then each
 # node helper's next read (`capture_request.POLL_S`), with room to spare.
@@ -125,6 +126,7 @@ class AdaptiveSchedule:
         self._last: tuple[int, int] | None = None  # (step, `clock`) of the latest call
         self._step_ns = 0  # the latest step timed
         self._quiet = 0  # NONE actions in a row up to the latest call, since the profile was made
+        self._looked = -LOOK_NS  # `clock` of the latest look at the run's folder
         self._shift = None  # the change the latest step time made sustained, for this call to act on
         if plans is not None:  # a plan or request older than this process is not for it
             old = plans.plan()
@@ -165,8 +167,10 @@ class AdaptiveSchedule:
                 self.rule.reset()
         elif self._quiet >= 2:  # the last step and the one before it unprofiled: nothing but the step ran
             self._timed(last[0], now - last[1])
-        if self.plans is not None and self.plans.changed():
-            self._look(step)
+        if self.plans is not None and now - self._looked >= LOOK_NS:  # a stat costs 2-7 us here: not on each fast step
+            self._looked = now
+            if self.plans.changed():
+                self._look(step)
         action = (self._capture_call is not None and self._planned()) or self._decide(step)
         self._quiet = self._quiet + 1 if action is _NONE else 0
         self._calls += 1
@@ -234,7 +238,8 @@ class AdaptiveSchedule:
         written for its node's ranks and, on the run, for every node's (the answer to a request)."""
         ahead = 0
         if self.followers:
-            ahead = max(FOLLOW_STEPS, math.ceil(self.lead_s * 1e9 / self._step_ns) if self._step_ns else FOLLOW_STEPS)
+            lead_ns = self.lead_s * 1e9 + 2 * LOOK_NS  # the other ranks look at most each LOOK_NS
+            ahead = max(FOLLOW_STEPS, math.ceil(lead_ns / self._step_ns) if self._step_ns else FOLLOW_STEPS)
         plan = Plan(id=uuid.uuid4().hex[:12], start=step + min(ahead, MAX_AHEAD_STEPS), steps=steps, reason=reason,
                     at=now_iso(), request=request)  # fmt: skip
         self.pending = plan
