@@ -38,6 +38,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -156,8 +157,9 @@ _LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 
 def write_json(path: Path, data: dict) -> None:
-    """`data` as `path`, whole or not at all (a 0600 file renamed into place)."""
-    partial = path.with_name(f".{path.name}.partial")
+    """`data` as `path`, whole or not at all (a 0600 file renamed into place). Two writers of one
+    path at once (the ranks of a node, the helper's threads) each rename a partial file of its own."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600)
     with open(fd, "wb") as f:
         f.write(dumps(data))

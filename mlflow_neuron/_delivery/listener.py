@@ -42,7 +42,12 @@ class Listener:
         for listen in sorted(self.outbox.glob(f".ranks-*/{LISTEN_FILE}")):
             folder = listen.parent
             if folder not in self.ended:
-                self._read(folder, listen)
+                try:
+                    self._read(folder, listen)
+                except OSError:
+                    if folder.is_dir():
+                        raise
+                    # the run's last local rank left, and took its folder along
 
     def _read(self, folder: Path, listen: Path) -> None:
         try:
