@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="each rank as a node of its own (its own outbox and helper): rank 0's plans reach the "
                         "others through the run's tags, as across nodes")
     parser.add_argument("--until-captures", type=int, default=None,
-                        help="also keep going (past --steps) until this many captures began, for at most --steps more")
+                        help="also keep going (past --steps) until this many captures were made, for at most --steps more")
     args = parser.parse_args(argv)
 
     dist = None
@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     with profile(activities=[ProfilerActivity.CPU], schedule=schedule, on_trace_ready=callback) as prof:
         deadline = time.perf_counter()
         step = 0
-        while step < args.steps or (args.until_captures and len(schedule.captures) < args.until_captures
-                                    and step < 2 * args.steps):  # fmt: skip
+        while step < args.steps or (args.until_captures and step < 2 * args.steps and (
+                len(schedule.captures) < args.until_captures or step <= schedule.captures[-1].last_step + 1)):
             slower = args.slower_from is not None and step >= args.slower_from and rank == args.slow_rank
             deadline = max(deadline + (args.step_ms + (args.delay_ms if slower else 0)) / 1000, time.perf_counter())
             time.sleep(max(deadline - time.perf_counter(), 0))  # to a deadline: a late wake-up is taken back

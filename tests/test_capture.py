@@ -258,3 +258,5 @@ def test_across_nodes_rank_0s_plan_reaches_the_other_node_through_the_runs_tags(
     assert len(changed) == 1 and changed[0][1] > 300 + NODES_LEAD_S * 1000 / 40 / 2, lines
     plan = parse_plan(MlflowClient(uri).get_run(lines[0]["run_id"]).data.tags[PLAN_TAG])
     assert (plan.start, plan.reason) == (changed[0][1], changed[0][0])
+    read = read_ranks(lines[0]["run_id"], client=MlflowClient(uri), step=changed[0][2] + 1)
+    assert read.report.straggler is not None and read.report.straggler["rank"] == 1, read.report.sentence

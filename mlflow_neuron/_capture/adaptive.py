@@ -124,7 +124,7 @@ class AdaptiveSchedule:
         self._capture_call: int | None = None  # the call of the capture in progress's warm-up step
         self._active = o["active_steps"]  # profiled steps of the capture in progress
         self._last: tuple[int, int] | None = None  # (step, `clock`) of the latest call
-        self._step_ns = 0  # the latest step timed
+        self._recent_ns: deque[int] = deque(maxlen=9)  # the latest steps timed: a plan's lead in steps
         self._quiet = 0  # NONE actions in a row up to the latest call, since the profile was made
         self._looked = -LOOK_NS  # `clock` of the latest look at the run's folder
         self._shift = None  # the change the latest step time made sustained, for this call to act on
@@ -178,7 +178,7 @@ class AdaptiveSchedule:
 
     def _timed(self, step: int, ns: int) -> None:
         """The time of `step`, which ran unprofiled after an unprofiled step."""
-        self._step_ns = ns
+        self._recent_ns.append(ns)
         if not self.leader and self.line is None:
             return  # a follower decides nothing and sends no line
         spike = self.rule.is_spike(ns)
@@ -239,7 +239,8 @@ class AdaptiveSchedule:
         ahead = 0
         if self.followers:
             lead_ns = self.lead_s * 1e9 + 2 * LOOK_NS  # the other ranks look at most each LOOK_NS
-            ahead = max(FOLLOW_STEPS, math.ceil(lead_ns / self._step_ns) if self._step_ns else FOLLOW_STEPS)
+            step_ns = sorted(self._recent_ns)[len(self._recent_ns) // 2] if self._recent_ns else 0  # one short step is not the pace
+            ahead = max(FOLLOW_STEPS, math.ceil(lead_ns / step_ns) if step_ns else FOLLOW_STEPS)
         plan = Plan(id=uuid.uuid4().hex[:12], start=step + min(ahead, MAX_AHEAD_STEPS), steps=steps, reason=reason,
                     at=now_iso(), request=request)  # fmt: skip
         self.pending = plan
