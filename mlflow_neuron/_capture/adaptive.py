@@ -55,7 +55,7 @@ OPTIONS: dict[str, tuple[Any, float, str]] = {
 }
 # The step-time points go to the outbox at most this often (and at each capture, and at close): a
 # delivery is 2 requests (the server's probe, `log_batch`); with the helper's reads of capture
-# requests (10 a minute), 12 requests a minute per node while idle (benchmarks/capture_requests.py).
+# requests (8.6 a minute), at most 12 requests a minute per node while idle (benchmarks/capture_requests.py).
 FLUSH_S = 60.0
 HOUR_S = 3600.0
 FOLLOW_STEPS = 3  # a plan starts this many steps ahead at least where other ranks follow it
