@@ -31,6 +31,7 @@ from mlflow_neuron._record.capture_request import (LISTEN_FILE, PLAN_TAG, POLL_S
 from mlflow_neuron._record.model import RunRef
 
 MS = 1_000_000
+CAPTURE_WITHIN_S = 10.0  # the issue's promise: a capture begins within 10 s of the request (POLL_S is 7)
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -133,7 +134,7 @@ def test_a_plan_seen_late_is_one_warning_and_the_rank_captures_at_once(tmp_path)
 def test_capture_on_a_running_job_gives_a_cycle_within_10_s_plus_its_steps(server, tmp_path, monkeypatch):
     """A loop of 20 ms steps with no baseline (warmup_steps=10**6): a tag that is no request is said
     once and changes nothing; `mlflow-neuron capture RUN --steps 6` then gives one cycle of 6
-    profiled steps, begun within POLL_S + 4 s of the command's return, answered on the run; then the
+    profiled steps, begun within 10 s of the command's return, answered on the run; then the
     tag set by hand to "4", as in the MLflow UI, gives one more of 4 steps."""
     monkeypatch.chdir(tmp_path)
     client = MlflowClient(server.uri)
@@ -178,10 +179,10 @@ def test_capture_on_a_running_job_gives_a_cycle_within_10_s_plus_its_steps(serve
         callback.close(timeout=120)
     assert asked["rc"] == 0 and asked["out"].count("\n") == 1 and "asked run" in asked["out"], asked
     assert began, f"no capture in 3 minutes of 20 ms steps; the request: {asked}"
-    assert began[0] - asked["at"] <= POLL_S + 4, (began[0] - asked["at"], schedule.captures)
+    assert began[0] - asked["at"] <= CAPTURE_WITHIN_S, (began[0] - asked["at"], schedule.captures)
     first, typed = schedule.captures
     assert first.reason.startswith("requested at ") and first.reason.endswith("by `capture`")
-    assert typed.reason.endswith("by tag mlflow_neuron.capture") and began[1] - asked["by hand"] <= POLL_S + 4
+    assert typed.reason.endswith("by tag mlflow_neuron.capture") and began[1] - asked["by hand"] <= CAPTURE_WITHIN_S
     assert (first.last_step - first.first_step, typed.last_step - typed.first_step) == (6, 4)
     assert callback.cycles_logged == 2
     tags = client.get_run(run_id).data.tags
