@@ -12,7 +12,8 @@ PrivateUse1 Kineto profiler compiled with g++): 50,000 ops make 50,000 kernels. 
   `Preparer.prepare` (read the saved trace once, link, traffic, aggregate, timeline, the op table's
   text, the rank summary, the tables, the trace gzipped), `with_run_summary`, then
   `RunLogger.deliver` into a local sqlite store (metrics and tags, the files, the MLflow trace),
-  by one RunLogger for the run, warmed first, as the helper's courier keeps one;
+  by one RunLogger for the run, warmed first, as the helper's courier keeps one, each cycle at a
+  step of its own and delivered as a first attempt (its MLflow trace written, as a new cycle's is);
 - torch's own `prof.events()` + `key_averages()` on a fresh cycle of the same shape.
 
 Each stage is timed by a wrapper the benchmark puts around the function that does it (nothing in
@@ -27,6 +28,7 @@ No timed assertions: this prints tables and ratios.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import resource
 import statistics
@@ -65,6 +67,9 @@ UPLOAD_STAGES = [
     ("upload: manifest", "mlflow_neuron._delivery.mlflow_io.RunLogger", "_log_checked_manifest"),
     ("upload: MLflow trace", "mlflow_neuron._delivery.mlflow_io.RunLogger", "_log_timelines"),
 ]
+
+
+CYCLES = itertools.count()  # the run's cycles so far
 
 
 class Stopwatch:
@@ -117,13 +122,16 @@ def fake_device() -> str | None:
     return None
 
 
-def cycle(ops: int, on_ready, device: bool):
+def cycle(ops: int, on_ready, device: bool, wait: int = 0):
+    """`wait` empty steps first: the cycle is at step `wait + 1` (each of a run's cycles at its own step)."""
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
     a, b = torch.ones(4), torch.ones(4)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if device else [])
-    with profile(activities=activities, schedule=schedule(wait=0, warmup=1, active=1), on_trace_ready=on_ready) as prof:
+    with profile(activities=activities, schedule=schedule(wait=wait, warmup=1, active=1), on_trace_ready=on_ready) as prof:
+        for _ in range(wait):
+            prof.step()
         for _ in range(2):
             for _ in range(ops):
                 torch.add(a, b)
@@ -161,7 +169,7 @@ def ours(ops: int, device: bool, logger, watch: Stopwatch, work: Path) -> dict[s
         jobs.append(reader.read(prof, [], hand_off=True, staged_dir=staged))
         train.append(time.perf_counter() - start)
 
-    cycle(ops, on_ready, device)
+    cycle(ops, on_ready, device, wait=next(CYCLES))  # a step of its own: its MLflow trace is written, not found done
     [job] = jobs
     watch.take()
     wall, cpu = time.perf_counter(), time.process_time()
