@@ -271,7 +271,7 @@ class ChromeReader:
         if not self.rows and not memory:
             return empty_events(None), Linking(EXTERNAL_ID, 0, 0, 0, 0, 0.0, 0.0)
         c = {k: np.concatenate([p[k] for p in self.pieces]) if self.pieces else np.zeros(0) for k in _COLUMNS}
-        kind = c["kind"].astype(np.int64)  # a row's category, as its kind's index: its four columns from the table
+        kind = c["kind"].astype(np.int64, copy=False)  # each row's kind: its four columns from the table
         c.update({column: values[kind] for column, values in _KIND_COLUMNS.items()})
         start = _ns(c["ts"].astype(np.float64))
         end = start + np.rint(c["dur"].astype(np.float64) * 1000).astype(np.int64)
