@@ -115,9 +115,10 @@ class RunLogger:
         return self.deliver_many([delivery], fresh=fresh)[0]
 
     def deliver_many(self, deliveries: list[Delivery], *, fresh: bool = False) -> list[tuple[dict, list[str]]]:
-        """Sends several cycles together: one `log_batch` for all their metrics and tags, one
-        artifact pass for their generated files, then their traces. Returns each cycle's
-        (clashes, vanished), in order.
+        """Sends several cycles together: one artifact pass for their generated files, then their
+        traces, then one `log_batch` for all their metrics and tags and the marks that say their
+        traces are complete (last: a cycle whose metrics are in has everything in). Returns each
+        cycle's (clashes, vanished), in order.
 
         As idempotent as one delivery: a batch that fails part way is sent again, whole or cycle
         by cycle, and leaves each cycle's data once."""
@@ -126,19 +127,6 @@ class RunLogger:
         self._load_run_state(run_id)
         self.wrote = True  # what follows writes
         clashes = [self._log_params(run_id, d.params) for d in deliveries]
-        metrics, tags = [], {}
-        for d in deliveries:
-            metrics += [Metric(k, v, d.timestamp_ms, d.step) for k, v in d.metrics.items()]
-            metrics += [Metric(k, v, d.timestamp_ms, step) for k, v, step in d.series]
-            if d.summary_at is not None:
-                metrics += [Metric(k, v, d.summary_at[1], d.summary_at[0]) for k, v in d.summary]
-            tags.update(d.tags)  # in cycle order: the last cycle's value wins, as when sent one by one
-            if d.table:
-                tags[MLFLOW_LOGGED_ARTIFACTS] = self._register_table(d.table)
-        metrics = list({(m.key, m.value, m.timestamp, m.step): m for m in metrics}.values())  # a point once per call
-        if metrics or tags:
-            self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()],
-                                  synchronous=True)  # fmt: skip
         vanished: list[list[str]] = [[] for _ in deliveries]
         sent: list[dict] = [{} for _ in deliveries]
         for d, gone, done in zip(deliveries, vanished, sent):
@@ -152,8 +140,27 @@ class RunLogger:
         for d, done in zip(deliveries, sent):
             if d.files_dir:
                 self._log_checked_manifest(run_id, d, done)
-        self._log_timelines(run_id, deliveries, vanished, fresh)
+        marks: list[Metric] = []
+        self._log_timelines(run_id, deliveries, vanished, fresh, marks)
+        metrics, tags = self._metrics_and_tags(deliveries)
+        metrics += marks  # last: in MLflow's last chunk of a batch too large for one request
+        if metrics or tags:
+            self.client.log_batch(run_id, metrics=metrics, tags=[RunTag(k, v) for k, v in tags.items()],
+                                  synchronous=True)  # fmt: skip
         return list(zip(clashes, vanished))
+
+    def _metrics_and_tags(self, deliveries: list[Delivery]) -> tuple[list[Metric], dict[str, str]]:
+        """The cycles' metrics (each point once) and tags, the run's table list among them."""
+        metrics, tags = [], {}
+        for d in deliveries:
+            metrics += [Metric(k, v, d.timestamp_ms, d.step) for k, v in d.metrics.items()]
+            metrics += [Metric(k, v, d.timestamp_ms, step) for k, v, step in d.series]
+            if d.summary_at is not None:
+                metrics += [Metric(k, v, d.summary_at[1], d.summary_at[0]) for k, v in d.summary]
+            tags.update(d.tags)  # in cycle order: the last cycle's value wins, as when sent one by one
+            if d.table:
+                tags[MLFLOW_LOGGED_ARTIFACTS] = self._register_table(d.table)
+        return list({(m.key, m.value, m.timestamp, m.step): m for m in metrics}.values()), tags  # a point once per call
 
     def _log_generated_files(self, run_id: str, deliveries: list[Delivery]) -> None:
         """Every delivery's generated files under its own `artifact_dir` (a `placed` file at its
@@ -185,10 +192,12 @@ class RunLogger:
                 Path(folder, MANIFEST).write_text(checked, encoding="utf-8")
                 self.client.log_artifact(run_id, str(Path(folder, MANIFEST)), delivery.artifact_dir)
 
-    def _log_timelines(self, run_id: str, deliveries: list[Delivery], vanished: list[list[str]], fresh: bool) -> None:
-        """The cycles' traces, last: everything else is in when one says `complete`. Idempotent.
-        A timeline file gone or damaged is added to its cycle's `vanished` (no trace then;
-        retrying cannot help)."""
+    def _log_timelines(self, run_id: str, deliveries: list[Delivery], vanished: list[list[str]], fresh: bool,
+                       marks: list) -> None:  # fmt: skip
+        """The cycles' traces, written and linked to the run, after their files; their marks of
+        `complete` added to `marks`, which go with the cycles' metrics. Idempotent. A timeline
+        file gone or damaged is added to its cycle's `vanished` (no trace then; retrying cannot
+        help)."""
         from .._record.trace_text import TraceDraft, TraceText
         from .traces import log_timelines  # MLflow's tracing client: only for cycles with a timeline
 
@@ -206,7 +215,7 @@ class RunLogger:
         info = self._run_info
         for device, group in timelines.items():
             log_timelines(self.client, run_id, info.experiment_id, group, device=device, run_name=info.run_name,
-                          fresh=fresh)  # fmt: skip
+                          fresh=fresh, marks=marks)  # fmt: skip
 
     def end_run(self) -> None:
         if self.run.run_id is not None:

@@ -86,13 +86,19 @@ def log_timeline(client: Any, run_id: str, experiment_id: str, timeline: Cycle, 
 
 
 def log_timelines(client: Any, run_id: str, experiment_id: str, timelines: list[Cycle], *, device: str | None = None,
-                  run_name: str | None = None, fresh: bool = False) -> list[str]:  # fmt: skip
+                  run_name: str | None = None, fresh: bool = False, marks: list | None = None) -> list[str]:  # fmt: skip
     """`log_timeline` for several cycles of one run: their links to the run and their marks in one
-    request each."""
+    request each. `marks`: the marks are added to it, for the caller's own `log_batch`, sent after
+    this returns (the cycles' metrics and the marks in one request), instead of being logged here."""
     marked = set() if fresh else marked_steps(client, run_id)
     done = [_written_unless_complete(client, run_id, experiment_id, timeline, fresh, marked, device=device,
                                      run_name=run_name) for timeline in timelines]  # fmt: skip
-    mark_complete(client, run_id, [timeline for timeline, (_, written) in zip(timelines, done) if written])
+    written = [timeline for timeline, (_, was_written) in zip(timelines, done) if was_written]
+    if marks is None:
+        mark_complete(client, run_id, written)
+    else:
+        link_to_run(client, run_id, written)
+        marks.extend(complete_marks(written))
     return [trace_id for trace_id, _ in done]
 
 
@@ -114,13 +120,23 @@ def _written_unless_complete(client: Any, run_id: str, experiment_id: str, timel
 def mark_complete(client: Any, run_id: str, timelines: list[Cycle]) -> None:
     """Links the written traces of these cycles to the run (MLflow takes up to 100 a request),
     then marks them complete in one `log_batch`: only then does a later attempt take one as done."""
+    link_to_run(client, run_id, timelines)
+    marks = complete_marks(timelines)
+    for first in range(0, len(marks), 1000):  # MLflow's limit of metrics per log_batch
+        client.log_batch(run_id, metrics=marks[first : first + 1000], synchronous=True)
+
+
+def link_to_run(client: Any, run_id: str, timelines: list[Cycle]) -> None:
+    """Links the written traces of these cycles to the run (MLflow takes up to 100 a request)."""
     trace_ids = [trace_id_for(cycle_key(run_id, t.cycle_step)) for t in timelines]
     for first in range(0, len(trace_ids), 100):
         client.link_traces_to_run(trace_ids[first : first + 100], run_id)
+
+
+def complete_marks(timelines: list[Cycle]) -> list[Metric]:
+    """The marks that say these cycles' traces are complete: to be logged once they are linked."""
     now = int(time.time() * 1000)
-    marks = [Metric(MARK_METRIC, float(span_count(t)), now, t.cycle_step) for t in timelines]
-    for first in range(0, len(marks), 1000):  # MLflow's limit of metrics per log_batch
-        client.log_batch(run_id, metrics=marks[first : first + 1000], synchronous=True)
+    return [Metric(MARK_METRIC, float(span_count(t)), now, t.cycle_step) for t in timelines]
 
 
 def marked_steps(client: Any, run_id: str) -> set[int]:

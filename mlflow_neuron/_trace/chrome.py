@@ -77,8 +77,7 @@ _LAUNCH_CATEGORIES = frozenset(
 
 _NUMBERS = frozenset({int, float})  # bool is neither: `checked` refuses it
 _NO_ARGS: Mapping = {}
-_COLUMNS = ("name", "ts", "dur", "thread", "device_class", "role", "target", "annotation", "external", "correlation",
-            "source")  # fmt: skip  # one piece's rows, as arrays
+_COLUMNS = ("name", "ts", "dur", "thread", "kind", "external", "correlation", "source")  # one piece's rows, as arrays
 _STEP_EVENT = re.compile(r"^ProfilerStep#(\d+)$")
 _HIP_CALL_CATEGORIES = ("cuda_runtime", "cuda_driver")  # ROCm's HIP calls, as torch's Kineto build files them
 
@@ -238,7 +237,7 @@ class ChromeReader:
                                                         _list(args.get("Concrete Inputs")), message_bytes(args))  # fmt: skip
                 if cat in _HIP_CALL_CATEGORIES and name.startswith("hip"):
                     self.hip_calls = True
-                rows.append((name_id, ts, dur, thread, *kind, external, correlation, index))
+                rows.append((name_id, ts, dur, thread, kind[4], external, correlation, index))
             elif cat == "Trace" and str(name or "").startswith("PyTorch Profiler"):
                 self.trace_start_us = checked(event, index, "ts")[0]
         checked_numbers(rows, events, self.events)
@@ -272,6 +271,8 @@ class ChromeReader:
         if not self.rows and not memory:
             return empty_events(None), Linking(EXTERNAL_ID, 0, 0, 0, 0, 0.0, 0.0)
         c = {k: np.concatenate([p[k] for p in self.pieces]) if self.pieces else np.zeros(0) for k in _COLUMNS}
+        kind = c["kind"].astype(np.int64, copy=False)  # each row's kind: its four columns from the table
+        c.update({column: values[kind] for column, values in _KIND_COLUMNS.items()})
         start = _ns(c["ts"].astype(np.float64))
         end = start + np.rint(c["dur"].astype(np.float64) * 1000).astype(np.int64)
         mem_start = _ns(np.array([r[1] for r in memory], np.float64))
@@ -329,7 +330,8 @@ class ChromeReader:
 
 
 def _kinds() -> dict[str, tuple]:
-    """Per category: (device class, role, is the launch target, is an annotation) of its rows."""
+    """Per category: (device class, role, is the launch target, is an annotation, the kind's index
+    in `_KIND_COLUMNS`) of its rows."""
     kinds = {}
     for cat, device_class in _CHROME_CLASSES.items():
         if device_class != HOST:
@@ -338,11 +340,17 @@ def _kinds() -> dict[str, tuple]:
             role = OP_ROLE
         else:
             role = LAUNCH_ROLE if cat in _LAUNCH_CATEGORIES else OTHER_HOST_ROLE
-        kinds[cat] = (device_class, role, cat == _LAUNCH_TARGET, cat in _ANNOTATION_CATEGORIES)
+        kinds[cat] = (device_class, role, cat == _LAUNCH_TARGET, cat in _ANNOTATION_CATEGORIES, len(kinds))
     return kinds
 
 
 _KINDS = _kinds()
+_KIND_COLUMNS = {  # a row keeps only its kind's index: four columns fewer to build from Python values
+    "device_class": np.array([k[0] for k in _KINDS.values()], np.int64),
+    "role": np.array([k[1] for k in _KINDS.values()], np.int64),
+    "target": np.array([k[2] for k in _KINDS.values()], bool),
+    "annotation": np.array([k[3] for k in _KINDS.values()], bool),
+}
 
 
 def _memory(records: list[tuple], start_ns: np.ndarray):

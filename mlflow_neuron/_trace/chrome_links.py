@@ -179,14 +179,16 @@ def linking_summary(dialect: str, how: dict[int, str], device_class: np.ndarray,
                     dur: np.ndarray) -> Linking:  # fmt: skip
     """Counts over device rows that are not annotations; rows of a class torch never attaches
     (DEVICE_OTHER) count as unattributed whatever their ids say."""
-    rows = np.flatnonzero((device_class != HOST) & ~annotation.astype(bool)).tolist()
-    counted = [(how.get(i, "") if device_class[i] == DEVICE_KERNEL else "", float(dur[i])) for i in rows]
+    rows = np.flatnonzero((device_class != HOST) & ~annotation.astype(bool))
+    kernel = (device_class[rows] == DEVICE_KERNEL).tolist()  # lists: numpy scalars one at a time are slow
+    hows = [how.get(i, "") if k else "" for i, k in zip(rows.tolist(), kernel)]
+    durations = [float(d) for d in dur[rows].tolist()]
     return Linking(
         dialect=dialect,
-        device_events=len(counted),
-        by_external_id=sum(h == "id" for h, _ in counted),
-        through_runtime=sum(h == "runtime" for h, _ in counted),
-        unlinked=sum(h == "" for h, _ in counted),
-        device_time_us=math.fsum(d for _, d in counted),
-        unattributed_device_time_us=math.fsum(d for h, d in counted if h == ""),
+        device_events=len(hows),
+        by_external_id=hows.count("id"),
+        through_runtime=hows.count("runtime"),
+        unlinked=hows.count(""),
+        device_time_us=math.fsum(durations),
+        unattributed_device_time_us=math.fsum(d for h, d in zip(hows, durations) if h == ""),
     )

@@ -277,11 +277,10 @@ def _event_spans(raw, t: _Tree, ids: np.ndarray, parents: np.ndarray, origin_ns:
                   t.self_device_us[ids].tolist())  # fmt: skip
     spans = []
     for i, parent, name, s, e, op_name, calls, device, lane, linked, own, thread, is_async, self_cpu, self_device in columns:
-        attrs: dict[str, Any] = {"op_name": op_name, "calls": calls}
+        attrs: dict[str, Any]
         if device:
             kind = KERNEL
-            attrs["device_us"] = _us(e - s)
-            attrs["stream"] = lane_names[lane]
+            attrs = {"op_name": op_name, "calls": calls, "device_us": (e - s) / 1000.0, "stream": lane_names[lane]}
             if linked:
                 attrs["correlation_id"] = linked
                 if linked in launcher:
@@ -289,8 +288,8 @@ def _event_spans(raw, t: _Tree, ids: np.ndarray, parents: np.ndarray, origin_ns:
         else:
             step = step_of.get(i)
             kind = STEP if step is not None else OP
-            attrs.update(self_cpu_us=round(self_cpu, 3), total_cpu_us=_us(e - s),
-                         self_device_us=round(self_device, 3), thread=thread)  # fmt: skip
+            attrs = {"op_name": op_name, "calls": calls, "self_cpu_us": round(self_cpu, 3),
+                     "total_cpu_us": (e - s) / 1000.0, "self_device_us": round(self_device, 3), "thread": thread}  # fmt: skip
             if own:
                 attrs["correlation_id"] = own
             if is_async:
