@@ -14,6 +14,10 @@ profile is made) and does what the returned `ProfilerAction` says. This one
   median of recent steps, not one slow step), at most `max_captures_per_hour`;
 - logs the step times between captures as `profiler/step_time_ms` (`step_times.StepTimeLine`)
   through the outbox, and each spike at its step as `profiler/step_time_spike_ms`;
+- captures on request (`mlflow-neuron capture`, or the run tag set by hand), which the node's
+  helper hands to it through the run's folder in the outbox (`plans`);
+- in a job of several ranks, lets rank 0 alone decide: its `Plan` names a step a few steps ahead
+  that every rank starts the capture at (`_record.capture_request` tells how a plan travels);
 - says why it captured each cycle (`Capture.reason`), which the callback writes into the cycle's
   manifest.json and a run tag (`describe_cycle`).
 
