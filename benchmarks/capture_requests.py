@@ -32,6 +32,8 @@ from http_faults import FaultProxy  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 from servers import MlflowServer, free_port  # noqa: E402
 
+from mlflow_neuron._record.model import capture_reasons  # noqa: E402
+
 EXAMPLE = ROOT / "examples" / "profile_when_it_matters.py"
 STEP_MS = 20.0
 
@@ -41,8 +43,7 @@ def kind(method: str, path: str) -> str:
 
 
 def reasons(client: MlflowClient, run_id: str) -> dict[int, str]:
-    tags = client.get_run(run_id).data.tags
-    return {int(k.rsplit("_", 1)[1]): v for k, v in tags.items() if k.startswith("mlflow_neuron.capture_reason.step_")}
+    return capture_reasons(client.get_run(run_id).data.tags)
 
 
 def wait_for(what, timeout: float, every: float = 0.1):

@@ -251,8 +251,7 @@ class AdaptiveSchedule:
         if self.plans is not None and self.followers:
             self.plans.write(plan)
         if self.send is not None:
-            self.send(Delivery(step=step, timestamp_ms=int(time.time() * 1000), artifact_dir=PROFILER_FOLDER,
-                               tags={PLAN_TAG: plan.to_json()}))  # fmt: skip
+            self.send(_record(step, tags={PLAN_TAG: plan.to_json()}))
 
     def _allowed(self, shift: Any) -> bool:
         now = self.clock()
@@ -291,8 +290,12 @@ def describe_cycle(job: Any, prof: Any, schedule: AdaptiveSchedule | None, prima
 
 def _points(points: list[tuple[str, float, int]]) -> Delivery:
     """Step-time points as a delivery of metrics alone: no files, no cycle."""
-    return Delivery(step=max(step for _, _, step in points), timestamp_ms=int(time.time() * 1000),
-                    artifact_dir=PROFILER_FOLDER, series=tuple(points))  # fmt: skip
+    return _record(max(step for _, _, step in points), series=tuple(points))
+
+
+def _record(step: int, **fields: Any) -> Delivery:
+    """A delivery of the schedule's own at `step` (its step times, a plan): no files, no cycle."""
+    return Delivery(step=step, timestamp_ms=int(time.time() * 1000), artifact_dir=PROFILER_FOLDER, **fields)
 
 
 def attach(callback: Any, options: dict[str, Any]) -> AdaptiveSchedule:

@@ -9,14 +9,13 @@ in the same tick as the last look leaves the time as it was: while the folder's 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 from .._delivery import entries
-from .._delivery.outbox import private_folder, without_credentials
+from .._delivery.outbox import plain_run, private_folder
 from .._record.capture_request import LISTEN_FILE, PLAN_FILE, REQUEST_FILE, Plan, Request, parse_plan
 from .._record.model import RunRef
 
@@ -32,7 +31,7 @@ class Plans:
         self._seen_ns: int | None = None
         self._recent = False
         private_folder(folder)
-        listen = {**asdict(run), "tracking_uri": without_credentials(run.tracking_uri)}
+        listen = plain_run(run)
         path = folder / LISTEN_FILE
         if _read(path) != listen:  # every rank writes the same: the node's helper reads the run's tags
             entries.write_json(path, listen)
@@ -68,8 +67,8 @@ class Plans:
 
 
 def _read(path: Path) -> dict | None:
+    """The object in `path`, or None where there is none (absent, damaged, not an object)."""
     try:
-        data = json.loads(path.read_bytes())
+        return entries.read_json(path)
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None

@@ -11,7 +11,6 @@ server means; a failed read here waits for the next.
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import asdict
 from pathlib import Path
@@ -51,7 +50,7 @@ class Listener:
 
     def _read(self, folder: Path, listen: Path) -> None:
         try:
-            run = json.loads(listen.read_bytes())
+            run = entries.read_json(listen)
         except (OSError, ValueError):
             return
         run_id = run.get("run_id") or (entries.read_run_id(self.outbox, run["run_key"]) if run.get("run_key") else None)

@@ -40,7 +40,7 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 from . import entries
@@ -165,7 +165,7 @@ def take(entry: Path, delivery: Delivery, run: RunRef, folder: Path) -> Delivery
     manifest = parse((files / manifest_name).read_bytes()) if manifest_name else None
     rank, cycle = summary.get("rank"), delivery.step
     _outbox.private_folder(folder / f"{_CYCLE}{cycle}")
-    plain = {**asdict(run), "tracking_uri": _outbox.without_credentials(run.tracking_uri)}
+    plain = _outbox.plain_run(run)
     entries.write_json(folder / f"{_CYCLE}{cycle}" / f"rank_{rank}.json",
                        {"run": plain, "entry": entry.name, "summary": summary, "manifest": manifest})  # fmt: skip
     seen = _seen(folder)

@@ -103,7 +103,7 @@ def write_record(record_dir: Path, delivery: Delivery, run: RunRef, *, copy_max_
             missing.append(source)
     record = {
         "format": FORMAT,
-        "run": {**asdict(run), "tracking_uri": without_credentials(run.tracking_uri)},
+        "run": plain_run(run),
         **{k: v for k, v in asdict(delivery).items() if k not in ("files_dir", "uploads")},
         "files_dir": files_dir,
         "uploads": uploads,
@@ -267,6 +267,11 @@ def check_private(folder: Path) -> os.stat_result:
             "read or write records there. Remove it or pass another outbox folder"
         )
     return info
+
+
+def plain_run(run: RunRef) -> dict:
+    """`run` as written to disk: its fields, its tracking URI without credentials."""
+    return {**asdict(run), "tracking_uri": without_credentials(run.tracking_uri)}
 
 
 def without_credentials(uri: str) -> str:

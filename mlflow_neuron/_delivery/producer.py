@@ -139,7 +139,7 @@ class Producer:
             held.release()
 
     def _write_in(self, job: CycleJob, held: Held) -> None:
-        run = {**asdict(self.run), "tracking_uri": _outbox.without_credentials(self.run.tracking_uri)}
+        run = _outbox.plain_run(self.run)
         if job.portable:
             entries.write_json(held.path / JOB, {"format": entries.FORMAT, "run": run, "preparer": self.preparer,
                                                  "job": job.to_entry(held.path), "problems": job.problems,
@@ -346,7 +346,7 @@ class Producer:
             self.reporter.problem("end_run", f"run {self.run_id} could not be queued to end", error)
             return
         try:
-            run = {**asdict(self.run), "tracking_uri": _outbox.without_credentials(self.run.tracking_uri)}
+            run = _outbox.plain_run(self.run)
             entries.write_json(held.path / END, {"format": entries.FORMAT, "run": run, "parts": self.parts_area})
         except BaseException:
             entries.remove(held.path)

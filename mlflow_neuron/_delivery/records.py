@@ -4,11 +4,9 @@ the drain as a cycle's metrics and tags are, and kept through a dead server like
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from . import entries
 from . import outbox as _outbox
-from .._record.model import Delivery, RunRef
+from .._record.model import Delivery
 
 
 def queue_record(producer, delivery: Delivery, what: str) -> bool:
@@ -18,8 +16,7 @@ def queue_record(producer, delivery: Delivery, what: str) -> bool:
     try:
         held = entries.create(producer.outbox)  # its rename into the outbox is what a consumer sees
         try:
-            run = RunRef(**{**asdict(producer.run), "tracking_uri": _outbox.without_credentials(producer.run.tracking_uri)})
-            _outbox.write_record(held.path, delivery, run, copy_max_bytes=0, files_dir=None)
+            _outbox.write_record(held.path, delivery, producer.run, copy_max_bytes=0, files_dir=None)  # without credentials
         except BaseException:
             entries.remove(held.path)
             raise
