@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import shutil
 import sqlite3
 import sys
@@ -76,8 +77,17 @@ def run_command(name: str, uri: str, folder: Path, ids: dict[str, str]) -> str:
 
     argv = [a.format(**ids).replace(ROOT_MARK, str(folder)) for a in COMMANDS[name]] + ["--tracking-uri", uri]
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli_main(argv)
+    # A user's `mlflow-neuron` process imports MLflow with MLFLOW_LOGGING_LEVEL=WARNING (the CLI's
+    # default); in this worker another test may have imported it first at INFO, and a store
+    # opened here then printed MLflow's "Creating initial MLflow database tables..." into stderr.
+    mlflow_logger = logging.getLogger("mlflow")
+    level = mlflow_logger.level
+    mlflow_logger.setLevel(logging.WARNING)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli_main(argv)
+    finally:
+        mlflow_logger.setLevel(level)
     text = f"exit {code}\n--- stdout\n{out.getvalue()}--- stderr\n{err.getvalue()}"
     if name == "open":  # what it downloaded, too
         text += "--- files\n" + "".join(f"{p.relative_to(folder / 'opened').as_posix()}\n"
