@@ -17,9 +17,6 @@ send (its imports, MLflow's, the store opened); a loop shorter than that leaves 
 stop. A schedule whose runs kept a cycle prints FAIL instead of a ratio: its time is not a time to
 data. The LOOP lines: the loop's own time, from the profile's start until its last step is done
 (before the stop), with each handler, and their ratio: what the callback costs the training steps.
-The TAIL lines: from that last step until the data is there (the files on disk; every cycle
-readable in MLflow and `close()` returned), each repeat's own difference: the part of the time to
-data that the loop's noise does not move.
 
 Then, with the helper warm and training idle between cycles, how long a cycle takes from its
 queueing until it is readable (the helper finds it at its 50 ms look at the outbox), and `close()`
@@ -245,9 +242,6 @@ def main() -> int:
             loops.append(f"LOOP {shape}: tensorboard {statistics.median(tb_loop):.2f} s, mlflow-neuron "
                          f"{statistics.median(our_loop):.2f} s: "
                          f"{statistics.median(our_loop) / statistics.median(tb_loop):.2f}x")  # fmt: skip
-            loops.append(f"TAIL {shape}: from the last step until the data is there, tensorboard "
-                         f"{statistics.median(t - loop for t, loop in zip(tb, tb_loop)) * 1000:.0f} ms, mlflow-neuron "
-                         f"{statistics.median(t - loop for t, loop in zip(ours, our_loop)) * 1000:.0f} ms (medians)")  # fmt: skip
         startup = []
         for _ in range(args.repeats):
             with tempfile.TemporaryDirectory() as scratch:

@@ -81,36 +81,3 @@ def test_the_helper_delivers_a_cycle_while_the_loop_still_runs(tracking_uri, tmp
     )
     callback.close()
     assert [m.step for m in client.get_metric_history(callback.run_id, "profiler/total/active_steps")] == [4]
-
-
-# The real helper, looking at the outbox on its own only once an hour: a cycle reaches it only
-# because the training process wakes it when it queues one.
-LOOKS_ONCE_AN_HOUR = """
-import sys
-from mlflow_neuron._delivery import helper as _helper
-_helper.POLL_S = 3600.0
-sys.exit(_helper.main())
-"""
-
-
-def test_a_queued_cycle_wakes_the_helper_at_once(tracking_uri, tmp_path, monkeypatch):
-    """The helper looks at the outbox when a cycle is queued, not only at its next look (50 ms):
-    with that look an hour away, the cycle still arrives while the loop runs."""
-    monkeypatch.setattr(_helper_process, "HELPER_COMMAND", (sys.executable, "-c", LOOKS_ONCE_AN_HOUR))
-    callback = MLflowProfilerCallback(run_name="woken")
-    client = MlflowClient(tracking_uri)
-    assert callback._producer.helper.wait_ready(ARRIVAL_S), "the helper never said it was ready"
-    time.sleep(2.0)  # its first look at the (empty) outbox is done: the next one is an hour away
-    x, weight = inputs()
-    arrived = False
-    with profile(activities=[ProfilerActivity.CPU], on_trace_ready=callback,
-                 schedule=schedule(wait=1, warmup=1, active=2, repeat=1)) as prof:  # fmt: skip
-        deadline = time.monotonic() + ARRIVAL_S
-        for _ in range(4):
-            rms_norm_naive(x, weight)
-            prof.step()
-        while not arrived and time.monotonic() < deadline:
-            time.sleep(0.05)  # training after the profiled steps: no stop, flush or close sends it
-            arrived = callback.cycles_read == 1 and cycle_in_mlflow(client, callback.run_id, 4)
-    assert arrived, f"cycle 4 not in MLflow within {ARRIVAL_S:.0f} s: the helper was not woken"
-    callback.close()

@@ -73,18 +73,6 @@ class Pass:
     def count(self, state: str) -> int:
         return sum(o.state == state for o in self.outcomes)
 
-    def add(self, one: Pass) -> None:
-        """Another folder's pass, counted in this one."""
-        self.outcomes += one.outcomes
-        self.busy += one.busy
-        self.waiting += one.waiting
-        self.other = self.other or one.other
-        self.unreachable.update(one.unreachable)
-
-    def settled(self) -> bool:
-        """Whether the pass settled a cycle (delivered, rejected, set aside, ended, cut)."""
-        return any(o.state in SETTLED for o in self.outcomes)
-
 
 @dataclass
 class _Ready:
@@ -222,15 +210,11 @@ class Drain(Preparing):
                     held.release()
 
     def follow(self, stop: threading.Event, poll_s: float = 0.05,
-               on_pass: Callable[[Pass], object] = lambda done: None, wake: threading.Event | None = None) -> None:  # fmt: skip
-        """Drains until `stop`: a pass at each change of the folder (looked at every `poll_s`, or at
-        once when `wake` is set: a producer queued a cycle), or while another consumer has it; kept
-        entries again with a growing wait (to 30 s). `wake` is set on `stop` too."""
+               on_pass: Callable[[Pass], object] = lambda done: None) -> None:  # fmt: skip
+        """Drains until `stop`: a pass at each change of the folder (looked at every `poll_s`), or
+        while another consumer has it; kept entries again with a growing wait (to 30 s)."""
         backoff = 0.0
-        wake = wake or stop
         while not stop.is_set():
-            if wake is not stop:
-                wake.clear()  # before the look: a cycle queued during the pass wakes the next wait
             mtime, looked = _mtime(self.folder), time.monotonic()
             done = self.once(stop=stop)
             on_pass(done)
@@ -239,7 +223,7 @@ class Drain(Preparing):
                 stop.wait(max(backoff, self.courier.quiet_s()))
                 continue
             backoff = 0.0
-            while not wake.wait(poll_s) and not (done.busy or done.other) and _mtime(self.folder) == mtime:
+            while not stop.wait(poll_s) and not (done.busy or done.other) and _mtime(self.folder) == mtime:
                 if done.waiting and time.monotonic() - looked >= WAITING_POLL_S:  # a rank may have gone
                     break
 

@@ -66,25 +66,20 @@ class ChannelReporter:
         self.channel.send(type="problem", kind=kind, message=redact(message), error=detail)
 
 
-def _watch_input(stop: threading.Event, wake: threading.Event) -> None:
+def _watch_input(stop: threading.Event) -> None:
     """Stops at EOF on stdin (training closed it or died) or when the parent is gone (a forked child
-    of training may still hold the pipe); then the process exits after a short grace. A byte on
-    stdin (training queued a cycle) sets `wake`: the drain looks at the outbox now."""
+    of training may still hold the pipe); then the process exits after a short grace."""
     parent = os.getppid()
-
-    def ended() -> None:
-        stop.set()
-        wake.set()
 
     def read() -> None:
         while os.read(0, 4096):
-            wake.set()
-        ended()
+            pass
+        stop.set()
 
     def orphan() -> None:
         while os.getppid() == parent and not stop.wait(0.5):
             pass
-        ended()
+        stop.set()
 
     def grace() -> None:
         stop.wait()
@@ -128,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     entries.mark_holder(held)
     settings = json.loads(sys.stdin.buffer.readline() or b"{}")
-    stop, wake = threading.Event(), threading.Event()
-    _watch_input(stop, wake)
+    stop = threading.Event()
+    _watch_input(stop)
     try:
         os.nice(NICE)
     except (AttributeError, OSError):
@@ -148,8 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                   progress=lambda line: channel.send(type="progress", line=redact(line)))  # fmt: skip
     listener.start(outbox, settings.get("credentials"), ChannelReporter(channel), stop)  # capture requests
     channel.send(type="ready", pid=os.getpid(), parser=PARSER)
-    # after a pass that settled a cycle, training's flush() looks at once (not at its next look)
-    drain.follow(stop, POLL_S, on_pass=lambda done: done.settled() and channel.send(type="settled"), wake=wake)
+    drain.follow(stop, POLL_S)
     # Nothing in hand and nothing to tidy (every write was synchronous, every lock goes with the
     # process): the interpreter's teardown of MLflow and pandas (about half a second) is time the
     # training process's close() would wait for.

@@ -49,7 +49,6 @@ class HelperLauncher:
         self._stopping = False
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
-        self.on_settled = lambda: None  # the helper settled a cycle: a waiting flush() looks now
 
     @property
     def usable(self) -> bool:
@@ -86,19 +85,6 @@ class HelperLauncher:
             proc.kill()
             proc.wait(5)
 
-    def wake(self) -> None:
-        """Tells our helper that a cycle is queued: it looks now, not at its next look (`POLL_S`).
-        One byte on its input, which never blocks (a helper that reads nothing loses the wake-up
-        only: it looks anyway); under the lock, so that `release` cannot close the pipe meanwhile."""
-        with self._lock:
-            proc = self.proc
-            if proc is None or self._stopping or proc.returncode is not None:
-                return
-            try:
-                write_input(proc.stdin.fileno(), b"\n")
-            except (OSError, ValueError):  # a full pipe, or a helper that has exited
-                pass
-
     def release(self) -> None:
         """Closes its input without waiting: it stops after the entry in hand (its callback is gone)."""
         with self._lock:
@@ -129,7 +115,6 @@ class HelperLauncher:
         self.proc, self.ready = proc, threading.Event()
         try:
             write_input(proc.stdin.fileno(), (json.dumps(self.settings) + "\n").encode())
-            os.set_blocking(proc.stdin.fileno(), False)  # `wake` never waits on the helper
         except OSError:
             pass  # it exited already (another consumer holds the outbox): the reader sees it
         threading.Thread(target=self._read, args=(proc, time.monotonic()), name="mlflow-neuron-helper-reader",
@@ -149,8 +134,6 @@ class HelperLauncher:
                 self.ready.set()
             elif kind == "busy":
                 busy = True
-            elif kind == "settled":
-                self.on_settled()
             elif kind == "progress":
                 _log.info("%s", message.get("line", ""))
             elif kind == "problem":

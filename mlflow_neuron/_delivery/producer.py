@@ -5,7 +5,7 @@ The training thread writes a cycle into an outbox entry (Kineto saves the trace 
 time under the outbox's consumer lock: the helper process while training runs, and this process,
 with the same code, while it waits at a stop or at close.
 
-    submit  -> the entry is queued; the helper is started if none follows the outbox, and woken
+    submit  -> the entry is queued; the helper is started if none follows the outbox
     flush   -> waits until each of this process's entries is settled, draining here when the lock is free
     close   -> stops the helper (so a starved or hung one cannot decide how close ends), queues the
                run's end (a run the callback created), drains here within the budget, and says in
@@ -30,7 +30,7 @@ from pathlib import Path
 from . import closing, entries, node_parts
 from .closing import HeldUnreachable
 from . import outbox as _outbox
-from .drain import BUSY, DELIVERED, Drain, Pass
+from .drain import BUSY, DELIVERED, SETTLED, Drain, Pass
 from .entries import END, FILES, JOB, Held
 from .helper_process import STOP_WAIT_S, HelperLauncher
 from .._record.job import CycleJob
@@ -71,7 +71,6 @@ class Producer:
         # only their own while a helper follows the outbox (an extra rank costs no requests of its own).
         self.first = first
         if self.helper is not None:
-            self.helper.on_settled = self._look_now  # a flush() waiting for its cycles looks at once
             self.helper.ensure()  # now: its imports take a second or two, before the first cycle
 
     # -- the training thread ------------------------------------------------------------------------
@@ -159,7 +158,6 @@ class Producer:
             self._drain_here(None)
         elif self.helper is not None and self.helper.usable:
             self.helper.ensure()
-            self.helper.wake()  # ours looks now (another rank's helper at its next look)
         else:
             self._kick()
 
@@ -252,7 +250,7 @@ class Producer:
                 done = self._drain_here(deadline)
                 if done is None:
                     break
-                if not done.settled():  # a training thread writes an entry, or another consumer drains
+                if not _progress(done):  # a training thread writes an entry, or another consumer drains
                     self._stop.wait(0.05 if left is None else min(left, 0.05))
                 continue
             self._kick(deadline)
@@ -263,10 +261,6 @@ class Producer:
         closing.refusals(self)
         self.raise_errors()
         return not self._outstanding()
-
-    def _look_now(self) -> None:  # the helper settled a cycle
-        with self._cond:
-            self._cond.notify_all()
 
     def close(self, timeout: float | None, *, end_run: bool) -> None:
         """Stops the helper, queues the run's end (`end_run`: a run the callback created, ended once
@@ -317,9 +311,9 @@ class Producer:
     def _work(self, deadline: float | None) -> None:
         while self._outstanding() and not self._stop.is_set():
             done = self._drain_here(deadline)
-            if done is None or not (done.settled() or done.busy or done.other or done.waiting):
+            if done is None or not (_progress(done) or done.busy or done.other or done.waiting):
                 return
-            if not done.settled():
+            if not _progress(done):
                 time.sleep(0.05)  # a training thread writes an entry, or another consumer drains: look again shortly
 
     def _drain_here(self, deadline: float | None) -> Pass | None:
@@ -328,7 +322,7 @@ class Producer:
         done = Pass()
         try:
             for folder in {entry.parent for entry, _ in self._unsettled()} or {self.outbox}:
-                done.add(self._drain_for(folder).once(stop=self._stop, deadline=deadline, sends=self._sends(folder)))
+                _merge(done, self._drain_for(folder).once(stop=self._stop, deadline=deadline, sends=self._sends(folder)))
         except BaseException as error:  # noqa: BLE001 - strict mode: raised on the training thread
             self.errors.append(error)
             return None
@@ -390,3 +384,15 @@ def _move_paths(job: CycleJob, old: Path, new: Path) -> None:
     job.raw_trace = Path(moved(job.raw_trace)) if job.raw_trace is not None else None
     if hasattr(job.source, "path") and hasattr(job.source, "fallback"):
         job.source = replace(job.source, path=moved(job.source.path), fallback=moved(job.source.fallback))
+
+
+def _merge(into: Pass, one: Pass) -> None:
+    into.outcomes += one.outcomes
+    into.busy += one.busy
+    into.waiting += one.waiting
+    into.other = into.other or one.other
+    into.unreachable.update(one.unreachable)
+
+
+def _progress(done: Pass) -> bool:
+    return any(o.state in SETTLED for o in done.outcomes)
