@@ -162,8 +162,8 @@ def test_in_a_3d_job_the_slow_rank_is_named_not_its_tp_peer_and_the_others_wait_
         t = report.table.set_index("rank")
         return t["wait_us"] + t["bubble_us"].fillna(0.0)
 
-    # Two live jobs on shared cores differ by ms of noise (seen: ranks 2 and 3 waited 25 and 35 ms more
-    # under load 6): the second stage waits longer for the sleep in its receives, by a good part of
+    # Two live jobs on shared cores differ by ms of noise (seen with a 30 ms sleep: ranks 2 and 3 waited 25
+    # and 35 ms more under load 6): the second stage waits longer for the sleep in its receives, by a good part of
     # it. The exact 30 ms is checked on the recorded job (tests/test_ranks_3d.py).
     more = waited(slow) - waited(even)
     for rank in (2, 3):

@@ -16,7 +16,8 @@ def queue_record(producer, delivery: Delivery, what: str) -> bool:
     try:
         held = entries.create(producer.outbox)  # its rename into the outbox is what a consumer sees
         try:
-            _outbox.write_record(held.path, delivery, producer.run, copy_max_bytes=0, files_dir=None)  # without credentials
+            # write_record writes the run without its credentials
+            _outbox.write_record(held.path, delivery, producer.run, copy_max_bytes=0, files_dir=None)
         except BaseException:
             entries.remove(held.path)
             raise
