@@ -23,7 +23,7 @@ from mlflow_neuron._analysis.ranks.frames import collectives_frame
 from mlflow_neuron._readback.ranks import read_ranks
 from mlflow_neuron._record import node_file as node_file_format
 from mlflow_neuron._record.model import node_file
-from mlflow_neuron._trace import chrome, collectives
+from mlflow_neuron._trace import chrome, chrome_file, collectives
 
 COUNTER = '''
 import json, os
@@ -112,3 +112,81 @@ def test_the_helper_reads_each_cycles_trace_once_and_the_rank_summary_is_the_sam
         assert logged == json.loads(json.dumps({k: v for k, v in again.items() if k not in ("collectives", "member_sets")}))
         rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
         assert rows == collectives_frame([again]).astype(object).where(lambda f: f.notna(), None).to_dict("records")
+
+
+def _x(cat, name, ts, dur, tid=1, **args):
+    return {"ph": "X", "cat": cat, "name": name, "pid": 7, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def _edge_trace(*extra) -> dict:
+    """A trace with every kind of event the rank summary takes from the reader's columns or walks itself."""
+    events = [
+        {"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "pid": "Spans", "tid": 0, "ts": 0, "dur": 900},
+        {"ph": "M", "name": "process_name", "pid": 7, "args": {"name": "python"}},
+        _x("cpu_op", "ProfilerStep#1", 1, 400), _x("user_annotation", "ProfilerStep#2", 401, 400),
+        _x("cpu_op", "aten::mm", 2, 50, **{"External id": 1}), _x("cpu_op", "aten::add", 60.5, 10.25),
+        _x("cuda_runtime", "cudaLaunchKernel", 3, 5, correlation=11), _x("cuda_runtime", "cudaLaunchKernel", 4, 1),
+        _x("cuda_runtime", "cudaMemcpyAsync", 5, 1, correlation=0),
+        _x("kernel", "gemm", 20, 30, tid=9, correlation=11), _x("kernel", "gemm", 51, 3, tid=9),
+        _x("kernel", "gemm", 55, 3, tid=9, correlation=None), _x("gpu_memcpy", "Memcpy HtoD", 60, 4, tid=9, correlation=0, bytes=4096),
+        _x("kernel", "ncclDevKernel_AllReduce_Sum_f32", 70, 90, tid=9, correlation=12, **{"Collective name": "allreduce"}),
+        _x("cuda_runtime", "cudaLaunchKernel", 65, 2, correlation=12),
+        _x("cpu_op", "c10d::allreduce_", 64, 3), _x("cpu_op", "c10d::send", 170, 2, **{"Concrete Inputs": ["", "", "1"]}),
+        _x("cpu_op", "record_param_comms", 171, 2, **{"Collective name": "send"}),
+        _x("user_annotation", "gloo:all_reduce", 180, 40, tid=3), _x("python_function", "train.py(9): step", 1, 800),
+        {"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": 7, "tid": 1, "ts": 100, "s": "t",
+         "args": {"Total Allocated": 4096, "Bytes": 4096, "Device Type": 1}},
+        {"ph": "s", "cat": "ac2g", "name": "launch", "id": 11, "pid": 7, "tid": 1, "ts": 3},
+        *extra,
+    ]
+    return {"schemaVersion": 1, "distributedInfo": {"rank": 1, "world_size": 2}, "traceEvents": events}
+
+
+class _Walked(collectives.RankEvents):
+    """RankEvents that counts the events it walks itself."""
+
+    def restart(self) -> None:
+        super().restart()
+        self.walked = 0
+
+    def feed(self, chunk: list) -> None:
+        self.walked += len(chunk)
+        super().feed(chunk)
+
+
+def _rank_files():
+    folders = [TESTS / "fixtures" / "real_traces", *(TESTS / "fixtures" / "multi_rank").iterdir()]
+    return sorted(p for f in folders if f.is_dir() for p in f.iterdir() if p.name.endswith(".json.gz"))
+
+
+def test_the_rank_summary_made_from_the_readers_columns_is_the_one_its_own_walk_gives(tmp_path, monkeypatch):
+    """`RankEvents.feed_read` (the cycle's pass) keeps what `RankEvents.feed` keeps, event for
+    event, on every recorded trace here and on traces made to hold each odd event, cut into
+    pieces of a few events; and on a Kineto trace it walks only the few events that name a step,
+    a collective or memory."""
+    monkeypatch.setattr(chrome_file, "PIECE_BYTES", 700)  # many pieces: the order across them counts
+    odd = {
+        "every kind": _edge_trace(),
+        "a hidden cpu op": _edge_trace(_x("cpu_op", "aten::mul", 300, 5, hidden=1)),
+        "an Operator category": _edge_trace(_x("Operator", "aten::mul", 300, 5)),
+        "an unknown device category": _edge_trace(_x("npu_kernel", "k", 300, 5, tid=9, correlation=11)),
+        "no step": {"traceEvents": [e for e in _edge_trace()["traceEvents"] if "ProfilerStep" not in str(e.get("name"))]},
+    }
+    files = {name: tmp_path / f"{k}.json" for k, name in enumerate(odd)}
+    for name, trace in odd.items():
+        files[name].write_text(json.dumps(trace))
+    files.update({f"{p.parent.name}/{p.name}": p for p in _rank_files()})
+    assert len(files) > 25
+    walked = {}
+    for name, path in files.items():
+        alone = collectives.rank_summary_from_chrome(path, rank=0, cycle_step=3)
+        events = _Walked()
+        cycle = chrome.read_chrome_file(path, also=events)
+        assert events.summary(events.meta, rank=0, cycle_step=3) == alone, name
+        walked[name] = events.walked / max(len(cycle.raw), 1)
+    assert walked["real_traces/hta_cuda_trace_diff_control_2022.json.gz"] < 0.01
+    assert walked["hta_sampled_2rank/sampled_rank-0.json.gz"] < 0.01
+    assert walked["every kind"] < walked["an Operator category"]  # that piece walked whole
+    summary = collectives.rank_summary_from_chrome(files["every kind"])
+    assert [s["step"] for s in summary["steps"]] == [1, 2] and summary["collective_source"] == "device_kernels"
+    assert summary["steps"][0]["memcpy_bytes"] == 4096 and summary["steps"][0]["peak_memory_bytes"] == 4096

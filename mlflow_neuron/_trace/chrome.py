@@ -140,14 +140,19 @@ def read_chrome_file(path: str | Path, *, shapes: bool = True, also: Any = None)
     parsed events never pile up; ValueError, saying why, for a file that is not a trace.
 
     `also`: another reader fed the same pieces in the same pass (`feed(events)`, `restart()`,
-    `finish(header)`), such as `collectives.RankEvents`: the file is read and parsed once."""
-    reader = ChromeReader(shapes)
+    `finish(header)`), such as `collectives.RankEvents`: the file is read and parsed once. One
+    with `feed_read(piece)` is handed each `ReadPiece` instead: the rows this reader made of the
+    events, as columns, so that it need not walk every event again."""
+    reader = ChromeReader(shapes, pieces=hasattr(also, "feed_read"))
     if also is None:
         return reader.finish(read_pieces(path, reader.feed, reader.reset))
 
     def feed(events: list) -> None:
         reader.feed(events)
-        also.feed(events)
+        if reader.piece is not None:
+            also.feed_read(reader.piece)
+        else:
+            also.feed(events)
 
     def restart() -> None:
         reader.reset()
@@ -158,13 +163,26 @@ def read_chrome_file(path: str | Path, *, shapes: bool = True, also: Any = None)
     return reader.finish(header)
 
 
+@dataclass(frozen=True, eq=False)
+class ReadPiece:
+    """One list of events as `ChromeReader` read it, for a reader fed in the same pass."""
+
+    events: list  # the list, as parsed
+    offset: int  # the index in traceEvents of events[0]
+    columns: dict[str, np.ndarray] | None  # its rows (`_COLUMNS`; `source`: an index in traceEvents); None: no rows
+    aside: list[int]  # indices in traceEvents of the events that made no row but may matter elsewhere
+    names: dict[str, int]  # every name read so far -> its id (the `name` column)
+    categories: tuple[str, ...]  # the category of each `kind`
+
+
 class ChromeReader:
     """One pass over a chrome trace's events, fed a list at a time; each list's rows become
     numpy columns at once, so only the columns stay. `shapes`: keep `args["Input Dims"]` for a
     timeline's spans (the trace must have been recorded with `record_shapes=True`)."""
 
-    def __init__(self, shapes: bool = True) -> None:
+    def __init__(self, shapes: bool = True, *, pieces: bool = False) -> None:
         self.shapes = shapes
+        self.pieces_wanted = pieces  # keep each list's `ReadPiece` (`piece`) for another reader
         self.reset()
 
     def reset(self) -> None:
@@ -181,6 +199,7 @@ class ChromeReader:
         self.hip_calls = False
         self.process_names: dict = {}
         self.thread_names: dict = {}
+        self.piece: ReadPiece | None = None  # the last list's, where `pieces` was asked for
 
     def feed(self, events: list) -> None:
         try:
@@ -191,6 +210,7 @@ class ChromeReader:
     def _feed(self, events: list) -> None:
         rows: list[tuple] = []
         names, threads, categories = self.names, self.threads, self.categories
+        aside: list[int] | None = [] if self.pieces_wanted else None  # events that make no row
         for index, event in enumerate(events, self.events):
             if type(event) is not dict and not isinstance(event, Mapping):
                 raise ValueError(f"traceEvents[{index}] is {type(event).__name__}, not an object")
@@ -202,6 +222,8 @@ class ChromeReader:
                 args = get("args") if isinstance(get("args"), Mapping) else {}
                 self.memory.append((name, ts, threads.setdefault((get("pid"), get("tid")), len(threads)), index,
                                     _int(args.get("Bytes")), _int(args.get("Device Type"))))  # fmt: skip
+                if aside is not None:
+                    aside.append(index)
                 continue
             if phase != "X":
                 if phase == "M":
@@ -219,6 +241,8 @@ class ChromeReader:
                     args = _NO_ARGS
                 hidden = args.get("hidden")
                 if hidden is not None and str(hidden) == "1":
+                    if aside is not None:
+                        aside.append(index)
                     continue  # Kineto's "hidden" metadata: torch drops these events
                 external, correlation = args.get("External id", 0), args.get("correlation", 0)
                 if type(external) is not int:
@@ -238,12 +262,17 @@ class ChromeReader:
                 if cat in _HIP_CALL_CATEGORIES and name.startswith("hip"):
                     self.hip_calls = True
                 rows.append((name_id, ts, dur, thread, kind[4], external, correlation, index))
-            elif cat == "Trace" and str(name or "").startswith("PyTorch Profiler"):
-                self.trace_start_us = checked(event, index, "ts")[0]
+            else:
+                if cat == "Trace" and str(name or "").startswith("PyTorch Profiler"):
+                    self.trace_start_us = checked(event, index, "ts")[0]
+                if aside is not None:
+                    aside.append(index)
         checked_numbers(rows, events, self.events)
         piece = dict(zip(_COLUMNS, map(np.array, zip(*rows))))
         if rows and (piece["external"].dtype.kind != "i" or piece["correlation"].dtype.kind != "i"):
             raise OverflowError("an id does not fit 64 bits")  # numpy made an object or uint64 column
+        if aside is not None:
+            self.piece = ReadPiece(events, self.events, piece if rows else None, aside, names, KIND_CATEGORIES)
         self.events += len(events)
         if rows:
             self.rows += len(rows)
@@ -345,6 +374,7 @@ def _kinds() -> dict[str, tuple]:
 
 
 _KINDS = _kinds()
+KIND_CATEGORIES = tuple(_KINDS)  # the category of each kind's index
 _KIND_COLUMNS = {  # a row keeps only its kind's index: four columns fewer to build from Python values
     "device_class": np.array([k[0] for k in _KINDS.values()], np.int64),
     "role": np.array([k[1] for k in _KINDS.values()], np.int64),

@@ -122,9 +122,16 @@ class RankPass:
         self.events, self.error = RankEvents(), None
 
     def feed(self, chunk: list) -> None:
+        self._fed(self.events.feed, chunk)
+
+    def feed_read(self, piece) -> None:
+        """A `chrome.ReadPiece`: the rank summary made from the reader's columns."""
+        self._fed(self.events.feed_read, piece)
+
+    def _fed(self, feed, what) -> None:
         if self.error is None:
             try:
-                self.events.feed(chunk)
+                feed(what)
             except Exception as error:  # noqa: BLE001 - the rank summary's own problem
                 self.error = error
 
