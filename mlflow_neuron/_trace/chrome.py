@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .chrome_checks import checked, checked_numbers, int_arg, wrong_field
-from .chrome_file import read_pieces
+from .chrome_file import ReadPiece, read_pieces
 from .chrome_links import (
     DEVICE_ROLE,
     EXTERNAL_ID,
@@ -163,18 +163,6 @@ def read_chrome_file(path: str | Path, *, shapes: bool = True, also: Any = None)
     return reader.finish(header)
 
 
-@dataclass(frozen=True, eq=False)
-class ReadPiece:
-    """One list of events as `ChromeReader` read it, for a reader fed in the same pass."""
-
-    events: list  # the list, as parsed
-    offset: int  # the index in traceEvents of events[0]
-    columns: dict[str, np.ndarray] | None  # its rows (`_COLUMNS`; `source`: an index in traceEvents); None: no rows
-    aside: list[int]  # indices in traceEvents of the events that made no row but may matter elsewhere
-    names: dict[str, int]  # every name read so far -> its id (the `name` column)
-    categories: tuple[str, ...]  # the category of each `kind`
-
-
 class ChromeReader:
     """One pass over a chrome trace's events, fed a list at a time; each list's rows become
     numpy columns at once, so only the columns stay. `shapes`: keep `args["Input Dims"]` for a
@@ -210,7 +198,7 @@ class ChromeReader:
     def _feed(self, events: list) -> None:
         rows: list[tuple] = []
         names, threads, categories = self.names, self.threads, self.categories
-        aside: list[int] | None = [] if self.pieces_wanted else None  # events that make no row
+        aside: list[int] = []  # the events that make no row, for `ReadPiece` (a few: memory, hidden, others)
         for index, event in enumerate(events, self.events):
             if type(event) is not dict and not isinstance(event, Mapping):
                 raise ValueError(f"traceEvents[{index}] is {type(event).__name__}, not an object")
@@ -222,8 +210,7 @@ class ChromeReader:
                 args = get("args") if isinstance(get("args"), Mapping) else {}
                 self.memory.append((name, ts, threads.setdefault((get("pid"), get("tid")), len(threads)), index,
                                     _int(args.get("Bytes")), _int(args.get("Device Type"))))  # fmt: skip
-                if aside is not None:
-                    aside.append(index)
+                aside.append(index)
                 continue
             if phase != "X":
                 if phase == "M":
@@ -241,8 +228,7 @@ class ChromeReader:
                     args = _NO_ARGS
                 hidden = args.get("hidden")
                 if hidden is not None and str(hidden) == "1":
-                    if aside is not None:
-                        aside.append(index)
+                    aside.append(index)
                     continue  # Kineto's "hidden" metadata: torch drops these events
                 external, correlation = args.get("External id", 0), args.get("correlation", 0)
                 if type(external) is not int:
@@ -265,14 +251,17 @@ class ChromeReader:
             else:
                 if cat == "Trace" and str(name or "").startswith("PyTorch Profiler"):
                     self.trace_start_us = checked(event, index, "ts")[0]
-                if aside is not None:
-                    aside.append(index)
+                aside.append(index)
+        self._keep(events, rows, aside)
+
+    def _keep(self, events: list, rows: list[tuple], aside: list[int]) -> None:
+        """A list's rows kept as columns, once their numbers are checked; its `ReadPiece`."""
         checked_numbers(rows, events, self.events)
         piece = dict(zip(_COLUMNS, map(np.array, zip(*rows))))
         if rows and (piece["external"].dtype.kind != "i" or piece["correlation"].dtype.kind != "i"):
             raise OverflowError("an id does not fit 64 bits")  # numpy made an object or uint64 column
-        if aside is not None:
-            self.piece = ReadPiece(events, self.events, piece if rows else None, aside, names, KIND_CATEGORIES)
+        if self.pieces_wanted:
+            self.piece = ReadPiece(events, self.events, piece if rows else None, aside, self.names, KIND_CATEGORIES)
         self.events += len(events)
         if rows:
             self.rows += len(rows)

@@ -16,6 +16,7 @@ import gzip
 import re
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,19 @@ _KEY = b'"traceEvents"'
 _OPEN = re.compile(rb"\s*:\s*\[")
 _ARRAY_END = re.compile(rb"\}\s*\]")
 _SPACE = b" \t\r\n"
+
+
+@dataclass(frozen=True, eq=False)
+class ReadPiece:
+    """One list of events as `chrome.ChromeReader` read it, for a reader fed in the same pass
+    (`read_chrome_file(also=)`, `rank_columns`)."""
+
+    events: list  # the list, as parsed
+    offset: int  # the index in traceEvents of events[0]
+    columns: dict | None  # its rows (`chrome._COLUMNS`; `source`: an index in traceEvents); None: no rows
+    aside: list[int]  # indices in traceEvents of the events that made no row but may matter elsewhere
+    names: dict[str, int]  # every name read so far -> its id (the `name` column)
+    categories: tuple[str, ...]  # the category of each `kind`
 
 
 def read_pieces(path: str | Path, feed: Callable[[list], None], restart: Callable[[], None]) -> dict:

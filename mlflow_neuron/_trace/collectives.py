@@ -33,7 +33,6 @@ time that no compute overlaps; memcpy = the union of host<->device copies with t
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 from pathlib import Path
@@ -46,56 +45,16 @@ from .collective_records import POINT_TO_POINT, launched_in, member_sets_of, num
 from .collective_records import record as collective_record
 from .groups import process_groups
 from .intervals import IntervalUnion, pairs, step_indices
+from .rank_columns import feed_columns
+from .rank_roles import COMM, COMPUTE, CPU_OP, DEVICE, HOST_DEVICE_COPY, LAUNCH, MEMORY, SKIP, kernel_class, role_of
 
 FORMAT = "mlflow-neuron/rank-summary"
 VERSION = 2  # 2: each collective's group as its members (`members`, `desc`), `peer`, `lane`; `groups`
 VERSIONS_READ = (1, 2)
 
-# HolisticTraceAnalysis's kernel classes (hta/common/types.py), first match wins: communication,
-# memory, compute (whatever the last pattern does not match), other.
-COMM_KERNEL = re.compile(r"(^nccl.*)|(^hip)|(^hccl)|(.*ncclKernel.*)")
-MEMORY_KERNEL = re.compile(r"(^(hip)?Memcpy)|(^(hip)?Memset)|(^dma)")
-NOT_COMPUTE_KERNEL = re.compile(
-    r"(^nccl)|(.*Memcpy)|(.*Memset)|(.*dma)|(^.*Sync)|(^Stream Wait Event)|(cuda.*LaunchKernel)|(^runFunction)"
-    r"|(^hip)|(^job_exe)|(^packet)|(^pe_exe)|(^cpum_exe_subgraph)|(^hccl)|(^collective_subgraph_execution)"
-)
-DEVICE_CATEGORY = re.compile(r"(.*kernel)|(^gpu_mem)|(^mtia_ccp_events)|(^cuda_sync)")
-HOST_DEVICE_COPY = re.compile(r"^(hip)?Memcpy|^dma")
 BACKEND_SPAN = re.compile(r"^(gloo|nccl):(.+)")
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_CPU_OPS = ("cpu_op", "Operator")
-COMPUTE, COMM, MEMORY, OTHER = 0, 1, 2, 3
-_CPU_OP, _DEVICE, _LAUNCH, _ANNOTATION, _SKIP = range(5)  # what an event's category makes it here
 _NO_ARGS: dict = {}
-
-
-def kernel_class(name: str) -> int:
-    """HTA's class of a device event by its name: COMM, MEMORY, COMPUTE or OTHER."""
-    if COMM_KERNEL.match(name):
-        return COMM
-    if MEMORY_KERNEL.match(name):
-        return MEMORY
-    return OTHER if NOT_COMPUTE_KERNEL.match(name) else COMPUTE
-
-
-_PLAIN, _MARKED, _CALL = 0, 1, 2  # a name: nothing special; a step or a backend span; a c10d call or record_param_comms
-
-
-def _name_flag(name: str) -> int:
-    """What `RankEvents.feed` does with an event of this name beyond its category's role."""
-    if name.startswith(("ProfilerStep#", "gloo:", "nccl:")):
-        return _MARKED
-    return _CALL if name.startswith("c10d::") or name == "record_param_comms" else _PLAIN
-
-
-def _role(category: str) -> int:
-    if category in _CPU_OPS:
-        return _CPU_OP
-    if DEVICE_CATEGORY.match(category):
-        return _DEVICE
-    if category.endswith(("_runtime", "_driver")):
-        return _LAUNCH
-    return _SKIP if category.startswith("gpu_") or category == "python_function" else _ANNOTATION
 
 
 def rank_summary_from_chrome(trace: dict | str | Path, *, rank: int | None = None, host: str | None = None,
@@ -162,7 +121,7 @@ class RankEvents:
         self.skipped = 0  # complete events without a usable ts/dur
         self.classes: dict[tuple[str, str], tuple[int, bool]] = {}
         self.name_list: list[str] = []  # a `ReadPiece`'s name ids -> names
-        self.name_flags = np.zeros(0, np.int8)  # per name id: _PLAIN, _MARKED or _CALL (`_name_flag`)
+        self.name_flags = np.zeros(0, np.int8)  # per name id: `rank_roles.name_flag`
 
     def feed(self, chunk: list) -> None:
         """Keeps what a summary needs of a list of events; the role of a category and the class of a
@@ -180,8 +139,8 @@ class RankEvents:
             category, name = event.get("cat") or "", event.get("name") or ""
             role = roles.get(category)
             if role is None:
-                role = roles[category] = _role(category)
-            if role == _SKIP:
+                role = roles[category] = role_of(category)
+            if role == SKIP:
                 continue
             try:
                 start = float(event["ts"])
@@ -192,7 +151,7 @@ class RankEvents:
             if not end - start >= 0.0:  # NaN, an infinity, a negative duration
                 self.skipped += 1
                 continue
-            if role == _CPU_OP:
+            if role == CPU_OP:
                 if name.startswith(("c10d::", "gloo:", "nccl:", "ProfilerStep#")):
                     if name.startswith("ProfilerStep#"):
                         self._step(name, start, end)
@@ -204,7 +163,7 @@ class RankEvents:
                     self.param_comms.append((start, end, event.get("args") or {}))
                 else:
                     cpu_ops.append((start, end))
-            elif role == _DEVICE:
+            elif role == DEVICE:
                 args = event.get("args") or {}
                 known = classes.get((category, name))
                 if known is None:
@@ -213,11 +172,11 @@ class RankEvents:
                     known = classes[(category, name)] = (kind, kind == COMM or copy)
                 kind, keep = known
                 device.append((start, end, kind, args.get("correlation"), {**args, "_name": name} if keep else _NO_ARGS))
-            elif role == _LAUNCH:
+            elif role == LAUNCH:
                 correlation = (event.get("args") or {}).get("correlation")
                 if correlation is not None:
                     launches[correlation] = start
-            elif name.startswith("ProfilerStep#"):  # _ANNOTATION
+            elif name.startswith("ProfilerStep#"):  # ANNOTATION
                 self._step(name, start, end)
             elif name.startswith(("gloo:", "nccl:")):
                 self.spans.append((start, end, name, event.get("args") or {}, event.get("tid")))
@@ -226,83 +185,8 @@ class RankEvents:
 
     def feed_read(self, piece) -> None:
         """`feed`, from the columns that the cycle's reader made of the same events
-        (`chrome.ReadPiece`): cpu ops, device events and launches come from the columns, the few
-        events that name a step or a collective, or made no row, go through `feed`, in order.
-        Keeps exactly what `feed(piece.events)` keeps; where an event that made no row would add
-        to the columns' lists (a category the reader does not know), the piece goes through `feed`."""
-        events, offset, rows = piece.events, piece.offset, piece.columns
-        roles = self.roles
-        for index in piece.aside:
-            event = events[index - offset]
-            if event.get("ph") == "X":
-                category = event.get("cat") or ""
-                role = roles.get(category)
-                if role is None:
-                    role = roles[category] = _role(category)
-                if role in (_CPU_OP, _DEVICE, _LAUNCH):
-                    self.feed(events)
-                    return
-        if rows is None:
-            self.feed([events[i - offset] for i in piece.aside])
-            return
-        kind_roles = np.array([_role(c) for c in piece.categories], np.int8)
-        role, flag = kind_roles[rows["kind"]], self._flags(piece.names)[rows["name"]]
-        start = rows["ts"].astype(np.float64)
-        end = start + rows["dur"].astype(np.float64)
-        source = rows["source"]
-        cpu = role == _CPU_OP
-        plain = cpu & (flag == _PLAIN)
-        self.cpu_ops.extend(zip(start[plain].tolist(), end[plain].tolist()))
-        device = np.flatnonzero(role == _DEVICE)
-        if len(device):
-            self._device_rows(piece, device, start, end)
-        launch = np.flatnonzero(role == _LAUNCH)
-        if len(launch):
-            correlation = rows["correlation"][launch]
-            known = correlation != 0
-            self.launches.update(zip(correlation[known].tolist(), start[launch[known]].tolist()))
-            for i, ts in zip(source[launch[~known]].tolist(), start[launch[~known]].tolist()):
-                value = (events[i - offset].get("args") or {}).get("correlation")  # None (absent) or 0
-                if value is not None:
-                    self.launches[value] = ts
-        marked = (cpu & (flag != _PLAIN)) | ((role == _ANNOTATION) & (flag == _MARKED))
-        slow = sorted(piece.aside + source[marked].tolist())
-        if slow:
-            self.feed([events[i - offset] for i in slow])
-
-    def _flags(self, names: dict) -> np.ndarray:
-        """Each name id's flag (`_name_flag`), the new names' worked out once."""
-        if len(self.name_list) < len(names):
-            new = list(itertools.islice(names, len(self.name_list), None))
-            self.name_list.extend(new)
-            self.name_flags = np.concatenate([self.name_flags, np.array([_name_flag(n) for n in new], np.int8)])
-        return self.name_flags
-
-    def _device_rows(self, piece, device: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
-        """The device events among a piece's rows, as `feed` keeps them; each (category, name)
-        classified once."""
-        rows, events, offset, names = piece.columns, piece.events, piece.offset, self.name_list
-        pairs_, which = np.unique(rows["kind"][device] * (len(names) + 1) + rows["name"][device], return_inverse=True)
-        classes, known = self.classes, []
-        for pair in pairs_.tolist():
-            key = (piece.categories[pair // (len(names) + 1)], names[pair % (len(names) + 1)])
-            found = classes.get(key)
-            if found is None:
-                kind = MEMORY if key[0].startswith("gpu_mem") else kernel_class(key[1])
-                copy = kind == MEMORY and bool(HOST_DEVICE_COPY.match(key[1]))
-                found = classes[key] = (kind, kind == COMM or copy)
-            known.append(found)
-        kinds = np.array([k for k, _ in known], np.int64)[which]
-        keep = np.array([k for _, k in known], bool)[which]
-        correlation = rows["correlation"][device].tolist()
-        sources = rows["source"][device].tolist()
-        args: list = [_NO_ARGS] * len(device)
-        for position in np.flatnonzero(keep).tolist():
-            event = events[sources[position] - offset]
-            args[position] = {**(event.get("args") or {}), "_name": event["name"]}
-        for position in np.flatnonzero(rows["correlation"][device] == 0).tolist():  # absent, null or 0
-            correlation[position] = (events[sources[position] - offset].get("args") or {}).get("correlation")
-        self.device.extend(zip(start[device].tolist(), end[device].tolist(), kinds.tolist(), correlation, args))
+        (`chrome_file.ReadPiece`): `rank_columns.feed_columns`."""
+        feed_columns(self, piece)
 
     def _p2p_call(self, start: float, event: dict) -> None:
         """A c10d send or receive on the calling thread: its peer (the rank within its group,

@@ -125,7 +125,7 @@ class RankPass:
         self._fed(self.events.feed, chunk)
 
     def feed_read(self, piece) -> None:
-        """A `chrome.ReadPiece`: the rank summary made from the reader's columns."""
+        """A `chrome_file.ReadPiece`: the rank summary made from the reader's columns."""
         self._fed(self.events.feed_read, piece)
 
     def _fed(self, feed, what) -> None:
