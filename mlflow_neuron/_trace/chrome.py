@@ -151,6 +151,7 @@ def read_chrome_file(path: str | Path, *, shapes: bool = True, also: Any = None)
         reader.feed(events)
         if reader.piece is not None:
             also.feed_read(reader.piece)
+            reader.piece = None  # its events go when the caller's list does (the whole file's, at a fallback)
         else:
             also.feed(events)
 

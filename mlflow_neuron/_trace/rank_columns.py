@@ -52,7 +52,7 @@ def feed_columns(events, piece) -> None:
     kind_roles = np.array([role_of(c) for c in piece.categories], np.int8)
     role, flag = kind_roles[rows["kind"]], _flags(events, piece.names)[rows["name"]]
     start = rows["ts"].astype(np.float64)
-    end = start + rows["dur"].astype(np.float64)
+    end = start + (rows["dur"].astype(np.float64) + 0.0)  # as `feed`'s `dur or 0.0`: a -0.0 duration adds 0.0
     cpu = role == CPU_OP
     plain = cpu & (flag == PLAIN)
     events.cpu_ops.extend(zip(start[plain].tolist(), end[plain].tolist()))
