@@ -46,7 +46,7 @@ from .collective_records import record as collective_record
 from .groups import process_groups
 from .intervals import IntervalUnion, pairs, step_indices
 from .rank_columns import feed_columns
-from .rank_roles import COMM, COMPUTE, CPU_OP, DEVICE, HOST_DEVICE_COPY, LAUNCH, MEMORY, SKIP, kernel_class, role_of
+from .rank_roles import COMM, COMPUTE, CPU_OP, DEVICE, LAUNCH, MEMORY, SKIP, device_class, role_of
 
 FORMAT = "mlflow-neuron/rank-summary"
 VERSION = 2  # 2: each collective's group as its members (`members`, `desc`), `peer`, `lane`; `groups`
@@ -167,9 +167,7 @@ class RankEvents:
                 args = event.get("args") or {}
                 known = classes.get((category, name))
                 if known is None:
-                    kind = MEMORY if category.startswith("gpu_mem") else kernel_class(name)
-                    copy = kind == MEMORY and bool(HOST_DEVICE_COPY.match(name))
-                    known = classes[(category, name)] = (kind, kind == COMM or copy)
+                    known = classes[(category, name)] = device_class(category, name)
                 kind, keep = known
                 device.append((start, end, kind, args.get("correlation"), {**args, "_name": name} if keep else _NO_ARGS))
             elif role == LAUNCH:

@@ -15,20 +15,7 @@ import itertools
 
 import numpy as np
 
-from .rank_roles import (
-    ANNOTATION,
-    COMM,
-    CPU_OP,
-    DEVICE,
-    HOST_DEVICE_COPY,
-    LAUNCH,
-    MARKED,
-    MEMORY,
-    PLAIN,
-    kernel_class,
-    name_flag,
-    role_of,
-)
+from .rank_roles import ANNOTATION, CPU_OP, DEVICE, LAUNCH, MARKED, PLAIN, device_class, name_flag, role_of
 
 _NO_ARGS: dict = {}
 
@@ -87,9 +74,7 @@ def _device_rows(events, piece, device: np.ndarray, start: np.ndarray, end: np.n
         key = (piece.categories[pair // width], names[pair % width])
         found = events.classes.get(key)
         if found is None:
-            kind = MEMORY if key[0].startswith("gpu_mem") else kernel_class(key[1])
-            copy = kind == MEMORY and bool(HOST_DEVICE_COPY.match(key[1]))
-            found = events.classes[key] = (kind, kind == COMM or copy)
+            found = events.classes[key] = device_class(*key)
         known.append(found)
     kinds = np.array([k for k, _ in known], np.int64)[which]
     keep = np.array([k for _, k in known], bool)[which]

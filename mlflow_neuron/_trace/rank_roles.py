@@ -29,6 +29,13 @@ def kernel_class(name: str) -> int:
     return OTHER if NOT_COMPUTE_KERNEL.match(name) else COMPUTE
 
 
+def device_class(category: str, name: str) -> tuple[int, bool]:
+    """A device event's HTA class, and whether the rank summary keeps its args (a collective's
+    kernel, or a copy between host and device)."""
+    kind = MEMORY if category.startswith("gpu_mem") else kernel_class(name)
+    return kind, kind == COMM or (kind == MEMORY and bool(HOST_DEVICE_COPY.match(name)))
+
+
 PLAIN, MARKED, CALL = 0, 1, 2  # a name: nothing special; a step or a backend span; a c10d call or record_param_comms
 
 
