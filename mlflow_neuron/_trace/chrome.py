@@ -143,15 +143,15 @@ def read_chrome_file(path: str | Path, *, shapes: bool = True, also: Any = None)
     `finish(header)`), such as `collectives.RankEvents`: the file is read and parsed once. One
     with `feed_read(piece)` is handed each `ReadPiece` instead: the rows this reader made of the
     events, as columns, so that it need not walk every event again."""
-    reader = ChromeReader(shapes, pieces=hasattr(also, "feed_read"))
+    reader = ChromeReader(shapes)
     if also is None:
         return reader.finish(read_pieces(path, reader.feed, reader.reset))
+    columns = hasattr(also, "feed_read")
 
     def feed(events: list) -> None:
-        reader.feed(events)
-        if reader.piece is not None:
-            also.feed_read(reader.piece)
-            reader.piece = None  # its events go when the caller's list does (the whole file's, at a fallback)
+        piece = reader.feed(events)
+        if columns:
+            also.feed_read(piece)
         else:
             also.feed(events)
 
@@ -169,9 +169,8 @@ class ChromeReader:
     numpy columns at once, so only the columns stay. `shapes`: keep `args["Input Dims"]` for a
     timeline's spans (the trace must have been recorded with `record_shapes=True`)."""
 
-    def __init__(self, shapes: bool = True, *, pieces: bool = False) -> None:
+    def __init__(self, shapes: bool = True) -> None:
         self.shapes = shapes
-        self.pieces_wanted = pieces  # keep each list's `ReadPiece` (`piece`) for another reader
         self.reset()
 
     def reset(self) -> None:
@@ -188,15 +187,15 @@ class ChromeReader:
         self.hip_calls = False
         self.process_names: dict = {}
         self.thread_names: dict = {}
-        self.piece: ReadPiece | None = None  # the last list's, where `pieces` was asked for
 
-    def feed(self, events: list) -> None:
+    def feed(self, events: list) -> ReadPiece:
+        """Reads a list of events; returns it as read (`ReadPiece`), for a reader fed in the same pass."""
         try:
-            self._feed(events)
+            return self._feed(events)
         except (TypeError, OverflowError) as error:  # a list where a name goes (unhashable), an id past 64 bits
             raise ValueError(f"{wrong_field(events, self.events)} has a field of the wrong type ({error})") from None
 
-    def _feed(self, events: list) -> None:
+    def _feed(self, events: list) -> ReadPiece:
         rows: list[tuple] = []
         names, threads, categories = self.names, self.threads, self.categories
         aside: list[int] = []  # the events that make no row, for `ReadPiece` (a few: memory, hidden, others)
@@ -253,20 +252,20 @@ class ChromeReader:
                 if cat == "Trace" and str(name or "").startswith("PyTorch Profiler"):
                     self.trace_start_us = checked(event, index, "ts")[0]
                 aside.append(index)
-        self._keep(events, rows, aside)
+        return self._keep(events, rows, aside)
 
-    def _keep(self, events: list, rows: list[tuple], aside: list[int]) -> None:
-        """A list's rows kept as columns, once their numbers are checked; its `ReadPiece`."""
+    def _keep(self, events: list, rows: list[tuple], aside: list[int]) -> ReadPiece:
+        """A list's rows kept as columns, once their numbers are checked; returns its `ReadPiece`."""
         checked_numbers(rows, events, self.events)
         piece = dict(zip(_COLUMNS, map(np.array, zip(*rows))))
         if rows and (piece["external"].dtype.kind != "i" or piece["correlation"].dtype.kind != "i"):
             raise OverflowError("an id does not fit 64 bits")  # numpy made an object or uint64 column
-        if self.pieces_wanted:
-            self.piece = ReadPiece(events, self.events, piece if rows else None, aside, self.names, KIND_CATEGORIES)
+        read = ReadPiece(events, self.events, piece if rows else None, aside, self.names, KIND_CATEGORIES)
         self.events += len(events)
         if rows:
             self.rows += len(rows)
             self.pieces.append(piece)
+        return read
 
     def finish(self, header: Mapping, dialect: str | None = None) -> ChromeCycle:
         """The cycle, once every event was fed; `header` is the trace's other keys."""
