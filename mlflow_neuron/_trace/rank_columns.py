@@ -11,6 +11,7 @@ hidden op), the whole piece goes through `feed`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -36,8 +37,7 @@ def feed_columns(events, piece) -> None:
     if rows is None:
         events.feed([piece.events[i - offset] for i in piece.aside])
         return
-    kind_roles = np.array([role_of(c) for c in piece.categories], np.int8)
-    role, flag = kind_roles[rows["kind"]], _flags(events, piece.names)[rows["name"]]
+    role, flag = _kind_roles(piece.categories)[rows["kind"]], _flags(events, piece.names)[rows["name"]]
     start = rows["ts"].astype(np.float64)
     end = start + (rows["dur"].astype(np.float64) + 0.0)  # as `feed`'s `dur or 0.0`: a -0.0 duration adds 0.0
     cpu = role == CPU_OP
@@ -53,6 +53,12 @@ def feed_columns(events, piece) -> None:
     walked = sorted(piece.aside + rows["source"][marked].tolist())
     if walked:
         events.feed([piece.events[i - offset] for i in walked])
+
+
+@functools.cache
+def _kind_roles(categories: tuple[str, ...]) -> np.ndarray:
+    """Each kind's role (`role_of` its category), worked out once, not at every piece."""
+    return np.array([role_of(c) for c in categories], np.int8)
 
 
 def _flags(events, names: dict) -> np.ndarray:
