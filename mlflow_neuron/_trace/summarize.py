@@ -98,12 +98,14 @@ class ChromeTraceFile:
         """The cycle's numbers; with `rank` (`RankEvents.summary`'s keywords: rank, host,
         world_size, cycle_step), its rank summary too, from the same read of the file. A rank
         summary that fails is `rank_summary_error`; the numbers stand either way."""
-        path = self.readable()
+        with cycle_collector_paused():  # and resumed once what the read made is freed, not scanned first
+            return self._summarize(rank)
+
+    def _summarize(self, rank: dict | None) -> CycleSummary:
         ranks = RankPass() if rank is not None else None
-        with cycle_collector_paused():  # shapes: for the timeline's spans, and each op's bytes and FLOPs
-            cycle = read_chrome_file(path, shapes=True, also=ranks)
-            summary = summarize(cycle.raw, self.settings, cycle.inputs)
-            return summary if ranks is None else ranks.into(summary, **rank)
+        cycle = read_chrome_file(self.readable(), shapes=True, also=ranks)  # shapes: spans, bytes and FLOPs
+        summary = summarize(cycle.raw, self.settings, cycle.inputs)
+        return summary if ranks is None else ranks.into(summary, **rank)
 
     def readable(self) -> Path:
         """The file `summarize` reads: `path`, else the staged `fallback` where `path` is gone."""
