@@ -17,10 +17,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, TESTS, artifact_files
 from mlflow.tracking import MlflowClient
 
 from mlflow_neuron._analysis.ranks.frames import collectives_frame
+from mlflow_neuron._capture.ingest import read_cycle
 from mlflow_neuron._readback.ranks import read_ranks
 from mlflow_neuron._record import node_file as node_file_format
 from mlflow_neuron._record.model import node_file
@@ -196,11 +198,12 @@ def test_the_rank_summary_made_from_the_readers_columns_is_the_one_its_own_walk_
     assert summary["steps"][0]["memcpy_bytes"] == 4096 and summary["steps"][0]["peak_memory_bytes"] == 4096
 
 
-def test_the_cycle_collector_resumes_only_once_what_the_read_made_is_freed(tmp_path, monkeypatch):
+@pytest.mark.parametrize("reader", ["helper", "ingest"])
+def test_the_cycle_collector_resumes_only_once_what_the_read_made_is_freed(tmp_path, monkeypatch, reader):
     """The read pauses Python's cycle collector. With shapes recorded it keeps every op's input
     lists until the cycle is summarized: resumed while they live, its first pass would scan them
-    all (measured: 40-120 ms a 20,000-op cycle). When it resumes, only what the summary keeps is
-    new, not one object per op."""
+    all (measured: 40-120 ms a 20,000-op cycle). When it resumes, in the helper's read and in
+    `ingest`'s, only what the summary keeps is new, not objects for every op."""
     ops = 5000
     events = [_x("cpu_op", "aten::add", 10 * i, 5, **{"External id": i + 1, "Input Dims": [[4], [4]],
                                                        "Input type": ["float", "float"]}) for i in range(ops)]  # fmt: skip
@@ -209,6 +212,9 @@ def test_the_cycle_collector_resumes_only_once_what_the_read_made_is_freed(tmp_p
     young, enable = [], gc.enable
     monkeypatch.setattr(gc, "enable", lambda: (young.append(len(gc.get_objects(0))), enable()))
     gc.collect()
-    summary = ChromeTraceFile(str(path), CycleSettings("cpu", False, timeline_step=1, max_spans=100)).summarize()
+    if reader == "helper":
+        summary = ChromeTraceFile(str(path), CycleSettings("cpu", False, timeline_step=1, max_spans=100)).summarize()
+    else:
+        summary = read_cycle(path, 0, max_spans=100)[1]
     assert summary.profile.ops and summary.timeline is not None and gc.isenabled()
     assert len(young) == 1 and young[0] < ops // 5, young  # the summary's objects only

@@ -97,20 +97,23 @@ def read_cycle(trace_file: Path, index: int, *, log_timeline: bool = True, max_s
     """One trace file summarized: (the step it is logged at, its summary, how its device events
     were linked); with `rank` (rank, host, world_size), its rank summary from the same read.
     Raises ValueError for a file that is not a trace, or one without host ops."""
+    with cycle_collector_paused():  # resumed once what the read made is freed (`ChromeTraceFile.summarize`)
+        step, summary, linking = _read_cycle(trace_file, index, log_timeline, max_spans, rank)
+    if not summary.profile.ops:
+        raise ValueError(f"{trace_file}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
+    return step, summary, linking
+
+
+def _read_cycle(trace_file: Path, index: int, log_timeline: bool, max_spans: int,
+                rank: dict | None) -> tuple[int, CycleSummary, Linking]:  # fmt: skip
     ranks = RankPass() if rank is not None else None
-    with cycle_collector_paused():
-        cycle = read_chrome_file(trace_file, also=ranks)  # shapes: the timeline's, and each op's bytes and FLOPs
+    cycle = read_chrome_file(trace_file, also=ranks)  # shapes: the timeline's, and each op's bytes and FLOPs
     # The step the callback would have logged this cycle at: the last ProfilerStep + 1.
     step = cycle.last_step + 1 if cycle.last_step is not None else index
     settings = CycleSettings(cycle.device, cycle.device_profiled, default_step=max(step - 1, 0), max_spans=max_spans,
                              timeline_step=step if log_timeline else None, timeline_root=cycle_dir(step))  # fmt: skip
-    with cycle_collector_paused():
-        summary = summarize(cycle.raw, settings, cycle.inputs)
-        if ranks is not None:
-            summary = ranks.into(summary, **rank, cycle_step=step)
-    if not summary.profile.ops:
-        raise ValueError(f"{trace_file}: the trace has no host op events (cpu_op / user_annotation), nothing to log")
-    return step, summary, cycle.linking
+    summary = summarize(cycle.raw, settings, cycle.inputs)
+    return step, (summary if ranks is None else ranks.into(summary, **rank, cycle_step=step)), cycle.linking
 
 
 def weak_attribution(linking: Linking) -> str | None:
