@@ -101,6 +101,36 @@ def test_both_readers_give_the_same_bytes_and_flops(tmp_path):
     assert [r.bytes for r in chrome.regions] == [4 * (16 * 32 + 32 * 8 + 16 * 8) + 4 * 2 * 128 + 4 * (128 + 16)] * 2
 
 
+
+def test_a_cycles_repeated_calls_each_get_their_own_arguments_bytes():
+    """Calls repeat in a cycle (layer after layer, step after step), and `event_traffic` works out
+    each distinct call once; every call still gets the bytes and FLOPs of its own recorded name,
+    shapes, dtypes and scalar arguments, as `op_traffic` gives them call by call."""
+    calls = [("aten::add", [[8, 1], [1, 4], []], [F, F, "Scalar"], ["", "", "1"]),
+             ("aten::add", [[8, 1], [1, 4], []], [F, "double", "Scalar"], ["", "", "1"]),  # another dtype
+             ("aten::mul", [[8, 1], [1, 4], []], [F, F, "Scalar"], ["", "", "1"]),  # another op
+             ("aten::sum", [[4, 6], [], [], []], [F, "ScalarList", "Scalar", ""], ["", "[1]", "False", ""]),
+             ("aten::sum", [[4, 6], [], [], []], [F, "ScalarList", "Scalar", ""], ["", "[0, 1]", "False", ""]),
+             ("aten::sum", [[4, 6], [], [], []], [F, "ScalarList", "Scalar", ""], ["", "[0]", "False", ""]),
+             ("aten::mm", [[16, 32], [32, 8]], [F, F], ["", ""]), ("aten::mm", [[16, 32], [32, 9]], [F, F], ["", ""]),
+             ("aten::frobnicate", [[4]], [F], [""])]  # fmt: skip
+    events, ts = [{"ph": "X", "cat": "cpu_op", "name": "ProfilerStep#1", "pid": 1, "tid": 1, "ts": 0, "dur": 10_000}], 1
+    for _ in range(3):
+        for name, dims, types, concrete in calls:
+            args = {"Input Dims": dims, "Input type": types, "Concrete Inputs": concrete}
+            events.append({"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": 5, "args": args})
+            ts += 10
+    cycle = read_chrome_cycle({"traceEvents": events})
+    profile = summarize(cycle.raw, CycleSettings("cpu", False, default_step=1), cycle.inputs).profile
+    found = {name: (nbytes, flops) for name, nbytes, flops, *_ in profile.traffic if name.startswith("aten::")}
+    expected = {}
+    for name, dims, types, concrete in calls:
+        cost = op_traffic(name, OpInputs(dims, types, concrete))
+        was = expected.get(name, (0, 0))
+        expected[name] = (math.nan,) * 2 if cost is None or math.isnan(was[0]) else (was[0] + 3.0 * cost[0], was[1] + 3.0 * cost[1])
+    assert len({op_traffic(n, OpInputs(d, t, c)) for n, d, t, c in calls if n == "aten::sum"}) == 3  # all differ
+    assert str(found) == str(expected)  # str: NaN, for an op without a formula, equals itself
+
 def test_each_peak_names_its_source_and_devices_are_found_by_name():
     for peak in _peaks.PEAKS:
         assert peak.source and peak.memory_bytes_per_s > 0 and peak.flops_per_s.get("bf16", 0) > 0, peak.name

@@ -123,9 +123,15 @@ def event_traffic(raw: RawEvents, tree: EventTree, read_inputs) -> tuple[np.ndar
         return None
     nbytes, flops, dtype = np.zeros(len(tree)), np.zeros(len(tree)), np.full(len(tree), "", object)
     message = np.full(len(tree), np.nan)
-    for row, call in zip(ops.tolist(), calls):
-        cost = _cost(tree.names[tree.name[row]], call)
-        nbytes[row], flops[row] = cost if cost is not None else (np.nan, np.nan)
+    costs: dict[tuple, tuple[float, float]] = {}  # a step's calls repeat, layer after layer and step after step
+    for row, name, call in zip(ops.tolist(), tree.name[ops].tolist(), calls):
+        # repr: the recorded arguments are JSON values, whose repr tells any two apart (1, 1.0, True)
+        key = (name, repr(call.shapes), repr(call.dtypes), repr(call.concrete)) if call is not None else None
+        cost = costs.get(key)
+        if cost is None:
+            found = _cost(tree.names[name], call)
+            cost = costs[key] = found if found is not None else (np.nan, np.nan)
+        nbytes[row], flops[row] = cost
         if call is not None:
             dtype[row] = next((d for d in call.dtypes if type(d) is str and d in ELEMENT_BYTES), "")
             if call.message_bytes is not None:
