@@ -1,7 +1,7 @@
 """Where a cycle's time goes after the training thread, stage by stage, and the whole cycle against
 torch's own `prof.events()` + `key_averages()` of the same kind of cycle, measured in one run.
 
-    python benchmarks/helper_cycle_cost.py [--ops 50000] [--small 3000] [--reps 3] [--rss-ops 100000]
+    python benchmarks/helper_cycle_cost.py [--ops 50000] [--small 3000] [--reps 3] [--rss-ops 100000] [--shapes]
 
 Each cycle is N `torch.add` ops, each launching one fake "neuron" kernel (tests/fake_device, a
 PrivateUse1 Kineto profiler compiled with g++): 50,000 ops make 50,000 kernels. Per cycle:
@@ -77,6 +77,7 @@ UPLOAD_STAGES = [
 
 
 CYCLES = itertools.count()  # the run's cycles so far
+SHAPES = {"record_shapes": False}  # --shapes: every cycle profiled with record_shapes=True
 
 
 class Stopwatch:
@@ -136,7 +137,8 @@ def cycle(ops: int, on_ready, device: bool, wait: int = 0):
 
     a, b = torch.ones(4), torch.ones(4)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.PrivateUse1] if device else [])
-    with profile(activities=activities, schedule=schedule(wait=wait, warmup=1, active=1), on_trace_ready=on_ready) as prof:
+    with profile(activities=activities, schedule=schedule(wait=wait, warmup=1, active=1), on_trace_ready=on_ready,
+                 **SHAPES) as prof:  # fmt: skip
         for _ in range(wait):
             prof.step()
         for _ in range(2):
@@ -248,8 +250,11 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=3_000, help="ops of the small cycle")
     parser.add_argument("--reps", type=int, default=3, help="cycles per shape (medians)")
     parser.add_argument("--rss-ops", type=int, default=100_000, help="ops of the peak-RSS cycle (0: skip)")
+    parser.add_argument("--shapes", action="store_true", help="profile with record_shapes=True (each op's input "
+                        "dims and types in the trace, as the example records them)")  # fmt: skip
     parser.add_argument("--rss-child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    SHAPES["record_shapes"] = args.shapes
     if args.rss_child:
         rss_child(args.rss_child)
         return
@@ -280,7 +285,8 @@ def main() -> None:
         baseline = statistics.median(torch_table(ops, device) for _ in range(args.reps))
         median = {key: statistics.median(f.get(key, 0.0) for f in found) for key in found[0]}
         whole = median["training thread"] + median["helper"]
-        print(f"\n{ops:,} ops{' + ' + format(ops, ',') + ' kernels' if device else ''} a cycle, "
+        print(f"\n{ops:,} ops{' + ' + format(ops, ',') + ' kernels' if device else ''} a cycle"
+              f"{', shapes recorded' if args.shapes else ''}, "
               f"medians of {args.reps} (ms):")
         for key in [k for k in found[0] if k not in ("training thread", "prepare", "upload", "helper", "helper cpu")]:
             print(f"  {key:<26} {median[key] * 1000:9.1f}")
@@ -292,7 +298,8 @@ def main() -> None:
         print(f"  RATIO whole cycle (training thread + helper) vs torch: {baseline / whole:.1f}x cheaper")
         print(f"  RATIO training thread vs torch: {baseline / median['training thread']:.1f}x cheaper")
     if args.rss_ops:
-        done = subprocess.run([sys.executable, __file__, "--rss-child", str(args.rss_ops)], capture_output=True,
+        child = [sys.executable, __file__, "--rss-child", str(args.rss_ops), *(["--shapes"] if args.shapes else [])]
+        done = subprocess.run(child, capture_output=True,
                               text=True, timeout=1800)  # fmt: skip
         print(done.stdout.strip() or done.stderr[-2000:])
     print(f"\nload average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; "
