@@ -244,7 +244,8 @@ class ChromeReader:
                     name_id = names[name] = len(names)
                 if self.shapes and kind[0] == HOST and (args.get("Input Dims") or "In msg nelems" in args):
                     self.dims[self.rows + len(rows)] = (_list(args.get("Input Dims")), _list(args.get("Input type")),
-                                                        _list(args.get("Concrete Inputs")), message_bytes(args))  # fmt: skip
+                                                        _list(args.get("Concrete Inputs")),
+                                                        message_bytes(args) if "In msg nelems" in args else None)  # fmt: skip
                 if cat in _HIP_CALL_CATEGORIES and name.startswith("hip"):
                     self.hip_calls = True
                 rows.append((name_id, ts, dur, thread, kind[4], external, correlation, index))

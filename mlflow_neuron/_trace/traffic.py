@@ -123,19 +123,22 @@ def event_traffic(raw: RawEvents, tree: EventTree, read_inputs) -> tuple[np.ndar
         return None
     nbytes, flops, dtype = np.zeros(len(tree)), np.zeros(len(tree)), np.full(len(tree), "", object)
     message = np.full(len(tree), np.nan)
-    costs: dict[tuple, tuple[float, float]] = {}  # a step's calls repeat, layer after layer and step after step
+    known: dict = {}  # (name, its recorded arguments) -> (bytes, FLOPs, dtype): a step's calls repeat, layer after layer
+    found = []
     for row, name, call in zip(ops.tolist(), tree.name[ops].tolist(), calls):
         # repr: the recorded arguments are JSON values, whose repr tells any two apart (1, 1.0, True)
-        key = (name, repr(call.shapes), repr(call.dtypes), repr(call.concrete)) if call is not None else None
-        cost = costs.get(key)
-        if cost is None:
-            found = _cost(tree.names[name], call)
-            cost = costs[key] = found if found is not None else (np.nan, np.nan)
-        nbytes[row], flops[row] = cost
-        if call is not None:
-            dtype[row] = next((d for d in call.dtypes if type(d) is str and d in ELEMENT_BYTES), "")
-            if call.message_bytes is not None:
-                message[row] = call.message_bytes
+        key = (name, repr((call.shapes, call.dtypes, call.concrete))) if call is not None else None
+        numbers = known.get(key)
+        if numbers is None:
+            cost = _cost(tree.names[name], call)
+            first = next((d for d in call.dtypes if type(d) is str and d in ELEMENT_BYTES), "") if call is not None else ""
+            numbers = known[key] = (*(cost if cost is not None else (np.nan, np.nan)), first)
+        found.append(numbers)
+        if call is not None and call.message_bytes is not None:
+            message[row] = call.message_bytes
+    if found:
+        columns = list(zip(*found))
+        nbytes[ops], flops[ops], dtype[ops] = np.array(columns[0], float), np.array(columns[1], float), columns[2]
     _messages_from_ranges(tree, read_inputs, message)
     return nbytes, flops, dtype, message
 
