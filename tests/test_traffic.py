@@ -101,7 +101,6 @@ def test_both_readers_give_the_same_bytes_and_flops(tmp_path):
     assert [r.bytes for r in chrome.regions] == [4 * (16 * 32 + 32 * 8 + 16 * 8) + 4 * 2 * 128 + 4 * (128 + 16)] * 2
 
 
-
 def test_a_cycles_repeated_calls_each_get_their_own_arguments_bytes():
     """Calls repeat in a cycle (layer after layer, step after step), and `event_traffic` works out
     each distinct call once; every call still gets the bytes and FLOPs of its own recorded name,
@@ -130,6 +129,7 @@ def test_a_cycles_repeated_calls_each_get_their_own_arguments_bytes():
         expected[name] = (math.nan,) * 2 if cost is None or math.isnan(was[0]) else (was[0] + 3.0 * cost[0], was[1] + 3.0 * cost[1])
     assert len({op_traffic(n, OpInputs(d, t, c)) for n, d, t, c in calls if n == "aten::sum"}) == 3  # all differ
     assert str(found) == str(expected)  # str: NaN, for an op without a formula, equals itself
+
 
 def test_each_peak_names_its_source_and_devices_are_found_by_name():
     for peak in _peaks.PEAKS:
